@@ -1,0 +1,1 @@
+"""Triton kernels of r9k, each module beside its pure-PyTorch reference."""

@@ -1,0 +1,29 @@
+"""r9k: custom kernels for vLLM, loaded through the ``vllm.general_plugins`` entry point.
+
+vLLM calls :func:`register` in every process it starts (API server, engine core, workers). It logs the
+provenance line (which tree this is) and installs the op dispatch; every behaviour is behind a knob in
+:mod:`r9k.knobs`, whose stock values leave vLLM untouched.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_registered = False
+
+
+def register() -> None:
+    """Entry point for ``vllm.general_plugins``: log provenance once per process and install dispatch.
+
+    Idempotent: vLLM may call it more than once in one process.
+    """
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from r9k import knobs, provenance
+
+    if knobs.PROVENANCE_LOG():
+        provenance.log_once()
+    from r9k import ops
+
+    ops.install()

@@ -1,0 +1,121 @@
+"""The one registry of ``R9K_*`` environment variables.
+
+Every knob the plugin reads is declared here once: its name, type, default, the value that restores stock
+vLLM behaviour, and what it does. Code reads knobs only through :func:`get`, so ``r9k-validate knobs`` and
+the records (which store the knobs in force) can never miss one.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One ``R9K_*`` variable.
+
+    Attributes:
+        name: the environment variable, ``R9K_`` prefixed.
+        type: ``int``, ``float``, ``bool`` or ``str``; values are parsed with it.
+        default: value when the variable is unset.
+        stock: value that restores stock vLLM (the plugin does nothing for this knob).
+        help: one line: what it does, with units.
+        choices: allowed values for ``str`` knobs (None = any).
+    """
+
+    name: str
+    type: type
+    default: Any
+    stock: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    def parse(self, raw: str) -> Any:
+        """Parse ``raw`` into the knob's type.
+
+        Raises:
+            ValueError: naming the variable when the text is not a valid value.
+        """
+        try:
+            if self.type is bool:
+                low = raw.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(raw)
+            value = self.type(raw)
+        except ValueError:
+            raise ValueError(f"{self.name}={raw!r}: not a valid {self.type.__name__}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{self.name}={raw!r}: expected one of {', '.join(self.choices)}")
+        return value
+
+
+KNOBS: dict[str, Knob] = {}
+
+
+def register_knob(knob: Knob) -> Knob:
+    """Add ``knob`` to the registry. Raises ValueError on a duplicate or a name without ``R9K_``."""
+    if not knob.name.startswith("R9K_"):
+        raise ValueError(f"knob {knob.name!r} must start with R9K_")
+    if knob.name in KNOBS:
+        raise ValueError(f"knob {knob.name} registered twice")
+    KNOBS[knob.name] = knob
+    return knob
+
+
+def get(name: str, environ: dict[str, str] | None = None) -> Any:
+    """Value of knob ``name`` from ``environ`` (default: ``os.environ``), or its default when unset.
+
+    Raises:
+        KeyError: the knob is not registered (a typo in code must not read an unregistered variable).
+        ValueError: the variable is set to a value its type rejects.
+    """
+    knob = KNOBS[name]
+    env = os.environ if environ is None else environ
+    raw = env.get(name)
+    return knob.default if raw is None else knob.parse(raw)
+
+
+def in_force(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every registered knob's effective value, plus any unregistered ``R9K_*`` variable as raw text.
+
+    Unregistered variables are kept (prefixed ``?``) so a record shows a misspelt knob instead of hiding it.
+    """
+    env = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for name, knob in sorted(KNOBS.items()):
+        raw = env.get(name)
+        try:
+            out[name] = knob.default if raw is None else knob.parse(raw)
+        except ValueError:
+            out[name] = f"invalid:{raw}"
+    for name in sorted(env):
+        if name.startswith("R9K_") and name not in KNOBS:
+            out["?" + name] = env[name]
+    return out
+
+
+def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tuple[str, ...] | None = None) -> Callable[[], Any]:
+    register_knob(Knob(name, type_, default, stock, help_, choices))
+    return lambda: get(name)
+
+
+# ---- the knobs -------------------------------------------------------------------------------------------
+# Kernel dispatch knobs are declared here, not beside their kernels, so the registry is complete on import.
+GDN_PREFILL_MAX = _k(
+    "R9K_GDN_PREFILL_MAX", int, 256, 0,
+    "prefill tokens per step up to which a GDN layer runs r9k's token-by-token core (gdn_conv + gdn_seq); "
+    "0 = vLLM's chunked core",
+)
+GDN_PREFILL_CONV = _k(
+    "R9K_GDN_PREFILL_CONV", str, "r9k", "stock",
+    "causal conv for short prefills: r9k (one launch, gdn_conv) or stock (vLLM's causal_conv1d)",
+    choices=("r9k", "stock"),
+)
+PROVENANCE_LOG = _k(
+    "R9K_PROVENANCE", bool, True, True,
+    "log the plugin's provenance line at load (the validation engine refuses a server without it)",
+)

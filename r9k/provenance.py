@@ -1,0 +1,107 @@
+"""Which tree a server runs: the plugin's version and a hash of the plugin and kernel sources.
+
+At load the plugin prints one line per process (API server, engine core, each worker)::
+
+    R9K-PROVENANCE version=0.1.0 source_hash=3f2a... files=12 pid=4242
+
+The validation engine computes :func:`source_hash` over the tree it validates and refuses (verdict
+"wrong tree") a server whose line carries another hash, or none when the configuration expects the plugin.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "R9K-PROVENANCE"
+_LINE_RE = re.compile(PREFIX + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d+)")
+# Packages whose sources define what the plugin does on a server.
+HASHED_PACKAGES = ("r9k", "kernels")
+HASH_HEX_CHARS = 16
+
+
+def package_root() -> Path:
+    """The directory that holds the ``r9k`` and ``kernels`` packages of this import."""
+    return Path(__file__).resolve().parent.parent
+
+
+def source_files(root: Path) -> list[Path]:
+    """The ``.py`` files of the hashed packages under ``root``, sorted, excluding caches and benchmarks.
+
+    Benchmarks (``kernels/bench``) do not run on a server, so editing them does not change the hash.
+    """
+    files: list[Path] = []
+    for pkg in HASHED_PACKAGES:
+        base = root / pkg
+        for p in base.rglob("*.py"):
+            rel = p.relative_to(root)
+            if "__pycache__" in rel.parts or rel.parts[:2] == ("kernels", "bench"):
+                continue
+            files.append(p)
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def source_hash(root: Path | None = None) -> tuple[str, int]:
+    """SHA-256 over (relative path, NUL, content, NUL) of every file in :func:`source_files`.
+
+    Returns:
+        (the first 16 hex digits, the number of files hashed).
+    Raises:
+        FileNotFoundError: ``root`` holds no ``r9k`` package.
+    """
+    root = package_root() if root is None else root
+    if not (root / "r9k").is_dir():
+        raise FileNotFoundError(f"{root}: no r9k package to hash")
+    h = hashlib.sha256()
+    files = source_files(root)
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:HASH_HEX_CHARS], len(files)
+
+
+def line() -> str:
+    """The provenance line for this process (without a trailing newline)."""
+    from r9k import __version__
+
+    digest, n = source_hash()
+    return f"{PREFIX} version={__version__} source_hash={digest} files={n} pid={os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """A parsed provenance line: plugin version, source hash, number of files hashed."""
+
+    version: str
+    source_hash: str
+    files: int
+    raw: str
+
+
+def parse(text: str) -> list[Provenance]:
+    """Every provenance line in ``text`` (a server log), in order of appearance."""
+    out = []
+    for raw_line in text.splitlines():
+        m = _LINE_RE.search(raw_line)
+        if m:
+            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[m.start():].strip()))
+    return out
+
+
+def log_once() -> str:
+    """Print the provenance line to stderr through logging and return it. Called by :func:`r9k.register`."""
+    text = line()
+    logger = logging.getLogger("r9k")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.info(text)
+    return text
