@@ -1,0 +1,246 @@
+"""``r9k-validate``: run the release checklist, one suite, or render notes from records.
+
+Exit status: 0 when every verdict passed; 1 when a gate failed (or a server ran the wrong tree);
+2 for bad input, a launch that failed, or a suite that could not complete; 130 on Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from validate.errors import InputError, LaunchError
+
+console = Console(stderr=False, highlight=False)
+
+
+class _Bar:
+    """Adapter from a runner's ``progress(advance, total=, description=)`` to one rich task."""
+
+    def __init__(self, progress: Progress, label: str):
+        self.p = progress
+        self.label = label
+        self.task = progress.add_task(label, total=None)
+
+    def update(self, advance: int = 0, total: int | None = None, description: str | None = None) -> None:
+        kw = {}
+        if total is not None:
+            kw["total"] = total
+        if description is not None:
+            kw["description"] = f"{self.label} {description}" if description not in self.label else self.label
+        self.p.update(self.task, advance=advance, **kw)
+
+    def close(self) -> None:
+        self.p.stop_task(self.task)
+
+
+def _root() -> Path:
+    from validate.util import repo_root
+
+    return repo_root()
+
+
+def _opts(args) -> "RunOptions":
+    from validate.data import resolve_data_dir
+    from validate.engine import RunOptions
+
+    root = _root()
+    return RunOptions(root=root, reports=Path(args.reports) if args.reports else root / "reports",
+                      profile=args.profile, resume=getattr(args, "resume", False),
+                      data_dir=resolve_data_dir(args.data_dir),
+                      model_cache=Path(args.model_cache) if args.model_cache else None,
+                      url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None)
+
+
+def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
+    from validate.config import find_config
+    from validate.engine import Engine, Outcome
+    from validate.suite import find_suite
+
+    opts = _opts(args)
+    for cfg, suites in plan:  # validate every input before launching anything
+        find_config(opts.root, cfg)
+        for s in suites:
+            find_suite(opts.root, s, opts.profile)
+    if opts.url and len(plan) > 1:
+        raise InputError("--url runs suites against one server: name one --config")
+    outcome = Outcome()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        engine = Engine(opts, console=console, progress_factory=lambda label: _Bar(progress, label))
+        for cfg, suites in plan:
+            engine.run_config(release, cfg, suites, outcome)
+    return outcome.exit_code()
+
+
+def cmd_release(args) -> int:
+    from validate.render import render_release
+    from validate.suite import load_checklist
+
+    root = _root()
+    checklist = load_checklist(root)
+    plan = checklist.plan(args.config)
+    code = _run(plan, args.release, args)
+    opts = _opts(args)
+    out = render_release(root, opts.reports, args.release, checklist)
+    _summary(opts.reports, args.release)
+    console.print(f"release notes: {out}")
+    return code
+
+
+def cmd_suite(args) -> int:
+    code = _run([(args.config, [args.name])], args.release, args)
+    _summary(_opts(args).reports, args.release, only_suite=args.name, only_config=args.config)
+    return code
+
+
+def cmd_render(args) -> int:
+    from validate.render import render_release
+    from validate.suite import load_checklist
+
+    root = _root()
+    reports = Path(args.reports) if args.reports else root / "reports"
+    if not (reports / args.release).is_dir():
+        raise InputError(f"no records for {args.release} under {reports}")
+    out = render_release(root, reports, args.release, load_checklist(root))
+    _summary(reports, args.release)
+    console.print(f"release notes: {out}")
+    return 0
+
+
+def _summary(reports: Path, release: str, only_suite: str | None = None, only_config: str | None = None) -> None:
+    from validate.record import release_records
+
+    t = Table(title=f"{release}: verdicts")
+    for col in ("configuration", "suite", "profile", "verdict", "key figures"):
+        t.add_column(col)
+    for r in release_records(reports, release):
+        if (only_suite and r.suite != only_suite) or (only_config and r.config != only_config):
+            continue
+        m = r.metrics
+        fig = {
+            "sanity": lambda: f"{m['bad']} bad of {m['n']}",
+            "gsm8k": lambda: f"{m['correct']} of {m['n']} ({100 * m['accuracy']:.2f}%)",
+            "probe": lambda: f"{m['decode_tok_s']} tok/s decode, {m['aggregate_tok_s']} tok/s at {m['concurrency']}",
+        }.get(r.suite, lambda: "")
+        try:
+            figures = fig() if m else ""
+        except KeyError:
+            figures = ""
+        style = {"pass": "green", "fail": "red"}.get(r.verdict.status, "yellow")
+        t.add_row(r.config, r.suite, r.profile, f"[{style}]{r.verdict.status}[/{style}]",
+                  figures or (r.verdict.cause or "")[:80])
+    console.print(t)
+
+
+def cmd_configs(args) -> int:
+    from validate.config import all_configs
+
+    t = Table(title="serving configurations (serve/)")
+    for col in ("name", "model", "tp", "max_num_seqs", "max_model_len", "hardware", "description"):
+        t.add_column(col)
+    for c in all_configs(_root()):
+        model = c.model.path or (f"{c.model.prepare.distribution}:{c.model.prepare.file}" if c.model.prepare else "")
+        t.add_row(c.name, model, str(c.server.tensor_parallel_size), str(c.server.max_num_seqs),
+                  str(c.server.max_model_len), f"{c.hardware.gpus}x {c.hardware.kind}", c.description)
+    console.print(t)
+    return 0
+
+
+def cmd_suites(args) -> int:
+    from validate.suite import load_checklist, load_suite, suites_dir
+
+    root = _root()
+    t = Table(title="suites (suites/)")
+    for col in ("name", "kind", "server", "gate", "description"):
+        t.add_column(col)
+    for p in sorted(suites_dir(root).glob("*.yaml")):
+        if p.stem == "release":
+            continue
+        s = load_suite(p).spec
+        gate = ", ".join([f"{k} <= {v:g}" for k, v in s.gate.max.items()] + [f"{k} >= {v:g}" for k, v in s.gate.min.items()])
+        t.add_row(s.name, s.kind, "yes" if s.needs_server else "no", gate or "–", s.description)
+    console.print(t)
+    cl = load_checklist(root)
+    console.print("checklist (suites/release.yaml): " + "; ".join(f"{c}: {', '.join(s)}" for c, s in cl.plan()))
+    return 0
+
+
+def cmd_knobs(args) -> int:
+    from r9k.knobs import KNOBS
+
+    t = Table(title="R9K_* knobs")
+    for col in ("name", "type", "default", "stock value", "what it does"):
+        t.add_column(col)
+    for k in KNOBS.values():
+        t.add_row(k.name, k.type.__name__, str(k.default), str(k.stock), k.help)
+    console.print(t)
+    return 0
+
+
+def _common(p: argparse.ArgumentParser, run: bool = True) -> None:
+    p.add_argument("--reports", help="records folder (default: reports/ in the checkout)")
+    if not run:
+        return
+    p.add_argument("--profile", choices=["quick", "full"], default="full", help="quick: smaller, for CI and smoke runs")
+    p.add_argument("--data-dir", help="evaluation data (default: $R9K_DATA_DIR, else ../shared/data beside the checkout)")
+    p.add_argument("--model-cache", help="where prepared models are kept (default: $R9K_MODEL_CACHE or the user cache)")
+    p.add_argument("--url", help="run against this already running server instead of launching one")
+    p.add_argument("--model", help="with --url: the served model name")
+    p.add_argument("--server-log", help="with --url: the server's log, to check the plugin's provenance line")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="r9k-validate", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("release", help="every suite of the checklist on every (or the named) configuration")
+    p.add_argument("release")
+    p.add_argument("--config", action="append", help="only this configuration (repeatable)")
+    p.add_argument("--resume", action="store_true", help="skip suites whose complete record for this tree exists")
+    _common(p)
+    p.set_defaults(fn=cmd_release)
+    p = sub.add_parser("suite", help="one suite on one configuration")
+    p.add_argument("name")
+    p.add_argument("--config", required=True)
+    p.add_argument("--release", default="dev", help="records go to reports/<release>/ (default: dev)")
+    _common(p)
+    p.set_defaults(fn=cmd_suite)
+    p = sub.add_parser("render", help="render reports/<release>/RELEASE.md from records")
+    p.add_argument("release")
+    _common(p, run=False)
+    p.set_defaults(fn=cmd_render)
+    for name, fn, hlp in (("configs", cmd_configs, "list serving configurations"),
+                          ("suites", cmd_suites, "list suites and the checklist"),
+                          ("knobs", cmd_knobs, "list the R9K_* knobs")):
+        p = sub.add_parser(name, help=hlp)
+        p.set_defaults(fn=fn)
+    return ap
+
+
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)  # teardown runs on SIGTERM as on Ctrl-C
+    try:
+        return args.fn(args)
+    except InputError as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    except LaunchError as e:
+        console.print(f"[red]launch failed:[/red] {e}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: servers stopped, records written so far are kept[/yellow]")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

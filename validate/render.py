@@ -1,0 +1,132 @@
+"""Release notes from records alone: ``reports/<release>/RELEASE.md`` through ``templates/release.md.j2``.
+
+This module builds the view (what was checked, what was not and why, the figures per configuration);
+the template only lays it out.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from validate.record import Record, release_records
+from validate.suite import Checklist
+
+
+def fmt_num(value: Any, digits: int = 0) -> str:
+    """Thousands separators and fixed decimals: 93184 -> '93,184', (26.137, 1) -> '26.1'. None -> '–'."""
+    if value is None:
+        return "–"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def fmt_pct(value: float | None, digits: int = 2) -> str:
+    """0.0215 -> '2.15%'. None -> '–'."""
+    return "–" if value is None else f"{100 * value:.{digits}f}%"
+
+
+@dataclass
+class Gap:
+    config: str
+    suite: str
+    reason: str
+
+
+@dataclass
+class ReleaseView:
+    release: str
+    records: list[Record]
+    by_config: dict[str, dict[str, Record]]
+    checked: list[Record] = field(default_factory=list)
+    not_checked: list[Gap] = field(default_factory=list)
+    failures: list[Record] = field(default_factory=list)
+    tree_hash: str | None = None
+    headline: str = ""
+
+
+def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
+    """Why a record does not count as a full check, or None when it does."""
+    st = rec.verdict.status
+    if st == "error":
+        return f"did not complete: {rec.verdict.cause}"
+    if st == "wrong-tree":
+        return f"ran on another tree: {rec.verdict.cause}"
+    if st == "skipped":
+        return f"skipped: {rec.verdict.cause}"
+    reasons = []
+    if rec.profile != "full":
+        reasons.append(f"{rec.profile} profile")
+    if rec.dataset is not None and rec.dataset.subset:
+        reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} questions (seed {rec.dataset.seed})")
+    if tree_hash and rec.tree.source_hash != tree_hash:
+        reasons.append(f"plugin source {rec.tree.source_hash}, not the release's {tree_hash}")
+    if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
+        reasons.append("provenance not verified (external server)")
+    return "; ".join(reasons) or None
+
+
+def build_view(reports: Path, release: str, checklist: Checklist | None) -> ReleaseView:
+    """Collect the records of ``release`` and classify them against the checklist."""
+    records = release_records(reports, release)
+    by_config: dict[str, dict[str, Record]] = {}
+    for r in records:
+        by_config.setdefault(r.config, {})[r.suite] = r
+    hashes = Counter(r.tree.source_hash for r in records if r.tree.source_hash)
+    view = ReleaseView(release, records, by_config, tree_hash=hashes.most_common(1)[0][0] if hashes else None)
+    planned = checklist.plan() if checklist else [(c, list(s)) for c, s in by_config.items()]
+    seen = set()
+    for cfg, suites in planned:
+        for s in suites:
+            seen.add((cfg, s))
+            rec = by_config.get(cfg, {}).get(s)
+            if rec is None:
+                view.not_checked.append(Gap(cfg, s, "did not run (no record)"))
+                continue
+            why = gap_reason(rec, view.tree_hash)
+            if why:
+                view.not_checked.append(Gap(cfg, s, why))
+            else:
+                view.checked.append(rec)
+    for r in records:  # records outside the checklist still count for what they are
+        if (r.config, r.suite) not in seen:
+            why = gap_reason(r, view.tree_hash)
+            (view.not_checked.append(Gap(r.config, r.suite, why)) if why else view.checked.append(r))
+    view.failures = [r for r in records if r.verdict.status != "pass"]
+    view.headline = headline(view)
+    return view
+
+
+def headline(view: ReleaseView) -> str:
+    """Title-line figures: per configuration with records, sanity, GSM8K and single-stream decode."""
+    parts = []
+    for cfg, suites in view.by_config.items():
+        bits = []
+        if (s := suites.get("sanity")) and s.metrics:
+            bits.append(f"sanity {s.metrics['bad']} bad of {s.metrics['n']:,}")
+        if (g := suites.get("gsm8k")) and g.metrics:
+            sub = " subset" if g.dataset and g.dataset.subset else ""
+            bits.append(f"GSM8K {fmt_pct(g.metrics['accuracy'], 1)} of {g.metrics['n']:,}{sub}")
+        if (p := suites.get("probe")) and p.metrics:
+            bits.append(f"decode {p.metrics['decode_tok_s']:.1f} tok/s")
+        if bits:
+            parts.append(f"{cfg}: " + ", ".join(bits))
+    return "; ".join(parts) or "no measurements"
+
+
+def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None) -> Path:
+    """Render ``reports/<release>/RELEASE.md`` and return its path."""
+    view = build_view(reports, release, checklist)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters["num"] = fmt_num
+    env.filters["pct"] = fmt_pct
+    text = env.get_template("release.md.j2").render(v=view)
+    out = reports / release / "RELEASE.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out

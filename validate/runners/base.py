@@ -1,0 +1,37 @@
+"""What a runner gets (:class:`RunContext`) and returns (:class:`SuiteResult`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from validate.client import OpenAIClient
+from validate.config import ServeConfig
+from validate.record import Dataset, Item
+
+
+@dataclass
+class RunContext:
+    """Everything a runner may use. Runners do not launch servers, write records or render."""
+
+    config: ServeConfig
+    profile: str
+    client: OpenAIClient | None
+    data_dir: Path | None
+    record_dir: Path
+    server_alive: Callable[[], bool] = lambda: True
+    # progress(advance, total=None, description=None): the CLI binds it to a rich progress bar
+    progress: Callable[..., None] = lambda *a, **k: None
+    log: Callable[[str], None] = print
+
+
+@dataclass
+class SuiteResult:
+    """A runner's output: metrics for the gate, per-item records, dataset identity, and the reasons for
+    anything that went wrong while running (each makes the verdict "error")."""
+
+    metrics: dict[str, Any] = field(default_factory=dict)
+    items: list[Item] = field(default_factory=list)
+    dataset: Dataset | None = None
+    errors: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)  # gate-independent failures (e.g. a bad answer), verdict "fail"

@@ -1,0 +1,79 @@
+"""GSM8K: greedy chain-of-thought answers, scored per question (strict and flexible extraction).
+
+The full 1,319-question test set by default; ``limit`` takes a fixed seeded sample, marked as a subset in the
+record (a subset is never paired with a full-set record).
+"""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.client import gather_limited
+from validate.data import require_file
+from validate.evals import gsm8k as g
+from validate.record import Dataset, Item
+from validate.runners.base import RunContext, SuiteResult
+from validate.suite import register_runner
+from validate.util import sha256_file, sha256_text
+
+
+class GSM8KParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limit: int | None = Field(None, ge=1, description="seeded sample of this many questions (a subset); None = all")
+    seed: int = 1234
+    fewshot: int = Field(0, ge=0, le=8, description="train-set exemplars as prior chat turns")
+    fewshot_seed: int = 0
+    max_tokens: int = Field(384, ge=16)
+    concurrency: int = Field(1, ge=1, description="1 is the reproducible setting; higher is recorded")
+    primary: Literal["strict", "flexible"] = "strict"
+
+
+@register_runner("gsm8k", GSM8KParams)
+async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
+    test_path = require_file(ctx.data_dir, "gsm8k/test.jsonl")
+    questions = g.load_split(test_path, "test")
+    exemplars = []
+    if p.fewshot:
+        exemplars = g.fewshot_exemplars(g.load_split(require_file(ctx.data_dir, "gsm8k/train.jsonl"), "train"),
+                                        p.fewshot, p.fewshot_seed)
+    chosen = g.sample(questions, p.limit, p.seed)
+    subset = len(chosen) < len(questions)
+    ctx.progress(0, total=len(chosen), description="gsm8k")
+    gen = {"max_tokens": p.max_tokens, "temperature": 0.0, "fewshot": p.fewshot, "fewshot_seed": p.fewshot_seed}
+    msgs = [g.build_messages(q, exemplars) for q in chosen]
+    results = await gather_limited(
+        [ctx.client.chat(m, max_tokens=p.max_tokens) for m in msgs], limit=p.concurrency, on_done=lambda: ctx.progress(1))
+    out = SuiteResult()
+    right = {"strict": 0, "flexible": 0}
+    errors = 0
+    for q, m, r in zip(chosen, msgs, results):
+        item = Item(id=q.id, prompt_hash=sha256_text(json.dumps(m, sort_keys=True)), gen=gen, output=r.text,
+                    token_ids=r.token_ids, expected=q.gold)
+        if not r.ok:
+            item.error = r.error
+            errors += 1
+        else:
+            s, f = g.extract_answer(r.text, "strict"), g.extract_answer(r.text, "flexible")
+            item.answer_strict, item.answer_flexible = s, f
+            item.correct_strict, item.correct_flexible = s == q.gold, f == q.gold
+            right["strict"] += s == q.gold
+            right["flexible"] += f == q.gold
+            item.answer = s if p.primary == "strict" else f
+            item.correct = item.answer == q.gold
+            item.finish_reason = r.finish_reason
+        out.items.append(item)
+    n = len(chosen)
+    out.dataset = Dataset(name="gsm8k-test", sha256=sha256_file(test_path), n_total=len(questions), n_used=n,
+                          subset=subset, seed=p.seed if subset else None)
+    out.metrics = {
+        "n": n, "errors": errors, "primary": p.primary, "concurrency": p.concurrency,
+        "correct": right[p.primary], "accuracy": round(right[p.primary] / n, 6),
+        "correct_strict": right["strict"], "correct_flexible": right["flexible"],
+        "accuracy_strict": round(right["strict"] / n, 6), "accuracy_flexible": round(right["flexible"] / n, 6),
+        "truncated": sum(1 for r in results if r.ok and r.finish_reason == "length"),
+    }
+    if errors:
+        out.errors.append(f"{errors} of {n} requests failed")
+    return out

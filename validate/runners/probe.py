@@ -1,0 +1,106 @@
+"""Probe: the quick throughput figures of one launch.
+
+- single-stream decode: an essay prompt, ``decode_tokens`` tokens with ignore_eos, concurrency 1, ``repeats``
+  times; decode tok/s = 1 / TPOT (median over repeats), decode step = TPOT p50, TTFT p50 of those requests.
+- aggregate: ``concurrency`` clients (default max_num_seqs) in a closed loop, each sending
+  ``requests_per_client`` requests of ``agg_tokens`` tokens; total output tokens / wall time.
+- prefill at one depth: a unique real-text prompt of exactly ``prefill_depth`` tokens (capped at
+  max_model_len - 8) sent as token ids with max_tokens 1, concurrency 1; prefill tok/s = depth / TTFT.
+  Real text: GSM8K train problems and solutions from the data directory, each repeat from another offset so
+  that prefix caching cannot serve it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.client import gather_limited
+from validate.data import require_file
+from validate.evals import gsm8k as g
+from validate.metrics import summarize, tpot_s
+from validate.runners.base import RunContext, SuiteResult
+from validate.suite import register_runner
+
+ESSAY = "Write a long, detailed essay on the history of the printing press and how it changed Europe."
+
+
+class ProbeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decode_tokens: int = Field(512, ge=8)
+    repeats: int = Field(3, ge=1)
+    concurrency: int | None = Field(None, ge=1, description="aggregate streams; default max_num_seqs")
+    requests_per_client: int = Field(2, ge=1)
+    agg_tokens: int = Field(256, ge=8)
+    prefill_depth: int = Field(2048, ge=16)
+
+
+async def real_text_tokens(ctx: RunContext, n_tokens: int, offset: int) -> list[int]:
+    """``n_tokens`` token ids of real English text (GSM8K train, from problem ``offset`` on)."""
+    train = g.load_split(require_file(ctx.data_dir, "gsm8k/train.jsonl"), "train")
+    ids: list[int] = []
+    i = offset
+    while len(ids) < n_tokens:
+        q = train[i % len(train)]
+        ids += await ctx.client.tokenize(q.question + "\n" + q.solution + "\n\n")
+        i += 1
+    return ids[:n_tokens]
+
+
+@register_runner("probe", ProbeParams)
+async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
+    out = SuiteResult()
+    s = ctx.config.server
+    conc = p.concurrency or s.max_num_seqs
+    depth = min(p.prefill_depth, s.max_model_len - 8)
+    ctx.progress(0, total=p.repeats * 2 + conc * p.requests_per_client, description="probe")
+    essay = [{"role": "user", "content": ESSAY}]
+
+    decode = []
+    for _ in range(p.repeats):
+        decode.append(await ctx.client.chat(essay, max_tokens=p.decode_tokens, ignore_eos=True))
+        ctx.progress(1)
+    prefill = []
+    for rep in range(p.repeats):
+        ids = await real_text_tokens(ctx, depth, offset=97 * rep + 11)
+        prefill.append(await ctx.client.completion(ids, max_tokens=1))
+        ctx.progress(1)
+
+    async def client_loop(k: int):
+        res = []
+        for j in range(p.requests_per_client):
+            msgs = [{"role": "user", "content": f"({k}.{j}) {ESSAY}"}]
+            res.append(await ctx.client.chat(msgs, max_tokens=p.agg_tokens, ignore_eos=True))
+            ctx.progress(1)
+        return res
+
+    t0 = time.perf_counter()
+    agg_lists = await gather_limited([client_loop(k) for k in range(conc)], limit=conc)
+    agg_wall = time.perf_counter() - t0
+    agg = [r for lst in agg_lists for r in lst]
+
+    failed = [r.error for r in decode + prefill + agg if not r.ok]
+    if failed:
+        out.errors.append(f"{len(failed)} probe requests failed; first: {failed[0]}")
+        return out
+    tpots = [tpot_s(r) for r in decode]
+    agg_m = summarize(agg, agg_wall)
+    prefill_rates = [depth / r.ttft_s for r in prefill if r.ttft_s]
+    out.metrics = {
+        "decode_tok_s": round(1.0 / statistics.median(tpots), 2),
+        "decode_step_ms": round(statistics.median(tpots) * 1e3, 2),
+        "ttft_ms_p50": round(statistics.median(r.ttft_s for r in decode) * 1e3, 1),
+        "concurrency": conc,
+        "aggregate_tok_s": round(agg_m.output_tok_s, 2),
+        "aggregate_ttft_ms_p50": agg_m.ttft_ms_p50,
+        "prefill_depth": depth,
+        "prefill_tok_s": round(statistics.median(prefill_rates), 1),
+        "prefill_prompt_tokens": prefill[0].prompt_tokens,
+        "decode_tokens": p.decode_tokens,
+        "repeats": p.repeats,
+        "decode_tok_s_runs": [round(1.0 / t, 2) for t in tpots],
+        "prefill_tok_s_runs": [round(x, 1) for x in prefill_rates],
+        "aggregate": agg_m.as_dict(),
+    }
+    return out

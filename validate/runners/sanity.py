@@ -1,0 +1,153 @@
+"""Strict sanity: answers must stay right when more requests arrive than max_num_seqs.
+
+First every prompt runs alone (concurrency 1): that is the solo reference. Then, for each overload factor
+``m``, ``ceil(m * max_num_seqs)`` requests (prompts cycled) are sent at once, ``rounds`` times. A *bad* answer
+is one the model gets right solo and wrong under load, or garbage (empty, replacement characters, control
+characters, or one token repeated over ``garbage_repeat`` times in a row). Answers that differ from the solo
+text but stay right are counted as divergent (numerics of batching), not bad. A failed request is an error.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.client import RequestResult, gather_limited
+from validate.errors import InputError
+from validate.record import Item
+from validate.runners.base import RunContext, SuiteResult
+from validate.suite import register_runner
+from validate.util import repo_root, sha256_text
+
+
+class SanityParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompts_file: str = Field("data/sanity_prompts.yaml", description="relative to suites/")
+    overload: list[float] = Field([2.0], min_length=1, description="multiples of max_num_seqs sent at once")
+    rounds: int = Field(1, ge=1, description="times each overload batch is sent")
+    max_tokens: int = Field(48, ge=1)
+    garbage_repeat: int = Field(12, ge=2, description="a token repeated more than this in a row is garbage")
+
+
+def load_prompts(path: Path) -> list[dict]:
+    """Prompts file: a list of {id, prompt, expect}. Raises InputError naming the file and entry."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: prompts file not found") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}: malformed YAML: {e}") from None
+    if not isinstance(data, list) or not data:
+        raise InputError(f"{path}: expected a non-empty list of {{id, prompt, expect}}")
+    for i, p in enumerate(data):
+        if not isinstance(p, dict) or not {"id", "prompt", "expect"} <= set(p):
+            raise InputError(f"{path}: entry {i}: needs id, prompt and expect")
+    return data
+
+
+def is_right(text: str, expect: str) -> bool:
+    """``expect`` appears as a whole word, not as part of a longer number ("0" does not match "0.0001")."""
+    return re.search(r"(?<![\w.])" + re.escape(str(expect)) + r"(?!\w|\.\d)", text, re.IGNORECASE) is not None
+
+
+def garbage_reason(res: RequestResult, repeat: int) -> str | None:
+    """Why an answer is garbage, or None. Independent of correctness."""
+    if not res.text.strip():
+        return "empty answer"
+    if "\ufffd" in res.text:
+        return "replacement character in answer"
+    if any(ord(c) < 32 and c not in "\n\r\t" for c in res.text):
+        return "control character in answer"
+    ids = res.token_ids or []
+    run = 1
+    for a, b in zip(ids, ids[1:]):
+        run = run + 1 if a == b else 1
+        if run > repeat:
+            return f"token {b} repeated over {repeat} times"
+    return None
+
+
+def first_divergence(a: list[int] | None, b: list[int] | None) -> int | None:
+    """Index of the first differing token of two id lists (None when identical)."""
+    a, b = a or [], b or []
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@register_runner("strict-sanity", SanityParams)
+async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
+    prompts = load_prompts(repo_root() / "suites" / p.prompts_file)
+    mns = ctx.config.server.max_num_seqs
+    batches = [(m, r, math.ceil(m * mns)) for m in p.overload for r in range(p.rounds)]
+    total = len(prompts) + sum(n for _, _, n in batches)
+    ctx.progress(0, total=total, description="sanity")
+    out = SuiteResult()
+    gen = {"max_tokens": p.max_tokens, "temperature": 0.0}
+
+    def ask(prompt: str):
+        return ctx.client.chat([{"role": "user", "content": prompt}], max_tokens=p.max_tokens)
+
+    solo: dict[str, RequestResult] = {}
+    for q in prompts:  # concurrency 1: the reference
+        solo[q["id"]] = await ask(q["prompt"])
+        ctx.progress(1)
+    solo_errors = [f"solo {k}: {r.error}" for k, r in solo.items() if not r.ok]
+    if solo_errors:
+        out.errors += solo_errors
+        return out
+    solo_right = {k: is_right(r.text, q["expect"]) for q in prompts for k, r in [(q["id"], solo[q["id"]])]}
+    for q in prompts:
+        r = solo[q["id"]]
+        out.items.append(Item(id=f"{q['id']}/solo", prompt_hash=sha256_text(q["prompt"]), condition="solo", gen=gen,
+                              output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), correct=solo_right[q["id"]]))
+
+    per_cond: dict[str, dict[str, int]] = {}
+    bad = divergent = errors = n_load = 0
+    for batch_no, (m, rnd, n) in enumerate(batches):
+        chosen = [prompts[i % len(prompts)] for i in range(n)]
+        t0 = time.perf_counter()
+        results = await gather_limited([ask(q["prompt"]) for q in chosen], limit=n, on_done=lambda: ctx.progress(1))
+        cond = f"overload x{m:g} ({n} requests, max_num_seqs {mns})"
+        c = per_cond.setdefault(cond, {"n": 0, "bad": 0, "divergent": 0, "errors": 0})
+        for k, (q, r) in enumerate(zip(chosen, results)):
+            ref = solo[q["id"]]
+            item = Item(id=f"{q['id']}/x{m:g}/r{rnd}/{k}", prompt_hash=sha256_text(q["prompt"]), condition=cond, gen=gen,
+                        output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), batch=batch_no,
+                        batch_wall_s=round(time.perf_counter() - t0, 3))
+            c["n"] += 1
+            n_load += 1
+            if not r.ok:
+                item.error = r.error
+                c["errors"] += 1
+                errors += 1
+                out.items.append(item)
+                continue
+            item.correct = is_right(r.text, q["expect"])
+            item.identical_to_solo = r.token_ids == ref.token_ids and r.text == ref.text
+            if not item.identical_to_solo:
+                item.first_divergent_token = first_divergence(r.token_ids, ref.token_ids)
+                c["divergent"] += 1
+                divergent += 1
+            why = garbage_reason(r, p.garbage_repeat)
+            if why is None and solo_right[q["id"]] and not item.correct:
+                why = "right solo, wrong under load"
+            if why:
+                item.bad = why
+                c["bad"] += 1
+                bad += 1
+                out.findings.append(f"bad answer {item.id} in batch {batch_no}: {why}")
+            out.items.append(item)
+    if errors:
+        out.errors.append(f"{errors} of {n_load} requests under load failed")
+    out.metrics = {
+        "n": n_load, "bad": bad, "divergent": divergent, "errors": errors,
+        "solo_right": sum(solo_right.values()), "prompts": len(prompts),
+        "conditions": per_cond, "max_num_seqs": mns,
+    }
+    return out

