@@ -9,4 +9,10 @@ log = logging.getLogger("r9k")
 def install() -> list[str]:
     """Install every op dispatch whose knob is not at its stock value. Returns the names installed."""
     installed: list[str] = []
+    from r9k.ops import gdn
+
+    try:
+        installed += gdn.install()
+    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM
+        log.exception("r9k: GDN dispatch not installed")
     return installed

@@ -1,0 +1,170 @@
+"""H200 benchmark: gdn_seq against flash-linear-attention's fused_recurrent and chunk gated delta rule.
+
+Shapes: B=1 sequence, H=16 key heads, HV=32 value heads, K=V=128, bf16 q/k/v, fp32 g/beta, fp32 state in vLLM's
+layout [N, HV, V, K] (fla is called with state_v_first=True, so all three read and write the same state), T in
+16, 45, 128, 256, 512, 1024. Each time is the median of triton.testing.do_bench. Two floors per T:
+* bytes: q, k, v, g, beta read once, o written once, the state read and written once, over the measured
+  device-to-device copy bandwidth (bytes read + written / time of a 2 GiB copy);
+* flops: 7 fp32 operations per state element per token (a = S k and b = S q: 2 FMAs; S e + u k^T: a multiply
+  and an FMA; an FMA counts 2), over the measured fp32 FMA rate of an elementwise-free FMA loop (or 67 TFLOP/s,
+  the datasheet rate, when --no-fma-probe).
+
+Usage (device): python -m kernels.bench.gdn_bench [--sweep] [--json OUT.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from kernels.gdn import gdn_conv, gdn_seq
+
+TS = (16, 45, 128, 256, 512, 1024)
+B, H, HV, K, V = 1, 16, 32, 128, 128
+SWEEP = [  # (BV, U, num_warps)
+    (8, 1, 1), (8, 2, 1), (8, 4, 1), (16, 1, 1), (16, 2, 1), (16, 4, 1), (16, 4, 2), (32, 2, 1), (32, 4, 2),
+    (4, 4, 1),
+]
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    n = 1 << 29  # 2 GiB of fp32
+    a = torch.randn(n, device="cuda")
+    b = torch.empty_like(a)
+    ms = bench(lambda: b.copy_(a))
+    del a, b
+    return 2 * n * 4 / (ms * 1e-3)
+
+
+@triton.jit
+def _fma_probe(x, y, N_ITER: tl.constexpr):
+    offs = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    a = tl.load(x + offs)
+    b = a * 0.999
+    c = a * 1.001
+    d = a + 0.5
+    for _ in range(N_ITER):
+        a = a * 0.9999 + 0.0001
+        b = b * 0.9999 + 0.0001
+        c = c * 0.9999 + 0.0001
+        d = d * 0.9999 + 0.0001
+    tl.store(y + offs, a + b + c + d)
+
+
+def fma_rate() -> float:
+    n_prog = 132 * 64
+    x = torch.randn(n_prog * 1024, device="cuda")
+    y = torch.empty_like(x)
+    it = 4096
+    ms = bench(lambda: _fma_probe[(n_prog,)](x, y, N_ITER=it, num_warps=4))
+    return n_prog * 1024 * it * 4 * 2 / (ms * 1e-3)
+
+
+def inputs(T: int, gen: torch.Generator):
+    dev = "cuda"
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen, device=dev), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen, device=dev), dim=-1).bfloat16()
+    v = torch.randn(B, T, HV, V, generator=gen, device=dev).bfloat16()
+    g = -(torch.rand(B, T, HV, generator=gen, device=dev) * 0.5 + 0.01)
+    beta = torch.rand(B, T, HV, generator=gen, device=dev)
+    h0 = torch.randn(B, HV, V, K, generator=gen, device=dev) * 0.5
+    return q, k, v, g, beta, h0
+
+
+def floors(T: int, bw: float, rate: float) -> tuple[float, float]:
+    by = 2 * T * H * K * 2 + 2 * T * HV * V * 2 + 2 * T * HV * 4 + 2 * B * HV * V * K * 4
+    fl = 7 * T * HV * V * K
+    return by / bw * 1e3, fl / rate * 1e3
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true", help="time every (BV, U, num_warps) in SWEEP")
+    ap.add_argument("--json", help="write all numbers here")
+    args = ap.parse_args(argv)
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    except ImportError as e:  # pragma: no cover
+        print(f"fla not importable: {e}", file=sys.stderr)
+        return 2
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    bw = copy_bandwidth()
+    rate = fma_rate()
+    print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s (read+write); "
+          f"fp32 FMA rate {rate / 1e12:.1f} TFLOP/s")
+    res: dict = {"bw": bw, "fp32_rate": rate, "T": list(TS), "rows": {}}
+    configs = SWEEP if args.sweep else [None]
+    idx = torch.zeros(1, dtype=torch.int32, device="cuda")
+    for T in TS:
+        q, k, v, g, beta, h0 = inputs(T, gen)
+        row: dict = {}
+        fb, ff = floors(T, bw, rate)
+        row["floor_bytes_ms"], row["floor_flops_ms"] = fb, ff
+        # agreement: gdn_seq vs fla recurrent on the same inputs (same state layout)
+        st = h0.clone()
+        o_r, ht_r = fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0.clone(),
+                                                     output_final_state=True, state_v_first=True)
+        o_s = gdn_seq(q, k, v, g, beta, st, idx)
+        row["rel_vs_fla_recurrent_o"] = ((o_s.float() - o_r.float()).norm() / o_r.float().norm()).item()
+        row["rel_vs_fla_recurrent_state"] = ((st - ht_r.float()).norm() / ht_r.float().norm()).item()
+        o_c, ht_c = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0.clone(), output_final_state=True,
+                                           state_v_first=True)
+        row["rel_fla_chunk_vs_recurrent_o"] = ((o_c.float() - o_r.float()).norm() / o_r.float().norm()).item()
+        h_r, h_c = h0.clone(), h0.clone()
+        row["fla_recurrent"] = bench(lambda: fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h_r, output_final_state=True, state_v_first=True))
+        row["fla_chunk"] = bench(lambda: chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=h_c, output_final_state=True, state_v_first=True))
+        for cfg in configs:
+            st = h0.clone()
+            kw = {} if cfg is None else dict(BV=cfg[0], U=cfg[1], num_warps=cfg[2])
+            name = "gdn_seq" if cfg is None else "gdn_seq_bv%d_u%d_w%d" % cfg
+            row[name] = bench(lambda: gdn_seq(q, k, v, g, beta, st, idx, **kw))
+        if args.sweep:
+            best = min((n for n in row if n.startswith("gdn_seq_")), key=lambda n: row[n])
+            row["best"] = best
+        # the conv before it: dim = 2*H*K + HV*V channels, channel-last x, one sequence with state
+        dim = 2 * H * K + HV * V
+        x = torch.randn(T, dim, device="cuda", dtype=torch.bfloat16).t()
+        w = torch.randn(dim, 4, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(dim, device="cuda", dtype=torch.bfloat16)
+        cs = torch.randn(2, dim, 3, device="cuda", dtype=torch.bfloat16)
+        qsl = torch.tensor([0, T], dtype=torch.int32, device="cuda")
+        ci = torch.tensor([1], dtype=torch.int32, device="cuda")
+        hi = torch.tensor([True], device="cuda")
+        row["gdn_conv"] = bench(lambda: gdn_conv(x, w, bias, cs, qsl, ci, hi))
+        res["rows"][T] = row
+        print(json.dumps({T: row}), flush=True)
+    # the table
+    print(f"\n{'T':>6} {'gdn_seq':>9} {'fla_rec':>9} {'fla_chunk':>9} {'rec/seq':>8} {'chunk/seq':>9} "
+          f"{'floor_B':>9} {'floor_F':>9} {'conv':>8}  config")
+    for T in TS:
+        r = res["rows"][T]
+        name = r["best"] if args.sweep else "gdn_seq"
+        s = r[name]
+        print(f"{T:>6} {s:9.4f} {r['fla_recurrent']:9.4f} {r['fla_chunk']:9.4f} {r['fla_recurrent'] / s:8.2f} "
+              f"{r['fla_chunk'] / s:9.2f} {r['floor_bytes_ms']:9.4f} {r['floor_flops_ms']:9.4f} "
+              f"{r['gdn_conv']:8.4f}  {name}")
+    if args.sweep:
+        names = [n for n in res["rows"][TS[0]] if n.startswith("gdn_seq_")]
+        print("\nsweep (ms):", " ".join(f"{T:>7}" for T in TS))
+        for n in names:
+            print(f"{n:>22}", " ".join(f"{res['rows'][T][n]:7.4f}" for T in TS))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,559 @@
+"""Gated DeltaNet (GDN) prefill kernels: the recurrence token by token in one launch, and the short conv.
+
+Two Triton kernels and their float64 references:
+
+``gdn_seq`` / ``gdn_seq_ref``
+    The gated delta rule (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule",
+    arXiv:2412.06464, eq. 10 and sec. 3) over any number of tokens per sequence, in one launch, the state held
+    in registers across tokens. Per sequence ``n`` and value head ``hv`` (key head ``h = hv // (HV // H)``), with
+    the state ``S`` of shape ``[V, K]`` (vLLM's layout: V first) and fp32 arithmetic, for each token ``t``::
+
+        q_t, k_t   <- q_t / sqrt(|q_t|^2 + 1e-6), likewise k_t      (only with use_qk_l2norm)
+        q_t        <- q_t * scale                                  (scale = K ** -0.5 by default)
+        S          <- S * exp(g_t)                                 (decay first; g is the log-space decay, <= 0)
+        u_t        <- beta_t * (v_t - S k_t)                       ([V]: the delta rule's correction)
+        S          <- S + u_t k_t^T
+        o_t        <- S q_t                                        ([V])
+
+    This is flash-linear-attention's ``naive_recurrent_gated_delta_rule`` (fla/ops/gated_delta_rule/naive.py)
+    and its ``fused_recurrent_gated_delta_rule`` with ``state_v_first=True``; fla writes the state ``[K, V]``
+    and ``o = q^T S``, which is the same with S transposed. The kernel evaluates the step in the algebraically
+    identical order ``a = S_{t-1} k_t, b = S_{t-1} q_t, e = exp(g_t), u = beta (v - e a),
+    o = e b + u (k_t . q_t), S_t = e S_{t-1} + u k_t^T``: the two reductions read the same old state and
+    run side by side, and only ``a`` is on the token-to-token dependency chain.
+
+``gdn_conv`` / ``gdn_conv_ref``
+    The short causal depthwise conv1d that precedes the recurrence in a GDN layer (vLLM's ``causal_conv1d_fn``,
+    vllm/model_executor/layers/mamba/ops/causal_conv1d.py), with a carried conv state, optional SiLU, varlen,
+    the conv state updated in place. Per channel ``d`` and token ``t`` of a sequence, with ``x_{t-j}`` taken
+    from the conv state (the sequence's previous ``W-1`` inputs, oldest first) where ``t-j`` precedes the
+    sequence::
+
+        y_t[d] = silu(bias[d] + sum_{j=0}^{W-1} w[d, j] * x_{t-(W-1)+j}[d])
+
+    summed in that order (bias first, then taps 0..W-1), in fp32, one rounding per multiply and per add (no
+    fused multiply-add), and SiLU as ``y / fp32(1 + exp(-y))`` (the denominator in float64, rounded once; the
+    division IEEE), so no library's fp32 exp rounding enters: the output equals
+    ``gdn_conv_ref(..., dtype=torch.float32)`` bit for bit on the CPU (interpreter) and on CUDA.
+
+Layouts follow vLLM so that the kernels read the layer's own tensors without copies:
+
+* q, k: ``[1, T, H, K]``; v: ``[1, T, HV, V]``; g, beta: ``[1, T, HV]`` (fla's argument convention, ``B = 1``
+  with ``cu_seqlens``; ``B > 1`` without ``cu_seqlens`` means B sequences of T tokens). Any strides with the
+  last dimension contiguous. bf16, fp16 or fp32; the math is fp32.
+* recurrent state: ``[slots, HV, V, K]`` (fp32 or bf16), one slot per sequence by index (``state_idx``); a
+  sequence whose index is ``pad_slot_id`` (vLLM's PAD_SLOT_ID, -1) is skipped: its state is not read or
+  written, its outputs are zeros.
+* conv: x ``[dim, tokens]`` (vLLM passes the transpose of a ``[tokens, dim]`` tensor), weight ``[dim, W]``,
+  conv states ``[slots, dim, >= W-1]`` of which columns ``0..W-2`` hold the previous inputs, oldest first
+  (wider states, as with speculative decoding, keep their other columns untouched), cache indices, a
+  has-initial-state flag per sequence, and ``query_start_loc`` (cu_seqlens) ``[N+1]``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # the references and argument checks work without Triton
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+    tl = None
+
+PAD_SLOT_ID = -1
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+if triton is not None:
+
+    @triton.jit
+    def _cast(x, dtype: tl.constexpr, RNE_FIX: tl.constexpr):
+        """x (fp32) to dtype, rounding to nearest even. Under TRITON_INTERPRET=1 (RNE_FIX) Triton's interpreter
+        truncates fp32 -> bf16, so the rounding is done here on the bits first; compiled code rounds itself."""
+        if RNE_FIX:
+            if dtype == tl.bfloat16:
+                b = x.to(tl.uint32, bitcast=True)
+                b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+                x = b.to(tl.float32, bitcast=True)
+        return x.to(dtype)
+
+
+# ============================================================================================================
+# gdn_seq: the gated delta rule, token by token, one launch
+# ============================================================================================================
+if triton is not None:
+
+    @triton.jit
+    def _seq_load(q, k, v, g, beta, t, T, bos, i_h, i_hv, offs_k, offs_v, mask_k, mask_v,
+                  sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h):
+        """Token t's inputs for one (sequence, value head, V-block), in their own dtype (converted at use, so the
+        prefetched registers hold bf16); zeros (g = 0) past the end,
+        which makes the step an exact no-op on the state (exp(0) = 1, u = 0)."""
+        ok = t < T
+        ok_k = (offs_k * 0 + t) < T  # block-shaped: Triton 3.9's interpreter rejects block & scalar masks
+        ok_v = (offs_v * 0 + t) < T
+        row = bos + t
+        b_q = tl.load(q + row * sq_t + i_h * sq_h + offs_k, mask=mask_k & ok_k, other=0.0)
+        b_k = tl.load(k + row * sk_t + i_h * sk_h + offs_k, mask=mask_k & ok_k, other=0.0)
+        b_v = tl.load(v + row * sv_t + i_hv * sv_h + offs_v, mask=mask_v & ok_v, other=0.0)
+        b_g = tl.load(g + row * sg_t + i_hv * sg_h, mask=ok, other=0.0)
+        b_b = tl.load(beta + row * sb_t + i_hv * sb_h, mask=ok, other=0.0)
+        return b_q, b_k, b_v, b_g, b_b
+
+    @triton.jit
+    def _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
+        """One token of the gated delta rule on the state block S [BV, BK]; returns (S_t, o_t [BV])."""
+        b_q = b_q.to(tl.float32)
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+        b_g = b_g.to(tl.float32)
+        b_b = b_b.to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        e = tl.exp(b_g)
+        a = tl.sum(S * b_k[None, :], 1)          # S_{t-1} k_t        (the dependency chain)
+        b = tl.sum(S * b_q[None, :], 1)          # S_{t-1} q_t        (independent of a)
+        kq = tl.sum(b_k * b_q)                   # k_t . q_t          (independent of the state)
+        u = b_b * (b_v - e * a)
+        o = e * b + u * kq
+        S = S * e + u[:, None] * b_k[None, :]
+        return S, o
+
+    @triton.jit
+    def _gdn_seq_kernel(
+        q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
+        ss_n, ss_h, ss_v,
+        pad_slot_id,
+        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr,
+        L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, RNE_FIX: tl.constexpr,
+    ):
+        # grid: (cdiv(V, BV), N * HV). One program owns one [BV, K] block of one sequence's state.
+        i_v = tl.program_id(0)
+        i_nh = tl.program_id(1)
+        i_n = i_nh // HV
+        i_hv = i_nh % HV
+        i_h = i_hv // (HV // H)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        slot = tl.load(state_idx + i_n).to(tl.int64)
+
+        offs_k = tl.arange(0, BK)
+        offs_v = i_v * BV + tl.arange(0, BV)
+        mask_k = offs_k < K
+        mask_v = offs_v < V
+        mask_s = mask_v[:, None] & mask_k[None, :]
+        p_o = o + i_hv * so_h + offs_v
+
+        if slot == pad_slot_id:
+            zero = tl.zeros([BV], dtype=tl.float32)
+            for t in tl.range(0, max_T):
+                tl.store(p_o + (bos + t) * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX), mask=mask_v & ((offs_v * 0 + t) < T))
+        else:
+            p_s = state + slot * ss_n + i_hv * ss_h + offs_v[:, None] * ss_v + offs_k[None, :]
+            S = tl.zeros([BV, BK], dtype=tl.float32)
+            load_state = True
+            if HAS_INIT:
+                load_state = tl.load(has_init + i_n) != 0
+            if load_state:
+                S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+
+            # Software pipeline: the U tokens of the next group are loaded while this group is computed.
+            buf = ()
+            for i in tl.static_range(U):
+                buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, offs_k, offs_v, mask_k, mask_v,
+                                       sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
+            # The loop runs to max_T (the host's bound: the longest possible sequence) rather than T, which the
+            # interpreter cannot take as a loop bound; groups past T are skipped, and the masked loads make any
+            # step past T an exact no-op on the state.
+            for t0 in tl.range(0, max_T, U):
+                nxt = ()
+                for i in tl.static_range(U):
+                    nxt = nxt + (_seq_load(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, offs_k, offs_v,
+                                           mask_k, mask_v, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h,
+                                           sb_t, sb_h),)
+                if t0 < T:
+                    for i in tl.static_range(U):
+                        b_q, b_k, b_v, b_g, b_b = buf[i]
+                        S, b_o = _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
+                        tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                 mask=mask_v & ((offs_v * 0 + t0 + i) < T))
+                buf = nxt
+            tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
+
+
+def _default_seq_config(n_heads_total: int, V: int) -> tuple[int, int, int]:
+    """(BV, num_warps, U) for gdn_seq; chosen from the H200 sweep in kernels/NOTES.md."""
+    BV = min(16, triton.next_power_of_2(V))
+    return BV, 1, 4
+
+
+def _cu_seqlens(T: int, B: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
+    if cu_seqlens is not None:
+        return cu_seqlens
+    return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+
+
+def _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens):
+    if q.dim() != 4 or k.shape != q.shape:
+        raise ValueError(f"q, k must be [B, T, H, K] of one shape, got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[:2] != (B, T):
+        raise ValueError(f"v must be [B, T, HV, V], got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        raise ValueError(f"HV={HV} must be a multiple of H={H}")
+    for name, x in (("g", g), ("beta", beta)):
+        if x.shape != (B, T, HV):
+            raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(x.shape)}")
+    if state.dim() != 4 or state.shape[1:] != (HV, V, K):
+        raise ValueError(f"state must be [slots, HV, V, K] = [*, {HV}, {V}, {K}], got {tuple(state.shape)}")
+    if state.stride(-1) != 1:
+        raise ValueError("state must be contiguous in K")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError("with cu_seqlens, the batch dimension must be 1 (fla's convention)")
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if state_idx.shape != (N,):
+        raise ValueError(f"state_idx must have one index per sequence ({N}), got {tuple(state_idx.shape)}")
+    return B, T, H, K, HV, V, N
+
+
+def gdn_seq(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    state_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor | None = None,
+    scale: float | None = None,
+    use_qk_l2norm: bool = False,
+    has_initial_state: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    pad_slot_id: int = PAD_SLOT_ID,
+    BV: int | None = None,
+    num_warps: int | None = None,
+    U: int | None = None,
+) -> torch.Tensor:
+    """The gated delta rule over every token of every sequence, in one launch; the state updated in place.
+
+    Args:
+        q, k: ``[B, T, H, K]``, bf16/fp16/fp32, last dim contiguous (fla: ``[1, T, H, K]`` with cu_seqlens).
+        v: ``[B, T, HV, V]``; HV a multiple of H (value head hv reads key head ``hv // (HV // H)``).
+        g: ``[B, T, HV]``, log-space decay (the state is multiplied by ``exp(g)`` first).
+        beta: ``[B, T, HV]``, the delta rule's step size, post-sigmoid.
+        state: ``[slots, HV, V, K]``, fp32 or bf16 (vLLM's ``ssm_state`` layout, V first), read and written
+            in place at ``state[state_idx[n]]`` for sequence ``n``.
+        state_idx: ``[N]`` integer slot per sequence; ``pad_slot_id`` marks a sequence to skip (state untouched,
+            outputs zero).
+        cu_seqlens: ``[N+1]`` int32/int64 token offsets (varlen, B = 1); None: B sequences of T tokens.
+        scale: multiplies q; default ``K ** -0.5``.
+        use_qk_l2norm: L2-normalise q and k per head first (``x / sqrt(|x|^2 + 1e-6)``, as fla).
+        has_initial_state: optional ``[N]`` bool; False starts that sequence from a zero state.
+        out: optional output ``[B, T, HV, V]`` (any strides, last dim contiguous); default a new tensor in
+            v's dtype.
+        BV, num_warps, U: tuning (V-block per program, warps per program, tokens per prefetched group).
+
+    Returns:
+        o: ``[B, T, HV, V]``, ``o_t = S_t q_t`` per head.
+    """
+    B, T, H, K, HV, V, N = _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens)
+    if scale is None:
+        scale = K ** -0.5
+    if out is None:
+        out = torch.empty_like(v)
+    elif out.shape != v.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(v.shape)} with a contiguous last dim, got {tuple(out.shape)}")
+    cu = _cu_seqlens(T, B, cu_seqlens, q.device)
+    dBV, dW, dU = _default_seq_config(N * HV, V)
+    BV = BV or dBV
+    num_warps = num_warps or dW
+    U = U or dU
+    BK = triton.next_power_of_2(K)
+    BV = min(BV, triton.next_power_of_2(V))
+    if N == 0:
+        return out
+    # Flatten (B, T) to rows: with B > 1 the rows of sequence n are n*T .. n*T+T-1, as cu says.
+    qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
+    gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
+    grid = (triton.cdiv(V, BV), N * HV)
+    _gdn_seq_kernel[grid](
+        qf, kf, vf, gf, bf, of, state, state_idx,
+        has_initial_state if has_initial_state is not None else state_idx, cu, float(scale), B * T,
+        qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+        gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
+        state.stride(0), state.stride(1), state.stride(2),
+        pad_slot_id,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, U=U,
+        L2NORM=bool(use_qk_l2norm), HAS_INIT=has_initial_state is not None, RNE_FIX=_interpreting(),
+        num_warps=num_warps,
+    )
+    if B > 1 and of.data_ptr() != out.data_ptr():  # pragma: no cover - reshape of a strided out copied
+        out.copy_(of.view_as(out))
+    return out
+
+
+def gdn_seq_ref(
+    q, k, v, g, beta, state, state_idx, cu_seqlens=None, scale=None, use_qk_l2norm=False,
+    has_initial_state=None, pad_slot_id: int = PAD_SLOT_ID,
+):
+    """float64 reference of :func:`gdn_seq`, a plain loop over tokens (fla's naive recurrence, V-first state).
+
+    Returns ``(o, new_state)``: o ``[B, T, HV, V]`` float64 (zeros for skipped sequences) and a float64 copy
+    of ``state`` with the slots of the non-skipped sequences updated. The inputs are not modified.
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    f = torch.float64
+    qf, kf, vf = (x.to(f).reshape(B * T, x.shape[2], x.shape[3]) for x in (q, k, v))
+    gf, bf = (x.to(f).reshape(B * T, HV) for x in (g, beta))
+    cu = _cu_seqlens(T, B, cu_seqlens, "cpu").tolist()
+    scale = K ** -0.5 if scale is None else scale
+    new_state = state.to(f).clone()
+    o = torch.zeros(B * T, HV, V, dtype=f, device=q.device)
+    for n in range(len(cu) - 1):
+        slot = int(state_idx[n])
+        if slot == pad_slot_id:
+            continue
+        S = new_state[slot].clone()  # [HV, V, K]
+        if has_initial_state is not None and not bool(has_initial_state[n]):
+            S.zero_()
+        for t in range(cu[n], cu[n + 1]):
+            qt = qf[t].repeat_interleave(HV // H, dim=0)  # [HV, K]
+            kt = kf[t].repeat_interleave(HV // H, dim=0)
+            if use_qk_l2norm:
+                qt = qt / torch.sqrt((qt * qt).sum(-1, keepdim=True) + 1e-6)
+                kt = kt / torch.sqrt((kt * kt).sum(-1, keepdim=True) + 1e-6)
+            qt = qt * scale
+            S = S * torch.exp(gf[t])[:, None, None]
+            u = bf[t][:, None] * (vf[t] - torch.einsum("hvk,hk->hv", S, kt))
+            S = S + u[:, :, None] * kt[:, None, :]
+            o[t] = torch.einsum("hvk,hk->hv", S, qt)
+        new_state[slot] = S
+    return o.reshape(B, T, HV, V), new_state
+
+
+# ============================================================================================================
+# gdn_conv: causal depthwise conv1d with carried state and SiLU, varlen
+# ============================================================================================================
+if triton is not None:
+
+    @triton.jit
+    def _gdn_conv_kernel(
+        x, w, bias, cs, cache_idx, has_init, qsl, out,
+        n_seqs, dim,
+        sx_d, sx_t, sw_d, sw_w, scs_n, scs_d, scs_t, so_d, so_t,
+        pad_slot_id, null_block_id,
+        W: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CACHE_IDX: tl.constexpr,
+        HAS_NULL_BLOCK: tl.constexpr, RNE_FIX: tl.constexpr,
+    ):
+        # grid: (cdiv(dim, BD), cdiv(tokens, BT) + N). Program (d, c) takes the c-th chunk of the list of every
+        # sequence's chunks of BT tokens, so a chunk never crosses a sequence start. The first chunk of a
+        # sequence is the only reader of its old conv state (BT >= W-1) and so may write the new one.
+        pid_d = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        offs_n = tl.arange(0, NP)
+        lo = tl.load(qsl + offs_n, mask=offs_n < n_seqs, other=0)
+        hi = tl.load(qsl + offs_n + 1, mask=offs_n < n_seqs, other=0)
+        nch = (hi - lo + BT - 1) // BT
+        cum = tl.cumsum(nch, 0)                                  # inclusive
+        total = tl.sum(nch, 0)
+        if pid_c < total:
+            seq = tl.sum((cum <= pid_c).to(tl.int32), 0)
+            sel = offs_n == seq
+            bos = tl.sum(tl.where(sel, lo, 0), 0).to(tl.int64)
+            eos = tl.sum(tl.where(sel, hi, 0), 0).to(tl.int64)
+            chunk = pid_c - tl.sum(tl.where(sel, cum - nch, 0), 0)
+            if HAS_CACHE_IDX:
+                slot = tl.load(cache_idx + seq).to(tl.int64)
+            else:
+                slot = seq.to(tl.int64)
+            skip = slot == pad_slot_id
+            if HAS_NULL_BLOCK:
+                skip = skip | (slot == null_block_id)
+
+            offs_d = pid_d * BD + tl.arange(0, BD)
+            mask_d = offs_d < dim
+            init = offs_d < 0                                        # [BD] (a block: see _seq_load)
+            if HAS_INIT:
+                init = (offs_d * 0 + tl.load(has_init + seq).to(tl.int32)) != 0
+            tt = bos + chunk * BT + tl.arange(0, BT)                 # [BT] token rows
+            mask_t = tt < eos
+            m_out = mask_d[:, None] & mask_t[None, :]
+            p_out = out + offs_d[:, None] * so_d + tt[None, :] * so_t
+            if skip:
+                tl.store(p_out, _cast(tl.zeros([BD, BT], dtype=tl.float32), out.dtype.element_ty, RNE_FIX), mask=m_out)
+            else:
+                p_cs = cs + slot * scs_n + offs_d * scs_d                # [BD]
+                if HAS_BIAS:
+                    acc = tl.load(bias + offs_d, mask=mask_d, other=0.0).to(tl.float32)[:, None] \
+                        + tl.zeros([BD, BT], dtype=tl.float32)
+                else:
+                    acc = tl.zeros([BD, BT], dtype=tl.float32)
+                for j in tl.static_range(W):
+                    p = tt - (W - 1) + j
+                    from_x = p >= bos
+                    xv = tl.load(x + offs_d[:, None] * sx_d + p[None, :] * sx_t,
+                                 mask=m_out & from_x[None, :], other=0.0)
+                    col = (W - 1) + p - bos
+                    sv = tl.load(p_cs[:, None] + col[None, :] * scs_t,
+                                 mask=m_out & (~from_x)[None, :] & init[:, None], other=0.0)
+                    xin = tl.where(from_x[None, :], xv.to(tl.float32), sv.to(tl.float32))
+                    wj = tl.load(w + offs_d * sw_d + j * sw_w, mask=mask_d, other=0.0).to(tl.float32)
+                    acc = acc + wj[:, None] * xin
+                if SILU:
+                    # 1 + exp(-y) in float64, rounded once to fp32: every float64 exp (libdevice, numpy, torch)
+                    # rounds to the same fp32 value, where fp32 exps differ in the last bit between libraries.
+                    den = (1.0 + tl.exp(-acc.to(tl.float64))).to(tl.float32)
+                    acc = tl.math.div_rn(acc, den)
+                tl.store(p_out, _cast(acc, out.dtype.element_ty, RNE_FIX), mask=m_out)
+
+                if chunk == 0:
+                    # New state: the last W-1 inputs of the sequence, oldest first; read everything, then write.
+                    offs_c = tl.arange(0, CP)
+                    mask_c = offs_c < W - 1
+                    pc = eos - (W - 1) + offs_c                         # [C] token rows
+                    from_x = pc >= bos
+                    m_c = mask_d[:, None] & mask_c[None, :]
+                    xv = tl.load(x + offs_d[:, None] * sx_d + pc[None, :] * sx_t,
+                                 mask=m_c & from_x[None, :], other=0.0)
+                    colc = (W - 1) + pc - bos
+                    sv = tl.load(p_cs[:, None] + colc[None, :] * scs_t,
+                                 mask=m_c & (~from_x)[None, :] & init[:, None], other=0.0)
+                    new = tl.where(from_x[None, :], _cast(xv.to(tl.float32), cs.dtype.element_ty, RNE_FIX), sv)
+                    tl.debug_barrier()
+                    tl.store(p_cs[:, None] + offs_c[None, :] * scs_t, new, mask=m_c)
+
+
+def gdn_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    cache_indices: torch.Tensor | None = None,
+    has_initial_state: torch.Tensor | None = None,
+    activation: str | bool | None = "silu",
+    pad_slot_id: int = PAD_SLOT_ID,
+    null_block_id: int | None = None,
+    out: torch.Tensor | None = None,
+    BD: int = 128,
+    BT: int = 32,
+) -> torch.Tensor:
+    """Causal depthwise conv1d with carried state (and SiLU), varlen, in one launch; conv state updated in place.
+
+    Argument conventions are those of vLLM's ``causal_conv1d_fn``.
+
+    Args:
+        x: ``[dim, tokens]``, any strides (vLLM: channel-last, the transpose of ``[tokens, dim]``), any float.
+        weight: ``[dim, W]``. bias: ``[dim]`` or None.
+        conv_states: ``[slots, dim, >= W-1]``; columns ``0..W-2`` are the sequence's previous inputs, oldest
+            first, read where ``has_initial_state`` and replaced by the last W-1 inputs (shifted in). Other
+            columns are left alone. Its dtype is the state's (x is rounded to it when stored).
+        query_start_loc: ``[N+1]`` int token offsets (cu_seqlens) into x's token axis.
+        cache_indices: ``[N]`` slot per sequence (default: sequence n uses slot n); ``pad_slot_id`` (and
+            ``null_block_id`` where given; vLLM's block 0) marks a sequence to skip: outputs zero, state untouched.
+        has_initial_state: ``[N]`` bool; None = no sequence has one (zeros before the first token).
+        activation: "silu" / "swish" / True for SiLU, None/False for none.
+        out: optional ``[dim, tokens]`` output; default ``torch.empty_like(x)`` (same strides, x's dtype).
+            Tokens that belong to no sequence are not written.
+
+    Returns:
+        out, ``y[d, t] = act(bias[d] + sum_j weight[d, j] * x[d, t-(W-1)+j])`` (fp32 math).
+    """
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[0]:
+        raise ValueError(f"x must be [dim, tokens] and weight [dim, W], got {tuple(x.shape)}, {tuple(weight.shape)}")
+    dim, n_tok = x.shape
+    W = weight.shape[1]
+    if not 2 <= W <= 8:
+        raise ValueError(f"conv width {W} not supported (2..8)")
+    if conv_states.dim() != 3 or conv_states.shape[1] != dim or conv_states.shape[2] < W - 1:
+        raise ValueError(f"conv_states must be [slots, {dim}, >= {W - 1}], got {tuple(conv_states.shape)}")
+    silu = activation in ("silu", "swish", True)
+    if not silu and activation not in (None, False):
+        raise ValueError(f"activation {activation!r} not supported")
+    N = query_start_loc.numel() - 1
+    if out is None:
+        out = torch.empty_like(x)
+    if N <= 0 or n_tok == 0:
+        return out
+    BT = max(BT, triton.next_power_of_2(W - 1))
+    grid = (triton.cdiv(dim, BD), triton.cdiv(n_tok, BT) + N)
+    _gdn_conv_kernel[grid](
+        x, weight, bias if bias is not None else weight, conv_states,
+        cache_indices if cache_indices is not None else query_start_loc,
+        has_initial_state if has_initial_state is not None else query_start_loc,
+        query_start_loc, out,
+        N, dim,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+        conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
+        pad_slot_id, null_block_id if null_block_id is not None else pad_slot_id,
+        W=W, CP=max(2, triton.next_power_of_2(W - 1)), NP=max(2, triton.next_power_of_2(N)), BD=BD, BT=BT,
+        HAS_BIAS=bias is not None, SILU=silu, HAS_INIT=has_initial_state is not None,
+        HAS_CACHE_IDX=cache_indices is not None, HAS_NULL_BLOCK=null_block_id is not None, RNE_FIX=_interpreting(),
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return out
+
+
+def gdn_conv_ref(
+    x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
+    activation="silu", pad_slot_id: int = PAD_SLOT_ID, null_block_id=None, dtype=torch.float64,
+):
+    """Reference of :func:`gdn_conv`: a plain loop over sequences and taps in ``dtype``.
+
+    With ``dtype=torch.float64`` it is the exact function; with ``torch.float32`` it performs the kernel's
+    operations in the kernel's order (bias, then taps 0..W-1, one rounding each; SiLU as ``y / (1 + exp(-y))``),
+    so the kernel must equal it bit for bit. Returns ``(out [dim, tokens] in dtype, new conv_states)``; skipped
+    sequences get zero outputs, tokens outside every sequence stay NaN, the inputs are not modified.
+    """
+    dim, n_tok = x.shape
+    W = weight.shape[1]
+    cu = query_start_loc.tolist()
+    xs = x.to(dtype)
+    wd = weight.to(dtype)
+    states = conv_states.clone()
+    out = torch.full((dim, n_tok), float("nan"), dtype=dtype, device=x.device)
+    silu = activation in ("silu", "swish", True)
+    for n in range(len(cu) - 1):
+        bos, eos = cu[n], cu[n + 1]
+        slot = n if cache_indices is None else int(cache_indices[n])
+        if slot == pad_slot_id or (null_block_id is not None and slot == null_block_id):
+            out[:, bos:eos] = 0
+            continue
+        init = has_initial_state is not None and bool(has_initial_state[n])
+        prev = conv_states[slot, :, : W - 1].to(dtype)
+        if not init:
+            prev = torch.zeros_like(prev)
+        seq = torch.cat([prev, xs[:, bos:eos]], dim=1)  # [dim, W-1+L]
+        for t in range(eos - bos):
+            acc = bias.to(dtype).clone() if bias is not None else torch.zeros(dim, dtype=dtype, device=x.device)
+            for j in range(W):
+                acc = acc + wd[:, j] * seq[:, t + j]
+            if silu:
+                if dtype == torch.float64:
+                    acc = acc / (1 + torch.exp(-acc))
+                else:  # the kernel's SiLU: 1 + exp(-y) in float64 rounded once to dtype, then one IEEE division
+                    acc = acc / (1 + torch.exp(-acc.double())).to(dtype)
+            out[:, bos + t] = acc
+        # the state holds inputs in the state's dtype: x rounded to it, old columns kept as they were
+        raw = torch.cat([conv_states[slot, :, : W - 1] if init else torch.zeros_like(conv_states[slot, :, : W - 1]),
+                         x[:, bos:eos].to(conv_states.dtype)], dim=1)
+        states[slot, :, : W - 1] = raw[:, -(W - 1):]
+    return out, states
+
+
+__all__ = ["gdn_seq", "gdn_seq_ref", "gdn_conv", "gdn_conv_ref", "PAD_SLOT_ID"]

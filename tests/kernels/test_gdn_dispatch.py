@@ -1,0 +1,185 @@
+"""Routing of r9k.ops.gdn on the CPU, against fake vLLM modules (no model, no server).
+
+Under TRITON_INTERPRET=1 (set by conftest.py where there is no GPU) the dispatch routes CPU tensors, so the
+routed calls really run gdn_seq / gdn_conv through the interpreter and are checked against the references.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import types
+
+import pytest
+import torch
+
+from kernels.gdn import gdn_conv_ref, gdn_seq_ref
+from r9k.ops import gdn as dispatch
+
+pytestmark = pytest.mark.skipif(not dispatch._kernels()._interpreting(),
+                                reason="routes CPU tensors through the kernels: needs TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    g = torch.Generator()
+    seed = g.seed()
+    print(f"seed={seed}")
+    return g
+
+
+class _CustomOp:  # vLLM's CustomOp: forward() calls the backend method chosen at construction
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self._forward_method(*args, **kwargs)
+
+
+def make_fake_qwen():
+    mod = types.ModuleType("fake_vllm_qwen_gdn")
+    calls = {"core": 0, "conv": 0}
+
+    class ChunkGatedDeltaRule(_CustomOp):
+        def __init__(self):
+            self._forward_method = self.forward_native
+
+        def forward_native(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
+                           chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
+                           core_attn_out=None, aiter_prefill_metadata=None):
+            calls["core"] += 1
+            return "stock-core", None
+
+    def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                         has_initial_state=None, activation="silu", pad_slot_id=-1, null_block_id=0,
+                         block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None,
+                         initial_state_idx=None, num_computed_tokens=None, block_size_to_align=0, metadata=None,
+                         validate_data=False):
+        calls["conv"] += 1
+        return "stock-conv"
+
+    mod.ChunkGatedDeltaRule = ChunkGatedDeltaRule
+    mod.causal_conv1d_fn = causal_conv1d_fn
+    return mod, calls
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    mod, calls = make_fake_qwen()
+    yield mod, calls
+    dispatch.uninstall()
+
+
+def core_args(gen, T, N=2, H=2, HV=4, K=16, V=16, device="cpu"):
+    lens = [T // 2, T - T // 2][:N]
+    q = torch.nn.functional.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(device)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(device)
+    v = torch.randn(1, T, HV, V, generator=gen).to(device)
+    g = -torch.rand(1, T, HV, generator=gen).to(device) * 0.4
+    beta = torch.rand(1, T, HV, generator=gen).to(device)
+    h0 = torch.randn(N, HV, V, K, generator=gen).to(device)
+    cu = torch.tensor([0, lens[0], T], dtype=torch.int32, device=device)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=False)
+
+
+def conv_args(gen, T, dim=24, device="cpu"):
+    x = torch.randn(T, dim, generator=gen).to(device).t()
+    return dict(x=x, weight=torch.randn(dim, 4, generator=gen).to(device),
+                bias=torch.randn(dim, generator=gen).to(device),
+                conv_states=torch.randn(4, dim, 3, generator=gen).to(device),
+                query_start_loc=torch.tensor([0, 1, T], dtype=torch.int32, device=device),
+                cache_indices=torch.tensor([2, 3], dtype=torch.int32, device=device),
+                has_initial_state=torch.tensor([True, False], device=device))
+
+
+def test_zero_is_stock(fake, monkeypatch, caplog):
+    mod, calls = fake
+    orig_conv = mod.causal_conv1d_fn
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "0")
+    with caplog.at_level(logging.INFO, logger="r9k"):
+        assert dispatch.install({"qwen": mod}) == []
+    assert "forward" not in vars(mod.ChunkGatedDeltaRule) and mod.causal_conv1d_fn is orig_conv
+    assert "left as is" in caplog.text
+
+
+def test_short_prefill_routed_long_to_stock(fake, monkeypatch, gen):
+    mod, calls = fake
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "8")
+    names = dispatch.install({"qwen": mod})
+    assert len(names) == 2 and "ChunkGatedDeltaRule.forward" in names[0] and "causal_conv1d_fn" in names[1]
+    op = mod.ChunkGatedDeltaRule()
+    a = core_args(gen, T=7)
+    o_ref, s_ref = gdn_seq_ref(a["q"], a["k"], a["v"], a["g"], a["beta"], a["initial_state"],
+                               torch.arange(2), a["cu_seqlens"])
+    h0 = a["initial_state"]
+    o, ht = op(**a)
+    assert calls["core"] == 0 and ht is h0  # the gathered state, updated in place, is the final state
+    assert ((o.double() - o_ref).norm() / o_ref.norm()) < 1e-5
+    assert ((ht.double() - s_ref).norm() / s_ref.norm()) < 1e-5
+    assert op(**core_args(gen, T=9)) == ("stock-core", None) and calls["core"] == 1
+    # the conv: routed at <= 8 tokens, stock above, stock for prefix-caching block arguments
+    c = conv_args(gen, T=6)
+    ref, ref_states = gdn_conv_ref(**{k: v for k, v in c.items()}, null_block_id=0, dtype=torch.float32)
+    y = mod.causal_conv1d_fn(**c)
+    assert torch.equal(y, ref) and torch.equal(c["conv_states"], ref_states) and calls["conv"] == 0
+    assert mod.causal_conv1d_fn(**conv_args(gen, T=9)) == "stock-conv"
+    c = conv_args(gen, T=6)
+    c["block_idx_last_scheduled_token"] = torch.zeros(2, dtype=torch.int32)
+    assert mod.causal_conv1d_fn(**c) == "stock-conv" and calls["conv"] == 2
+
+
+def test_conv_stock_knob_and_reinstall_zero_restores(fake, monkeypatch):
+    mod, calls = fake
+    orig_conv = mod.causal_conv1d_fn
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
+    monkeypatch.setenv("R9K_GDN_PREFILL_CONV", "stock")
+    names = dispatch.install({"qwen": mod})
+    assert len(names) == 1 and mod.causal_conv1d_fn is orig_conv
+    monkeypatch.setenv("R9K_GDN_PREFILL_CONV", "r9k")
+    assert len(dispatch.install({"qwen": mod})) == 2  # a second install replaces, never double-wraps
+    assert mod.causal_conv1d_fn.__r9k_original__ is orig_conv
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "0")
+    assert dispatch.install({"qwen": mod}) == []
+    assert "forward" not in vars(mod.ChunkGatedDeltaRule) and mod.causal_conv1d_fn is orig_conv
+    assert mod.ChunkGatedDeltaRule.forward is _CustomOp.forward
+
+
+def test_no_gdn_layer_is_noop(monkeypatch, caplog):
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
+    with caplog.at_level(logging.INFO, logger="r9k"):
+        assert dispatch.install({"qwen": None, "olmo": types.ModuleType("empty")}) == []
+    assert "nothing installed" in caplog.text
+
+
+def test_olmo_module_function(monkeypatch, gen):
+    mod = types.ModuleType("fake_olmo")
+    seen = []
+    mod.chunk_gated_delta_rule = lambda *a, **k: seen.append(1) or ("stock", None)
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "4")
+    try:
+        assert len(dispatch.install({"olmo": mod})) == 1
+        a = core_args(gen, T=4)
+        o, ht = mod.chunk_gated_delta_rule(**a)
+        assert not seen and o.shape == a["v"].shape
+        assert mod.chunk_gated_delta_rule(**core_args(gen, T=5)) == ("stock", None) and seen == [1]
+    finally:
+        dispatch.uninstall()
+    assert not hasattr(mod.chunk_gated_delta_rule, "__r9k_original__")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+def test_real_vllm_module_patch_and_restore(monkeypatch):
+    """Where vLLM is installed: the hook lands on its GDN module and 0 takes it off again."""
+    mod = dispatch._import(dispatch.QWEN_MODULE)
+    if mod is None:
+        pytest.skip("this vLLM has no importable qwen GDN module")
+    orig_conv = mod.causal_conv1d_fn
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
+    try:
+        names = dispatch.install()
+        assert any("ChunkGatedDeltaRule.forward" in n for n in names)
+        assert mod.causal_conv1d_fn is not orig_conv
+    finally:
+        monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "0")
+        dispatch.install()
+    assert mod.causal_conv1d_fn is orig_conv and "forward" not in vars(mod.ChunkGatedDeltaRule)
