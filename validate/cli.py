@@ -40,9 +40,12 @@ class _Bar:
 
 
 def _root() -> Path:
+    """The checkout holding serve/, suites/, templates/: ``$R9K_ROOT`` or the one this package runs from."""
+    import os
+
     from validate.util import repo_root
 
-    return repo_root()
+    return Path(os.environ["R9K_ROOT"]) if os.environ.get("R9K_ROOT") else repo_root()
 
 
 def _opts(args) -> "RunOptions":

@@ -63,13 +63,15 @@ class OpenAIClient:
         model: the served model name sent as ``model``.
         timeout_s: per-request read timeout, seconds.
         max_connections: connection pool size (set it >= the highest concurrency you will use).
+        transport: an httpx transport to use instead of the network (tests).
     """
 
-    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, max_connections: int = 256):
+    def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, max_connections: int = 256,
+                 transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self._http = httpx.AsyncClient(
-            base_url=self.base_url,
+            base_url=self.base_url, transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )

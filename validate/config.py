@@ -50,6 +50,8 @@ class ServerSpec(_Strict):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     port: int | None = Field(None, ge=1, le=65535, description="fixed port; default: a free one")
     extra_args: list[str] = Field(default_factory=list)
+    entrypoint: str = Field("vllm.entrypoints.openai.api_server",
+                            description="module run with `python -m` (a patched or synthetic server in tests)")
 
 
 class Hardware(_Strict):

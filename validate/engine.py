@@ -45,6 +45,12 @@ class RunOptions:
     url: str | None = None
     model: str | None = None
     server_log: Path | None = None
+    tree: Path | None = None  # the source tree under validation; default: root when it holds r9k/, else this package's
+
+    def tree_root(self) -> Path:
+        if self.tree is not None:
+            return self.tree
+        return self.root if (self.root / "r9k").is_dir() else prov.package_root()
 
 
 @dataclass
@@ -106,8 +112,8 @@ class Engine:
         self.o = opts
         self.console = console
         self.progress_factory = progress_factory
-        commit, dirty = git_state(opts.root)
-        digest, _ = prov.source_hash(opts.root)
+        commit, dirty = git_state(opts.tree_root())
+        digest, _ = prov.source_hash(opts.tree_root())
         self.tree = Tree(commit=commit, dirty=dirty, source_hash=digest)
 
     def say(self, msg: str) -> None:
@@ -223,7 +229,7 @@ class Engine:
         if server is not None:
             client = OpenAIClient(server.url, server.model, max_connections=512)
         bar = self.progress_factory(f"{cfg.name}/{s.spec.name}") if self.progress_factory else None
-        ctx = RunContext(config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
+        ctx = RunContext(root=self.o.root, config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
                          record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
                          progress=bar.update if bar else (lambda *a, **k: None), log=self.say)
         try:

@@ -64,7 +64,7 @@ def build_command(cfg: ServeConfig, model: str, host: str, port: int) -> list[st
     """
     s = cfg.server
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        sys.executable, "-m", s.entrypoint,
         "--model", model, "--served-model-name", cfg.model.served_name,
         "--host", host, "--port", str(port),
         "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),

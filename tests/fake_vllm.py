@@ -1,0 +1,142 @@
+"""A synthetic OpenAI-compatible streaming server that takes vLLM's API-server arguments, for launcher and
+client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
+
+- ``ok``: prints the r9k provenance line (as the plugin would) and a KV cache line, serves /health,
+  /version, /tokenize, /v1/chat/completions and /v1/completions, streaming ``FAKE_VLLM_TOKENS`` words
+  (default 6) with ``FAKE_VLLM_ITL_MS`` (default 2) between them; the answer repeats the last number of the
+  prompt ("The answer is N.").
+- ``crash``: prints a traceback-like line and exits with status 3 during start-up.
+- ``hang``: starts but never answers /health with 200.
+- ``wrong-tree``: like ok, but announces another plugin source hash.
+- ``no-plugin``: like ok, without the provenance line.
+- ``cut``: like ok, but closes every stream after two content chunks without [DONE].
+- ``die-after``: like ok, but the process exits after ``FAKE_VLLM_DIE_AFTER`` generations (default 3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODE = os.environ.get("FAKE_VLLM_MODE", "ok")
+TOKENS = int(os.environ.get("FAKE_VLLM_TOKENS", "6"))
+ITL_S = float(os.environ.get("FAKE_VLLM_ITL_MS", "2")) / 1e3
+DIE_AFTER = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "3"))
+_count = 0
+_lock = threading.Lock()
+
+
+def answer_words(prompt: str) -> list[str]:
+    nums = re.findall(r"\d+", prompt)
+    words = ["The", " answer", " is", f" {nums[-1] if nums else 'unknown'}", "."]
+    while len(words) < TOKENS:
+        words.append(" more")
+    return words[:TOKENS]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):  # keep the log for what the tests read
+        pass
+
+    def _json(self, code: int, obj) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            if MODE == "hang":
+                self._json(503, {"status": "starting"})
+            else:
+                self._json(200, {})
+        elif self.path == "/version":
+            self._json(200, {"version": "0.0.0-fake"})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self):
+        global _count
+        n = int(self.headers.get("content-length", 0))
+        req = json.loads(self.rfile.read(n) or b"{}")
+        if self.path == "/tokenize":
+            words = req.get("prompt", "").split()
+            self._json(200, {"tokens": [len(w) for w in words], "count": len(words)})
+            return
+        if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            self._json(404, {"error": "not found"})
+            return
+        chat = self.path == "/v1/chat/completions"
+        prompt = req["messages"][-1]["content"] if chat else str(req.get("prompt"))
+        words = answer_words(prompt)[: req.get("max_tokens", TOKENS)]
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+
+        def send(obj) -> None:
+            self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
+            self.wfile.flush()
+
+        def choice(text, ids, finish=None):
+            c = {"index": 0, "finish_reason": finish, "token_ids": ids}
+            if chat:
+                c["delta"] = {"content": text}
+            else:
+                c["text"] = text
+            return {"choices": [c]}
+
+        if chat:
+            send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        for i, w in enumerate(words):
+            time.sleep(ITL_S)
+            if MODE == "cut" and i == 2:
+                self.close_connection = True
+                return
+            send(choice(w, [100 + i]))
+        send(choice("", [2], finish="length" if len(words) == req.get("max_tokens") else "stop"))
+        send({"choices": [], "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
+                                       "total_tokens": len(prompt.split()) + len(words)}})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        with _lock:
+            _count += 1
+            if MODE == "die-after" and _count >= DIE_AFTER:
+                os._exit(9)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--model")
+    ap.add_argument("--served-model-name")
+    args, _ = ap.parse_known_args()
+    if MODE == "crash":
+        print("Traceback (most recent call last):\nRuntimeError: fake engine core failed to start", flush=True)
+        sys.exit(3)
+    if MODE not in ("no-plugin",):
+        from r9k import provenance
+
+        line = provenance.line()
+        if MODE == "wrong-tree":
+            line = re.sub(r"source_hash=\w+", "source_hash=0123456789abcdef", line)
+        print(line, flush=True)
+    print("INFO [kv_cache_utils.py] GPU KV cache size: 12,345 tokens", flush=True)
+    srv = ThreadingHTTPServer((args.host, args.port), Handler)
+    srv.daemon_threads = True
+    print(f"Starting fake vLLM server on http://{args.host}:{args.port}", flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The launcher and the engine against the synthetic server: start-up failures, teardown, provenance, faults."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, fake_procs
+from validate.cli import main
+
+
+def record(scratch, release, cfg, suite="fake-sanity"):
+    return json.loads((scratch.root / "reports" / release / cfg / f"{suite}.json").read_text())
+
+
+def test_ok_run_writes_record_with_provenance(scratch, capsys):
+    tag = scratch.config("fake-ok")
+    assert main(["suite", "fake-sanity", "--config", "fake-ok", "--release", "t1"]) == 0
+    rec = record(scratch, "t1", "fake-ok")
+    assert rec["verdict"]["status"] == "pass"
+    # 5 prompts solo + ceil(2.0 * 4) = 8 requests per round, 2 rounds
+    assert rec["metrics"]["n"] == 16 and rec["metrics"]["bad"] == 0 and rec["metrics"]["solo_right"] == 5
+    assert len(rec["items"]) == 5 + 16
+    assert rec["server"]["provenance_ok"] is True and rec["server"]["kv_cache_tokens"] == 12345
+    assert rec["server"]["provenance"][0].startswith("R9K-PROVENANCE version=")
+    assert (scratch.root / "reports" / "t1" / "fake-ok" / "server.log").exists()
+    assert fake_procs(tag) == []
+
+
+def test_server_dies_at_start(scratch, capsys):
+    tag = scratch.config("fake-crash", mode="crash")
+    assert main(["suite", "fake-sanity", "--config", "fake-crash", "--release", "t2"]) == 2
+    out = capsys.readouterr().out
+    assert "exited with status 3" in out and "fake engine core failed to start" in out
+    rec = record(scratch, "t2", "fake-crash")
+    assert rec["verdict"]["status"] == "error" and "launch failed" in rec["verdict"]["cause"]
+    assert fake_procs(tag) == []
+
+
+def test_port_already_in_use(scratch, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        tag = scratch.config("fake-port", port=port)
+        assert main(["suite", "fake-sanity", "--config", "fake-port", "--release", "t3"]) == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().out
+    assert fake_procs(tag) == []
+
+
+def test_launch_timeout_stops_server(scratch, capsys):
+    tag = scratch.config("fake-hang", mode="hang", timeout=3)
+    assert main(["suite", "fake-sanity", "--config", "fake-hang", "--release", "t4"]) == 2
+    assert "not ready after 3 s" in capsys.readouterr().out
+    assert fake_procs(tag) == []
+
+
+@pytest.mark.parametrize("mode,why", [("wrong-tree", "server runs plugin source 0123456789abcdef"),
+                                      ("no-plugin", "no R9K-PROVENANCE line")])
+def test_wrong_tree_is_refused(scratch, mode, why):
+    scratch.config("fake-" + mode, mode=mode)
+    assert main(["suite", "fake-sanity", "--config", "fake-" + mode, "--release", "t5"]) == 1
+    rec = record(scratch, "t5", "fake-" + mode)
+    assert rec["verdict"]["status"] == "wrong-tree" and why in rec["verdict"]["cause"]
+    assert rec["items"] == [] and rec["metrics"] == {}
+
+
+def test_server_dies_mid_suite(scratch):
+    tag = scratch.config("fake-die", mode="die-after", FAKE_VLLM_DIE_AFTER=4)  # readiness uses 1, solo runs 5
+    assert main(["suite", "fake-sanity", "--config", "fake-die", "--release", "t6"]) == 2
+    rec = record(scratch, "t6", "fake-die")
+    assert rec["verdict"]["status"] == "error" and "server died" in rec["verdict"]["cause"]
+    assert fake_procs(tag) == []
+
+
+def test_stream_cut_mid_answer_is_an_error(scratch):
+    scratch.config("fake-cut", mode="cut")
+    # readiness asks for 4 tokens and the fake cuts after 2: the launch itself must refuse the server
+    assert main(["suite", "fake-sanity", "--config", "fake-cut", "--release", "t7"]) == 2
+    rec = record(scratch, "t7", "fake-cut")
+    assert "cut mid-answer" in rec["verdict"]["cause"]
+
+
+def test_unknown_key_in_suite_file_launches_nothing(scratch, capsys):
+    tag = scratch.config("fake-ok2")
+    path = scratch.root / "suites" / "fake-sanity.yaml"
+    path.write_text(path.read_text() + "rounds_typo: 3\n")
+    assert main(["suite", "fake-sanity", "--config", "fake-ok2", "--release", "t8"]) == 2
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "fake-sanity.yaml" in out and "rounds_typo: unknown key" in out
+    assert fake_procs(tag) == []
+    assert not (scratch.root / "reports" / "t8").exists()
+
+
+def test_ctrl_c_tears_down_server(scratch, tmp_path):
+    tag = scratch.config("fake-slow", FAKE_VLLM_ITL_MS=400, FAKE_VLLM_TOKENS=6)
+    env = {"R9K_ROOT": str(scratch.root), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "validate.cli", "suite", "fake-sanity", "--config", "fake-slow",
+                             "--release", "t9"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = scratch.root / "reports" / "t9" / "fake-slow" / "server.log"
+    deadline = time.time() + 30
+    while time.time() < deadline and not (log.exists() and "Starting fake vLLM" in log.read_text()):
+        time.sleep(0.2)
+    time.sleep(3)  # inside the suite now (readiness took ~2.4 s)
+    assert fake_procs(tag), "the fake server should be running"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out.decode()
+    assert fake_procs(tag) == []

@@ -1,0 +1,93 @@
+"""Configuration, suite and checklist loading: every error names the file, the line and the key."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from validate.config import all_configs, load_config
+from validate.errors import InputError
+from validate.suite import find_suite, load_checklist, load_suite
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_repository_files_load():
+    names = [c.name for c in all_configs(REPO)]
+    assert names == ["27b-tp2", "cpu-smol", "fn-tp2", "fn-tp4"]
+    cl = load_checklist(REPO)
+    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["sanity", "gsm8k", "probe"])]
+    quick = find_suite(REPO, "sanity", "quick")
+    full = find_suite(REPO, "sanity", "full")
+    assert quick.params.overload == [2.0] and full.params.overload == [1.0625, 1.5, 2.0]
+    assert quick.params_hash() != full.params_hash()
+
+
+def test_unknown_key_names_file_line_and_key(tmp_path):
+    p = write(tmp_path, "sanity.yaml", "name: sanity\nkind: strict-sanity\nparams: {rounds: 1}\ngates: {}\n")
+    with pytest.raises(InputError) as e:
+        load_suite(p)
+    assert str(e.value) == f"{p}:4: gates: unknown key"
+
+
+def test_unknown_param_names_params_key(tmp_path):
+    p = write(tmp_path, "sanity.yaml", "name: sanity\nkind: strict-sanity\nparams:\n  rounds: 1\n  overlaod: [2]\n")
+    with pytest.raises(InputError) as e:
+        load_suite(p)
+    assert str(e.value) == f"{p}:5: params.overlaod: unknown key"
+
+
+def test_wrong_type_in_profile(tmp_path):
+    p = write(tmp_path, "sanity.yaml", "name: sanity\nkind: strict-sanity\nprofiles:\n  quick: {rounds: many}\n")
+    load_suite(p, "full")  # the full profile is fine
+    with pytest.raises(InputError) as e:
+        load_suite(p, "quick")
+    assert f"{p}:4: profiles.quick.rounds:" in str(e.value) and "integer" in str(e.value)
+
+
+def test_unknown_profile_key(tmp_path):
+    p = write(tmp_path, "probe.yaml", "name: probe\nkind: probe\nprofiles:\n  quick: {decode_tokns: 3}\n")
+    with pytest.raises(InputError, match=r"profiles\.quick\.decode_tokns: unknown key"):
+        load_suite(p)
+
+
+def test_unknown_kind_lists_known(tmp_path):
+    p = write(tmp_path, "x.yaml", "name: x\nkind: soakk\n")
+    with pytest.raises(InputError, match=r"kind: unknown suite kind 'soakk' \(known: gsm8k, probe, strict-sanity"):
+        load_suite(p)
+
+
+def test_malformed_yaml_names_line(tmp_path):
+    p = write(tmp_path, "x.yaml", "name: x\nkind: probe\nparams: {a: [1, 2}\n")
+    with pytest.raises(InputError, match=rf"{p}:3: malformed YAML"):
+        load_suite(p)
+
+
+def test_config_errors(tmp_path):
+    p = write(tmp_path, "c.yaml", "name: c\nmodel: {path: /m, served_name: m}\nserver: {max_num_seqs: 0, max_model_len: 64}\n")
+    with pytest.raises(InputError) as e:
+        load_config(p)
+    assert f"{p}:3: server.max_num_seqs: Input should be greater than or equal to 1" == str(e.value)
+    p = write(tmp_path, "d.yaml", "name: other\nmodel: {path: /m, served_name: m}\nserver: {max_num_seqs: 1, max_model_len: 64}\n")
+    with pytest.raises(InputError, match="differs from the file name 'd'"):
+        load_config(p)
+    p = write(tmp_path, "e.yaml", "name: e\nmodel: {path: /m, served_name: m}\nserver: {max_num_seqs: 1, max_model_len: 64, tp: 2}\n")
+    with pytest.raises(InputError, match=rf"{p}:3: server.tp: unknown key"):
+        load_config(p)
+
+
+def test_config_hash_follows_content(tmp_path):
+    a = write(tmp_path, "a.yaml", "name: a\nmodel: {path: /m, served_name: m}\nserver: {max_num_seqs: 1, max_model_len: 64}\n")
+    h1 = load_config(a).digest()
+    a.write_text(a.read_text() + "env: {R9K_GDN_PREFILL_MAX: '0'}\n")
+    assert load_config(a).digest() != h1
+
+
+def test_missing_suite_lists_known():
+    with pytest.raises(InputError, match=r"no suite 'soak'.*known: gsm8k, probe, sanity"):
+        find_suite(REPO, "soak")

@@ -1,0 +1,74 @@
+"""Records round-trip; RELEASE.md carries the records' figures and lists what was not checked, with why."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO
+from validate.errors import InputError
+from validate.record import Dataset, Record, ServerInfo, Tree, Verdict, read_record, record_path, write_record
+from validate.render import fmt_num, fmt_pct, render_release
+from validate.suite import Checklist, ChecklistEntry
+
+
+def rec(config, suite, status="pass", profile="full", metrics=None, dataset=None, cause=None, tree="aaaa"):
+    return Record(release="v9", config=config, config_hash="c", suite=suite, suite_kind=suite, params={},
+                  params_hash="p", profile=profile, started_at="t0", ended_at="t1", wall_s=12.5,
+                  tree=Tree(commit="0123456789abcdef", dirty=False, source_hash=tree),
+                  server=ServerInfo(launched=True, provenance=[f"R9K-PROVENANCE version=0.1.0 source_hash={tree} files=5 pid=1"],
+                                    provenance_ok=True, kv_cache_tokens=93184),
+                  versions={"vllm": "0.32.0", "torch": "2.13.0+cpu"}, hardware={"gpus": 0, "kind": "x86-64 CPU", "power": None},
+                  model="smol.gguf", verdict=Verdict(status=status, cause=cause), metrics=metrics or {}, dataset=dataset)
+
+
+SANITY = {"n": 1040, "bad": 0, "divergent": 3}
+GSM = {"n": 40, "correct": 2, "accuracy": 0.05, "accuracy_strict": 0.05, "accuracy_flexible": 0.075, "errors": 0}
+PROBE = {"decode_tok_s": 26.137, "decode_step_ms": 38.26, "ttft_ms_p50": 61.2, "concurrency": 8,
+         "aggregate_tok_s": 1180.49, "prefill_depth": 2048, "prefill_tok_s": 4321.7, "decode_tokens": 512, "repeats": 3}
+
+
+def test_record_roundtrip_and_malformed(tmp_path):
+    r = rec("cpu-smol", "sanity", metrics=SANITY)
+    p = write_record(record_path(tmp_path, "v9", "cpu-smol", "sanity"), r)
+    assert read_record(p) == r
+    assert [x.name for x in p.parent.iterdir()] == ["sanity.json"]  # no temp file left behind
+    d = json.loads(p.read_text())
+    del d["verdict"]
+    p.write_text(json.dumps(d))
+    with pytest.raises(InputError, match=r"sanity.json: verdict: Field required"):
+        read_record(p)
+    p.write_text("{\n  oops")
+    with pytest.raises(InputError, match=r"sanity.json:2: malformed JSON"):
+        read_record(p)
+
+
+def test_fmt():
+    assert fmt_num(93184) == "93,184" and fmt_num(26.137, 1) == "26.1" and fmt_num(None) == "–"
+    assert fmt_pct(0.0215) == "2.15%"
+
+
+def test_release_notes_carry_figures_and_gaps(tmp_path):
+    sub = Dataset(name="gsm8k-test", sha256="x", n_total=1319, n_used=40, subset=True, seed=1234)
+    for r in [rec("cpu-smol", "sanity", metrics=SANITY),
+              rec("cpu-smol", "gsm8k", profile="quick", metrics=GSM, dataset=sub),
+              rec("cpu-smol", "probe", metrics=PROBE),
+              rec("gpu-box", "sanity", status="error", cause="launch failed: port 8000 on 127.0.0.1 is already in use"),
+              rec("gpu-box", "probe", metrics=PROBE, tree="bbbb")]:
+        write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
+    cl = Checklist(configs=["cpu-smol", "gpu-box"], suites=[ChecklistEntry(suite=s) for s in ("sanity", "gsm8k", "probe")])
+    md = render_release(REPO, tmp_path, "v9", cl).read_text()
+    assert md.startswith("# v9: cpu-smol: sanity 0 bad of 1,040, GSM8K 5.0% of 40 subset, decode 26.1 tok/s")
+    assert "| cpu-smol | 0 bad of 1,040 | 2 of 40 (5.00%), subset | 26.1 tok/s / 1,180.5 tok/s at 8 streams / 4,322 tok/s at 2,048 | 93,184 tokens |" in md
+    assert "| single-stream decode (512-token essay, median of 3) | 26.1 tok/s |" in md
+    assert "| decode step (TPOT p50) | 38.26 ms |" in md
+    assert "2 of 40 (subset of 1,319, seed 1234) | 5.00% | 7.50% | 0 |" in md
+    nc = md.split("## Not checked")[1].split("##")[0]
+    assert "- cpu-smol / gsm8k: quick profile; a subset: 40 of 1,319 questions (seed 1234)." in nc
+    assert "- gpu-box / sanity: did not complete: launch failed: port 8000 on 127.0.0.1 is already in use." in nc
+    assert "- gpu-box / gsm8k: did not run (no record)." in nc
+    assert "- gpu-box / probe: plugin source bbbb, not the release's aaaa." in nc
+    ck = md.split("## Checked")[1].split("##")[0]
+    assert "cpu-smol / sanity: pass, full profile" in ck and "cpu-smol / probe" in ck and "gsm8k" not in ck
+    assert "**Not ready to ship:** 1 suite(s) did not pass" in md
+    assert "`R9K-PROVENANCE version=0.1.0 source_hash=aaaa files=5` (matches the tree)" in md
