@@ -112,3 +112,26 @@ def test_ctrl_c_tears_down_server(scratch, tmp_path):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out.decode()
     assert fake_procs(tag) == []
+
+
+def test_server_from_another_copy_of_the_sources_is_refused(scratch, tmp_path):
+    """A server importing r9k from a copy whose kernel source differs by one comment is refused."""
+    import shutil
+
+    other = tmp_path / "production-copy"
+    for pkg in ("r9k", "kernels"):
+        shutil.copytree(REPO / pkg, other / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "kernels" / "__init__.py", "a") as fh:
+        fh.write("# an older tree\n")
+    tag = scratch.config("fake-copy")
+    cfg_path = scratch.root / "serve" / "fake-copy.yaml"
+    cfg_path.write_text(cfg_path.read_text().replace(f"PYTHONPATH: {REPO}", f"PYTHONPATH: {other}:{REPO}"))
+    assert main(["suite", "fake-sanity", "--config", "fake-copy", "--release", "t10"]) == 1
+    rec = record(scratch, "t10", "fake-copy")
+    assert rec["verdict"]["status"] == "wrong-tree"
+    from r9k.provenance import source_hash
+
+    theirs, _ = source_hash(other)
+    ours, _ = source_hash(REPO)
+    assert theirs != ours and f"server runs plugin source {theirs}, the tree under validation is {ours}" == rec["verdict"]["cause"]
+    assert fake_procs(tag) == []

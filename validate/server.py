@@ -182,8 +182,10 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     fh.flush()
     cmd = build_command(cfg, model, host, port)
     t0 = time.monotonic()
+    # cwd = the record folder: `python -m` puts the cwd first on sys.path, and a server started inside some
+    # other checkout would import *that* checkout's r9k (the seeds' v0.3.0 "production copy" trap).
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
+                            cwd=log_path.parent, start_new_session=True)
     srv = Server(url=f"http://{host}:{port}", model=cfg.model.served_name, launched=True, proc=proc, log_path=log_path)
     srv._log_fh = fh
     try:
