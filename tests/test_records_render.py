@@ -67,6 +67,7 @@ def test_release_notes_carry_figures_and_gaps(tmp_path):
     assert "- cpu-smol / gsm8k: quick profile; a subset: 40 of 1,319 questions (seed 1234)." in nc
     assert "- gpu-box / sanity: did not complete: launch failed: port 8000 on 127.0.0.1 is already in use." in nc
     assert "- gpu-box / gsm8k: did not run (no record)." in nc
+    assert "- cpu-smol / sanity, probe: quick profile." not in nc  # full-profile records are checked
     assert "- gpu-box / probe: plugin source bbbb, not the release's aaaa." in nc
     ck = md.split("## Checked")[1].split("##")[0]
     assert "cpu-smol / sanity: pass, full profile" in ck and "cpu-smol / probe" in ck and "gsm8k" not in ck

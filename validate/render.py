@@ -33,8 +33,16 @@ def fmt_pct(value: float | None, digits: int = 2) -> str:
 @dataclass
 class Gap:
     config: str
-    suite: str
+    suite: str  # one suite, or several joined with ", " when they share the reason
     reason: str
+
+
+def group_gaps(gaps: list[Gap]) -> list[Gap]:
+    """Join the suites of one configuration that share a reason ("sanity, gsm8k, probe: did not run")."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for g in gaps:
+        out.setdefault((g.config, g.reason), []).append(g.suite)
+    return [Gap(c, ", ".join(s), r) for (c, r), s in out.items()]
 
 
 @dataclass
@@ -96,6 +104,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None) -> Rele
         if (r.config, r.suite) not in seen:
             why = gap_reason(r, view.tree_hash)
             (view.not_checked.append(Gap(r.config, r.suite, why)) if why else view.checked.append(r))
+    view.not_checked = group_gaps(view.not_checked)
     view.failures = [r for r in records if r.verdict.status != "pass"]
     view.headline = headline(view)
     return view
