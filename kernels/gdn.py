@@ -426,14 +426,14 @@ if triton is not None:
                     offs_c = tl.arange(0, CP)
                     mask_c = offs_c < W - 1
                     pc = eos - (W - 1) + offs_c                         # [C] token rows
-                    from_x = pc >= bos
+                    c_from_x = pc >= bos
                     m_c = mask_d[:, None] & mask_c[None, :]
-                    xv = tl.load(x + offs_d[:, None] * sx_d + pc[None, :] * sx_t,
-                                 mask=m_c & from_x[None, :], other=0.0)
+                    xc = tl.load(x + offs_d[:, None] * sx_d + pc[None, :] * sx_t,
+                                 mask=m_c & c_from_x[None, :], other=0.0)
                     colc = (W - 1) + pc - bos
-                    sv = tl.load(p_cs[:, None] + colc[None, :] * scs_t,
-                                 mask=m_c & (~from_x)[None, :] & init[:, None], other=0.0)
-                    new = tl.where(from_x[None, :], _cast(xv.to(tl.float32), cs.dtype.element_ty, RNE_FIX), sv)
+                    sc = tl.load(p_cs[:, None] + colc[None, :] * scs_t,
+                                 mask=m_c & (~c_from_x)[None, :] & init[:, None], other=0.0)
+                    new = tl.where(c_from_x[None, :], _cast(xc.to(tl.float32), cs.dtype.element_ty, RNE_FIX), sc)
                     tl.debug_barrier()
                     tl.store(p_cs[:, None] + offs_c[None, :] * scs_t, new, mask=m_c)
 
@@ -451,7 +451,8 @@ def gdn_conv(
     null_block_id: int | None = None,
     out: torch.Tensor | None = None,
     BD: int = 128,
-    BT: int = 32,
+    BT: int = 8,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Causal depthwise conv1d with carried state (and SiLU), varlen, in one launch; conv state updated in place.
 
@@ -504,7 +505,7 @@ def gdn_conv(
         W=W, CP=max(2, triton.next_power_of_2(W - 1)), NP=max(2, triton.next_power_of_2(N)), BD=BD, BT=BT,
         HAS_BIAS=bias is not None, SILU=silu, HAS_INIT=has_initial_state is not None,
         HAS_CACHE_IDX=cache_indices is not None, HAS_NULL_BLOCK=null_block_id is not None, RNE_FIX=_interpreting(),
-        num_warps=4, enable_fp_fusion=False,
+        num_warps=num_warps, enable_fp_fusion=False,
     )
     return out
 
