@@ -20,20 +20,34 @@ console = Console(stderr=False, highlight=False)
 
 
 class _Bar:
-    """Adapter from a runner's ``progress(advance, total=, description=)`` to one rich task."""
+    """Adapter from a runner's ``progress(advance, total=, description=)`` to one rich task.
+
+    Off a terminal (CI logs, ``> file``) rich draws nothing until the end, so a plain line is printed every
+    ``LOG_EVERY_S`` seconds instead.
+    """
+
+    LOG_EVERY_S = 30.0
 
     def __init__(self, progress: Progress, label: str):
+        import time
+
         self.p = progress
         self.label = label
         self.task = progress.add_task(label, total=None)
+        self._clock = time.monotonic
+        self._last = self._clock()
+        self._t0 = self._last
 
     def update(self, advance: int = 0, total: int | None = None, description: str | None = None) -> None:
         kw = {}
         if total is not None:
             kw["total"] = total
-        if description is not None:
-            kw["description"] = f"{self.label} {description}" if description not in self.label else self.label
         self.p.update(self.task, advance=advance, **kw)
+        if not self.p.console.is_terminal and self._clock() - self._last >= self.LOG_EVERY_S:
+            self._last = self._clock()
+            t = self.p.tasks[self.task]
+            self.p.console.print(f"{self.label}: {t.completed:.0f} of {t.total or '?'} "
+                                 f"({self._last - self._t0:.0f} s)")
 
     def close(self) -> None:
         self.p.stop_task(self.task)

@@ -215,7 +215,7 @@ class Engine:
             raise
         except Exception as e:  # a runner bug or an unexpected fault: attributed, never a pass
             cause = f"{type(e).__name__}: {e}"
-            if server is not None and not server.alive():
+            if server is not None and server.died():
                 cause = f"server died during the suite ({cause})"
             verdict = Verdict(status="error", cause=cause, reasons=[traceback.format_exc(limit=5)])
         rec = self._write(release, cfg, s, server, info, result, verdict, time.monotonic() - t0, started)
@@ -241,7 +241,7 @@ class Engine:
                 await client.aclose()
 
     def _verdict(self, s: LoadedSuite, result: SuiteResult, server) -> Verdict:
-        if server is not None and not server.alive():
+        if server is not None and (not server.alive() or (result.errors and server.died())):
             tail = server.log_tail().splitlines()[-5:]
             return Verdict(status="error", cause="server died during the suite", reasons=result.errors + tail)
         if result.errors:

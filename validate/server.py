@@ -128,6 +128,17 @@ class Server:
         """False once a launched server's main process has exited (always True for external servers)."""
         return self.proc is None or self.proc.poll() is None
 
+    def died(self, grace_s: float = 3.0) -> bool:
+        """True when a launched server's main process has exited, waiting up to ``grace_s`` for it: a client
+        sees the connection drop a moment before the exit is reapable."""
+        if self.proc is None:
+            return False
+        try:
+            self.proc.wait(timeout=grace_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
     def log_tail(self) -> str:
         return tail(self.log_path) if self.log_path else ""
 
