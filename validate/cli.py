@@ -104,10 +104,28 @@ def cmd_release(args) -> int:
     plan = checklist.plan(args.config)
     code = _run(plan, args.release, args)
     opts = _opts(args)
-    out = render_release(root, opts.reports, args.release, checklist)
+    out = render_release(root, opts.reports, args.release, checklist, args.baseline)
     _summary(opts.reports, args.release)
+    code = max(code, _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan]))
     console.print(f"release notes: {out}")
     return code
+
+
+def _release_gate(reports: Path, release: str, baseline: str | None, configs: list[str]) -> int:
+    """The paired gate inside ``release``: 1 on a significant regression; unpairable tasks are only noted
+    (they appear under "Not checked" in the notes), so a quick smoke run against a full baseline still passes."""
+    from validate.compare import compare_releases, previous_release
+
+    base = baseline or previous_release(reports, release)
+    if base is None:
+        return 0
+    try:
+        cmp = compare_releases(reports, release, base, configs=configs)
+    except InputError as e:
+        console.print(f"[yellow]paired gate against {base} skipped: {e}[/yellow]")
+        return 0
+    print_comparison(cmp)
+    return 1 if any(x.regression for x in cmp.tasks) else 0
 
 
 def cmd_suite(args) -> int:
@@ -124,7 +142,7 @@ def cmd_render(args) -> int:
     reports = Path(args.reports) if args.reports else root / "reports"
     if not (reports / args.release).is_dir():
         raise InputError(f"no records for {args.release} under {reports}")
-    out = render_release(root, reports, args.release, load_checklist(root))
+    out = render_release(root, reports, args.release, load_checklist(root), args.baseline)
     _summary(reports, args.release)
     console.print(f"release notes: {out}")
     return 0
@@ -153,6 +171,60 @@ def _summary(reports: Path, release: str, only_suite: str | None = None, only_co
         t.add_row(r.config, r.suite, r.profile, f"[{style}]{r.verdict.status}[/{style}]",
                   figures or (r.verdict.cause or "")[:80])
     console.print(t)
+
+
+def _comparison(args):
+    from validate.compare import compare_releases
+
+    reports = Path(args.reports) if args.reports else _root() / "reports"
+    return compare_releases(reports, args.release, args.against, configs=args.config,
+                            against_config=args.against_config, alpha=args.alpha,
+                            reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+
+
+def print_comparison(cmp) -> None:
+    """The paired table: accuracy each, right-only counts each way, p, identical share, flipped ids."""
+    t = Table(title=f"{cmp.candidate} against {cmp.baseline} (paired per question; Holm across {len(cmp.tasks)} task(s))")
+    for col in ("configuration", "task", "n", cmp.baseline, cmp.candidate, "right only base / cand",
+                "McNemar p (two-sided)", "p regression (Holm)", "identical outputs", "verdict"):
+        t.add_column(col)
+    for x in cmp.tasks:
+        cfg = x.config if x.config == x.baseline_config else f"{x.config} vs {x.baseline_config}"
+        t.add_row(cfg, x.task + (" (subset)" if x.subset else ""), f"{x.n:,}",
+                  f"{100 * x.acc_baseline:.2f}% ({x.correct_baseline:,})", f"{100 * x.acc_candidate:.2f}% ({x.correct_candidate:,})",
+                  f"{x.b} / {x.c}", f"{x.p_two_sided:.3g}", f"{x.p_holm:.3g}", f"{100 * x.identical_share:.1f}%",
+                  "[red]regression[/red]" if x.regression else "no detectable regression")
+    console.print(t)
+    for x in cmp.tasks:
+        if x.lost or x.gained:
+            console.print(f"{x.config}/{x.task}: right only in {cmp.baseline}: {', '.join(x.lost[:40]) or '-'}"
+                          + (" ..." if len(x.lost) > 40 else ""))
+            console.print(f"{x.config}/{x.task}: right only in {cmp.candidate}: {', '.join(x.gained[:40]) or '-'}"
+                          + (" ..." if len(x.gained) > 40 else ""))
+    for u in cmp.unpaired:
+        console.print(f"[yellow]not paired:[/yellow] {u}")
+
+
+def cmd_compare(args) -> int:
+    cmp = _comparison(args)
+    print_comparison(cmp)
+    return 0 if cmp.tasks else 2
+
+
+def cmd_gate(args) -> int:
+    """0: no task regressed significantly after Holm; 1: one did (named); 2: nothing could be paired."""
+    cmp = _comparison(args)
+    print_comparison(cmp)
+    if cmp.unpaired:
+        console.print(f"[red]gate: {len(cmp.unpaired)} task(s) cannot be paired[/red]")
+        return 2
+    bad = [x for x in cmp.tasks if x.regression]
+    for x in bad:
+        console.print(f"[red]gate: {x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, "
+                      f"one-sided p = {x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}[/red]")
+    if not bad:
+        console.print(f"gate: no significant regression at alpha {cmp.alpha} after Holm")
+    return 1 if bad else 0
 
 
 def cmd_configs(args) -> int:
@@ -219,6 +291,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("release")
     p.add_argument("--config", action="append", help="only this configuration (repeatable)")
     p.add_argument("--resume", action="store_true", help="skip suites whose complete record for this tree exists")
+    p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
     _common(p)
     p.set_defaults(fn=cmd_release)
     p = sub.add_parser("suite", help="one suite on one configuration")
@@ -229,8 +302,20 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_suite)
     p = sub.add_parser("render", help="render reports/<release>/RELEASE.md from records")
     p.add_argument("release")
+    p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
     _common(p, run=False)
     p.set_defaults(fn=cmd_render)
+    for name, fn, hlp in (("compare", cmd_compare, "paired per-question comparison of two releases' evals"),
+                          ("gate", cmd_gate, "exit 1 when an eval regressed significantly (McNemar, Holm)")):
+        p = sub.add_parser(name, help=hlp)
+        p.add_argument("release", help="the candidate release")
+        p.add_argument("--against", required=True, help="the baseline release")
+        p.add_argument("--config", action="append", help="only this candidate configuration (repeatable)")
+        p.add_argument("--against-config", help="the baseline's configuration, when it differs (e.g. bf16 vs fp32)")
+        p.add_argument("--alpha", type=float, default=0.05)
+        p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
+        _common(p, run=False)
+        p.set_defaults(fn=fn)
     for name, fn, hlp in (("configs", cmd_configs, "list serving configurations"),
                           ("suites", cmd_suites, "list suites and the checklist"),
                           ("knobs", cmd_knobs, "list the R9K_* knobs")):

@@ -55,6 +55,8 @@ class ReleaseView:
     failures: list[Record] = field(default_factory=list)
     tree_hash: str | None = None
     headline: str = ""
+    paired: Any = None  # validate.compare.Comparison against the baseline, when there is one
+    paired_note: str = ""  # why there is no paired table
 
 
 def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
@@ -78,8 +80,9 @@ def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
     return "; ".join(reasons) or None
 
 
-def build_view(reports: Path, release: str, checklist: Checklist | None) -> ReleaseView:
-    """Collect the records of ``release`` and classify them against the checklist."""
+def build_view(reports: Path, release: str, checklist: Checklist | None, baseline: str | None = None) -> ReleaseView:
+    """Collect the records of ``release``, classify them against the checklist, pair evals with ``baseline``
+    (default: the previous release under ``reports``)."""
     records = release_records(reports, release)
     by_config: dict[str, dict[str, Record]] = {}
     for r in records:
@@ -107,7 +110,27 @@ def build_view(reports: Path, release: str, checklist: Checklist | None) -> Rele
     view.not_checked = group_gaps(view.not_checked)
     view.failures = [r for r in records if r.verdict.status != "pass"]
     view.headline = headline(view)
+    attach_paired(view, reports, baseline)
     return view
+
+
+def attach_paired(view: ReleaseView, reports: Path, baseline: str | None) -> None:
+    """Pair the release's eval records with the baseline's; an unpairable task is listed under Not checked."""
+    from validate.compare import compare_releases, previous_release
+    from validate.errors import InputError
+
+    base = baseline or previous_release(reports, view.release)
+    if base is None:
+        view.paired_note = "no baseline release under reports/ to pair with"
+        return
+    try:
+        view.paired = compare_releases(reports, view.release, base)
+    except InputError as e:
+        view.paired_note = f"no paired comparison against {base}: {e}"
+        return
+    for u in view.paired.unpaired:
+        cfg_task, _, why = u.partition(": ")
+        view.not_checked.append(Gap(cfg_task.split("/")[0], "paired eval", u))
 
 
 def headline(view: ReleaseView) -> str:
@@ -127,9 +150,10 @@ def headline(view: ReleaseView) -> str:
     return "; ".join(parts) or "no measurements"
 
 
-def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None) -> Path:
+def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None,
+                   baseline: str | None = None) -> Path:
     """Render ``reports/<release>/RELEASE.md`` and return its path."""
-    view = build_view(reports, release, checklist)
+    view = build_view(reports, release, checklist, baseline)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = fmt_num

@@ -1,0 +1,95 @@
+"""Pairing, the paired table and the gate's exit codes, on records built from known outcomes."""
+from __future__ import annotations
+
+import pytest
+from scipy.stats import binomtest
+
+from tests.test_records_render import rec
+from validate.cli import main
+from validate.compare import PairingError, compare_releases, pair, previous_release
+from validate.record import Dataset, Item, record_path, write_record
+
+N = 200
+
+
+def eval_record(release, right: set[int], *, config="cpu-smol", suite="gsm8k", subset=False, prompt_salt="",
+                max_tokens=384, outputs=None, errors=()):
+    r = rec(config, suite, metrics={"n": N})
+    r.release, r.suite_kind = release, suite
+    r.params = {"primary": "strict"}
+    r.dataset = Dataset(name="gsm8k-test", sha256="d" * 64, n_total=1319, n_used=N, subset=subset, seed=1 if subset else None)
+    r.items = [Item(id=f"test-{i}", prompt_hash=f"h{i}{prompt_salt if i == 7 else ''}", gen={"max_tokens": max_tokens},
+                    output=(outputs or {}).get(i, f"answer {i}"), correct=i in right, error="HTTP 500" if i in errors else None)
+               for i in range(N)]
+    return r
+
+
+def save(tmp_path, *records):
+    for r in records:
+        write_record(record_path(tmp_path, r.release, r.config, r.suite), r)
+
+
+def test_pair_counts_and_exact_p():
+    base_right = set(range(0, 120))                      # 120 right
+    cand_right = (base_right - set(range(0, 14))) | set(range(120, 136))  # loses 14, gains 16
+    t = pair(eval_record("v1", base_right), eval_record("v2", cand_right, outputs={i: f"other {i}" for i in range(50)}))
+    assert (t.n, t.b, t.c, t.correct_baseline, t.correct_candidate) == (N, 14, 16, 120, 122)
+    assert t.lost == [f"test-{i}" for i in sorted(range(14), key=lambda i: f"test-{i}")]
+    assert round(t.p_two_sided, 2) == 0.86  # the seeds' v0.3.0 table: 14 vs 16, p = 0.86
+    assert t.p_one_sided == pytest.approx(binomtest(14, 30, 0.5, alternative="greater").pvalue)
+    assert t.identical == N - 50 and t.identical_share == pytest.approx(0.75)
+
+
+def test_unpairable_prompts_and_params():
+    with pytest.raises(PairingError) as e:
+        pair(eval_record("v1", set()), eval_record("v2", set(), prompt_salt="x", max_tokens=256))
+    msg = str(e.value)
+    assert "prompts differ on 1 of 200 questions (first: test-7)" in msg
+    assert "generation parameters differ (max_tokens: 384 vs 256)" in msg
+
+
+def test_subset_never_pairs_with_full():
+    with pytest.raises(PairingError, match="the candidate is a subset .* a subset never pairs with a full-set record"):
+        pair(eval_record("v1", set()), eval_record("v2", set(), subset=True))
+
+
+def test_errors_are_never_wrong_answers():
+    with pytest.raises(PairingError, match="1 questions failed to run"):
+        pair(eval_record("v1", set()), eval_record("v2", set(), errors=(3,)))
+
+
+def test_gate_exit_codes_follow_p(tmp_path, capsys):
+    base = set(range(100))
+    save(tmp_path, eval_record("v0.1.0", base))
+    save(tmp_path, eval_record("v0.2.0", base - set(range(3)) | {150}))          # 3 lost, 1 gained: p > 0.05
+    save(tmp_path, eval_record("v0.3.0", base - set(range(30)) | {150, 151}))    # 30 lost, 2 gained
+    assert main(["gate", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 0
+    assert main(["gate", "v0.3.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "gate: cpu-smol/gsm8k regressed: 30 lost vs 2 gained" in out
+    assert "right only in v0.1.0: test-0, test-1," in out
+
+
+def test_gate_refuses_unpairable(tmp_path, capsys):
+    save(tmp_path, eval_record("v1", set()), eval_record("v2", set(), subset=True))
+    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert "a subset never pairs with a full-set record" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_against_config_and_holm(tmp_path):
+    base = set(range(100))
+    save(tmp_path, eval_record("exp", base, config="cpu-smol"),
+         eval_record("exp", base - set(range(10)), config="cpu-smol-fp32"))
+    cmp = compare_releases(tmp_path, "exp", "exp", configs=["cpu-smol-fp32"], against_config="cpu-smol")
+    [t] = cmp.tasks
+    assert (t.config, t.baseline_config, t.b, t.c) == ("cpu-smol-fp32", "cpu-smol", 10, 0)
+    assert t.p_holm == pytest.approx(t.p_one_sided)  # one task: Holm leaves it as is
+    assert t.regression and t.p_one_sided == pytest.approx(0.5 ** 10)
+
+
+def test_previous_release(tmp_path):
+    for d in ("v0.2.9", "v0.3.2", "v0.3.10", "dev"):
+        (tmp_path / d).mkdir()
+    assert previous_release(tmp_path, "v0.3.3") == "v0.3.2"
+    assert previous_release(tmp_path, "v0.3.11") == "v0.3.10"
+    assert previous_release(tmp_path, "v0.1.0") is None

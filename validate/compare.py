@@ -1,0 +1,186 @@
+"""Paired comparison of two releases' eval records, and the CI gate on McNemar p-values.
+
+Two records pair only when they evaluated the same questions the same way: equal dataset content hash, the
+same subset flag (a subset never pairs with a full set), the same question ids, equal prompt hashes per
+question and equal generation parameters and primary extraction. Otherwise :class:`PairingError` says what
+differs. Per task: b = questions right only in the baseline, c = right only in the candidate; exact McNemar
+(validate.stats) two-sided and one-sided for a regression (b > c), Holm across the tasks of the comparison.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from validate.errors import InputError
+from validate.record import Record, release_records
+from validate.stats import holm, mcnemar
+
+EVAL_SUITE_KINDS = ("gsm8k", "humaneval")
+
+
+class PairingError(InputError):
+    """The two records cannot be paired. ``reasons`` lists every difference found."""
+
+    def __init__(self, what: str, reasons: list[str]):
+        super().__init__(f"{what}: cannot pair: " + "; ".join(reasons))
+        self.reasons = reasons
+
+
+@dataclass
+class PairedTask:
+    """One task (suite) of one configuration, candidate against baseline, question by question."""
+
+    config: str
+    baseline_config: str
+    task: str
+    n: int
+    correct_baseline: int
+    correct_candidate: int
+    b: int  # right only in the baseline
+    c: int  # right only in the candidate
+    identical: int  # byte-identical outputs
+    lost: list[str] = field(default_factory=list)  # ids right in the baseline, wrong in the candidate
+    gained: list[str] = field(default_factory=list)
+    p_two_sided: float = 1.0
+    p_one_sided: float = 1.0  # regression: P[Binom(b + c, 1/2) >= b]
+    p_holm: float = 1.0  # one-sided p after Holm across the tasks compared together
+    regression: bool = False
+    subset: bool = False
+
+    @property
+    def acc_baseline(self) -> float:
+        return self.correct_baseline / self.n if self.n else 0.0
+
+    @property
+    def acc_candidate(self) -> float:
+        return self.correct_candidate / self.n if self.n else 0.0
+
+    @property
+    def identical_share(self) -> float:
+        return self.identical / self.n if self.n else 0.0
+
+
+def pair(base: Record, cand: Record) -> PairedTask:
+    """Pair two records of one task. Raises PairingError naming every difference that forbids it."""
+    what = f"{cand.config}/{cand.suite} ({cand.release}) against {base.config}/{base.suite} ({base.release})"
+    reasons = []
+    for label, r in (("baseline", base), ("candidate", cand)):
+        if r.verdict.status not in ("pass", "fail"):
+            reasons.append(f"the {label} record did not complete ({r.verdict.status}: {r.verdict.cause})")
+        if r.dataset is None or not r.items:
+            reasons.append(f"the {label} record has no per-question items")
+    if reasons:
+        raise PairingError(what, reasons)
+    if base.suite_kind != cand.suite_kind:
+        reasons.append(f"different tasks ({base.suite_kind} vs {cand.suite_kind})")
+    if base.dataset.sha256 != cand.dataset.sha256:
+        reasons.append(f"dataset content differs ({base.dataset.sha256[:12]} vs {cand.dataset.sha256[:12]})")
+    if base.dataset.subset != cand.dataset.subset:
+        sub, full = ("baseline", "candidate") if base.dataset.subset else ("candidate", "baseline")
+        reasons.append(f"the {sub} is a subset ({(base if sub == 'baseline' else cand).dataset.n_used} questions) "
+                       f"and the {full} the full set: a subset never pairs with a full-set record")
+    pb, pc = base.params.get("primary"), cand.params.get("primary")
+    if pb != pc:
+        reasons.append(f"primary extraction differs ({pb} vs {pc})")
+    bi = {i.id: i for i in base.items}
+    ci = {i.id: i for i in cand.items}
+    if set(bi) != set(ci):
+        reasons.append(f"questions differ ({len(set(bi) - set(ci))} only in the baseline, "
+                       f"{len(set(ci) - set(bi))} only in the candidate)")
+    else:
+        prompt_diff = [k for k in bi if bi[k].prompt_hash != ci[k].prompt_hash]
+        if prompt_diff:
+            reasons.append(f"prompts differ on {len(prompt_diff)} of {len(bi)} questions (first: {prompt_diff[0]})")
+        gen_diff = sorted({f"{key}: {bi[k].gen.get(key)!r} vs {ci[k].gen.get(key)!r}"
+                           for k in bi for key in set(bi[k].gen) | set(ci[k].gen)
+                           if bi[k].gen.get(key) != ci[k].gen.get(key)})
+        if gen_diff:
+            reasons.append("generation parameters differ (" + ", ".join(gen_diff[:4]) + ")")
+        errored = [k for k in bi if bi[k].error or ci[k].error]
+        if errored:
+            reasons.append(f"{len(errored)} questions failed to run in one record (first: {errored[0]}): "
+                           "an infrastructure fault is never a wrong answer")
+    if reasons:
+        raise PairingError(what, reasons)
+    ids = sorted(bi)
+    lost = [k for k in ids if bi[k].correct and not ci[k].correct]
+    gained = [k for k in ids if ci[k].correct and not bi[k].correct]
+    m = mcnemar(len(lost), len(gained))
+    return PairedTask(
+        config=cand.config, baseline_config=base.config, task=cand.suite, n=len(ids),
+        correct_baseline=sum(1 for k in ids if bi[k].correct), correct_candidate=sum(1 for k in ids if ci[k].correct),
+        b=len(lost), c=len(gained), identical=sum(1 for k in ids if bi[k].output == ci[k].output),
+        lost=lost, gained=gained, p_two_sided=m.p_two_sided, p_one_sided=m.p_one_sided, subset=cand.dataset.subset,
+    )
+
+
+def apply_holm(tasks: list[PairedTask], alpha: float) -> None:
+    """Holm-adjust the one-sided p of ``tasks`` together; mark a regression where adjusted p < alpha and b > c."""
+    if not tasks:
+        return
+    adj = holm({f"{t.config}/{t.task}": t.p_one_sided for t in tasks}, alpha=alpha)
+    for t in tasks:
+        h = adj[f"{t.config}/{t.task}"]
+        t.p_holm = h.p_adjusted
+        t.regression = bool(h.reject and t.b > t.c)
+
+
+@dataclass
+class Comparison:
+    candidate: str
+    baseline: str
+    tasks: list[PairedTask]
+    unpaired: list[str]  # reasons, one per task that could not be paired
+    alpha: float
+
+
+def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
+                     against_config: str | None = None, alpha: float = 0.05, reports_baseline: Path | None = None) -> Comparison:
+    """Pair every eval record of ``candidate`` with the baseline's record of the same task.
+
+    Args:
+        configs: only these configurations of the candidate (default: all with eval records).
+        against_config: the baseline's configuration (default: the same name), e.g. bf16 against fp32.
+        reports_baseline: where the baseline's records are (default: ``reports``).
+    Raises:
+        InputError: no eval records for the candidate or the baseline.
+    """
+    cand = [r for r in release_records(reports, candidate) if r.suite_kind in EVAL_SUITE_KINDS]
+    base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline)
+            if r.suite_kind in EVAL_SUITE_KINDS}
+    if configs:
+        cand = [r for r in cand if r.config in configs]
+    if not cand:
+        raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
+    if not base:
+        raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
+    tasks, unpaired = [], []
+    for r in cand:
+        key = (against_config or r.config, r.suite)
+        b = base.get(key)
+        if b is None:
+            unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
+            continue
+        try:
+            tasks.append(pair(b, r))
+        except PairingError as e:
+            unpaired.append(str(e))
+    apply_holm(tasks, alpha)
+    return Comparison(candidate, baseline, tasks, unpaired, alpha)
+
+
+def previous_release(reports: Path, release: str) -> str | None:
+    """The newest release under ``reports`` older than ``release`` by version order (v0.3.2 before v0.3.3)."""
+    from packaging.version import InvalidVersion, Version
+
+    def key(name: str):
+        try:
+            return Version(name.lstrip("v"))
+        except InvalidVersion:
+            return None
+
+    cur = key(release)
+    if cur is None or not reports.is_dir():
+        return None
+    older = [(k, d.name) for d in reports.iterdir() if d.is_dir() and (k := key(d.name)) is not None and k < cur]
+    return max(older)[1] if older else None
