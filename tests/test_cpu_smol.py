@@ -26,10 +26,13 @@ def test_sanity_and_probe_quick(smol_server, tmp_path):
     san, probe = by["sanity"], by["probe"]
     assert san.verdict.status == "pass", san.verdict
     assert san.server.provenance_ok is True
-    assert san.metrics["n"] == math.ceil(2.0 * 8) and san.metrics["bad"] == 0 and san.metrics["errors"] == 0
+    # quick profile: one batch of ceil(2.0 * max_num_seqs) requests alone, one alongside a 1,500-token prefill
+    assert san.metrics["n"] == 2 * math.ceil(2.0 * 8) and san.metrics["bad"] == 0 and san.metrics["errors"] == 0
+    assert sorted(san.metrics["conditions"]) == ["overload x2 (16 requests, max_num_seqs 8)",
+                                                 "overload x2 (16 requests, max_num_seqs 8) after a 1,500-token prefill"]
     # every load item carries its output and token ids, compared with the solo reference
     load_items = [i for i in san.items if i.condition != "solo"]
-    assert len(load_items) == 16 and all(i.token_ids for i in load_items)
+    assert len(load_items) == 32 and all(i.token_ids for i in load_items)
     assert probe.verdict.status == "pass", probe.verdict
     m = probe.metrics
     assert m["prefill_depth"] == 1024 and m["prefill_prompt_tokens"] == 1024

@@ -78,6 +78,9 @@ RUNNER_MODULES = {
     "strict-sanity": "validate.runners.sanity",
     "gsm8k": "validate.runners.gsm8k",
     "probe": "validate.runners.probe",
+    "soak": "validate.runners.soak",
+    "betterbench": "validate.runners.betterbench",
+    "humaneval": "validate.runners.humaneval",
 }
 
 

@@ -21,6 +21,7 @@ class RunContext:
     data_dir: Path | None
     record_dir: Path
     server_alive: Callable[[], bool] = lambda: True
+    server_pid: int | None = None  # the launched server's main process (None for --url servers)
     # progress(advance, total=None, description=None): the CLI binds it to a rich progress bar
     progress: Callable[..., None] = lambda *a, **k: None
     log: Callable[[str], None] = print

@@ -8,7 +8,9 @@ text but stay right are counted as divergent (numerics of batching), not bad. A 
 """
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 import re
 import time
 from pathlib import Path
@@ -31,6 +33,8 @@ class SanityParams(BaseModel):
     rounds: int = Field(1, ge=1, description="times each overload batch is sent")
     max_tokens: int = Field(48, ge=1)
     garbage_repeat: int = Field(12, ge=2, description="a token repeated more than this in a row is garbage")
+    after_long_prompt_tokens: int = Field(0, ge=0, description="also run each batch alongside a long prefill of this "
+                                          "many tokens (capped by max_model_len); 0 = short prompts only")
 
 
 def load_prompts(path: Path) -> list[dict]:
@@ -84,8 +88,15 @@ def first_divergence(a: list[int] | None, b: list[int] | None) -> int | None:
 async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     prompts = load_prompts(ctx.root / "suites" / p.prompts_file)
     mns = ctx.config.server.max_num_seqs
-    batches = [(m, r, math.ceil(m * mns)) for m in p.overload for r in range(p.rounds)]
-    total = len(prompts) + sum(n for _, _, n in batches)
+    long_n = min(p.after_long_prompt_tokens, ctx.config.server.max_model_len - 16)
+    pool = None
+    if long_n > 0:
+        from validate.runners.text import TextPool
+
+        pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=long_n * 2)
+    modes = [0] + ([long_n] if long_n > 0 else [])
+    batches = [(m, r, math.ceil(m * mns), L) for L in modes for m in p.overload for r in range(p.rounds)]
+    total = len(prompts) + sum(b[2] for b in batches)
     ctx.progress(0, total=total, description="sanity")
     out = SuiteResult()
     gen = {"max_tokens": p.max_tokens, "temperature": 0.0}
@@ -109,11 +120,21 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
 
     per_cond: dict[str, dict[str, int]] = {}
     bad = divergent = errors = n_load = 0
-    for batch_no, (m, rnd, n) in enumerate(batches):
+    rng = random.Random(0)
+    for batch_no, (m, rnd, n, long_len) in enumerate(batches):
         chosen = [prompts[i % len(prompts)] for i in range(n)]
         t0 = time.perf_counter()
-        results = await gather_limited([ask(q["prompt"]) for q in chosen], limit=n, on_done=lambda: ctx.progress(1))
-        cond = f"overload x{m:g} ({n} requests, max_num_seqs {mns})"
+        coros = [ask(q["prompt"]) for q in chosen]
+        if long_len:
+            # The long prompt goes first, so the batch shares steps with its chunked prefill; it is not scored.
+            long_req = asyncio.ensure_future(ctx.client.completion(pool.window(long_len, rng), max_tokens=4))
+            await asyncio.sleep(0)
+        results = await gather_limited(coros, limit=n, on_done=lambda: ctx.progress(1))
+        if long_len:
+            lr = await long_req
+            if not lr.ok:
+                out.errors.append(f"long {long_len}-token prefill of batch {batch_no} failed: {lr.error}")
+        cond = f"overload x{m:g} ({n} requests, max_num_seqs {mns})" + (f" after a {long_len:,}-token prefill" if long_len else "")
         c = per_cond.setdefault(cond, {"n": 0, "bad": 0, "divergent": 0, "errors": 0})
         for k, (q, r) in enumerate(zip(chosen, results)):
             ref = solo[q["id"]]

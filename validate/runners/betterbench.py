@@ -1,0 +1,131 @@
+"""BetterBench: the throughput record every release is compared on, measured in passes.
+
+Each pass measures, on one launch:
+
+- single-stream decode: a 512-token essay answer (ignore_eos), decode tok/s = 1 / TPOT, decode step = TPOT,
+  TTFT of that request;
+- prefill tok/s at depths 2k / 8k / 16k / 32k (depths above max_model_len - 8 are dropped; if none is left,
+  max_model_len - 8 is used): a unique real-text prompt of exactly D tokens, max_tokens 1: D / TTFT;
+- aggregate output tok/s at concurrency 1 / 2 / 4 / 8 / 16: N clients in a closed loop, each sending
+  ``requests_per_client`` requests of a random 256-token real-text prompt and ``agg_tokens`` output tokens
+  (ignore_eos); TTFT p50 / p99 and TPOT p50 at each level.
+
+**Combined decode** (tok/s) is the geometric mean, over the concurrency levels up to max_num_seqs, of the
+per-stream decode rate 1 / TPOT-p50 at that level: the decode speed one user sees, averaged from a lone
+stream to a full batch. One figure that moves with the decode step and with batching efficiency alike.
+
+Across passes the record keeps every pass, and for each figure the median and the min-max band.
+The KV cache size in tokens is read from the server's log at start.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.client import OpenAIClient, RequestResult, gather_limited
+from validate.metrics import LoadMetrics, summarize, tpot_s
+from validate.runners.base import RunContext, SuiteResult
+from validate.runners.probe import ESSAY
+from validate.runners.text import TextPool
+from validate.suite import register_runner
+
+
+class BetterBenchParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    passes: int = Field(20, ge=1)
+    decode_tokens: int = Field(512, ge=8)
+    prefill_depths: list[int] = Field([2048, 8192, 16384, 32768], min_length=1)
+    concurrency: list[int] = Field([1, 2, 4, 8, 16], min_length=1)
+    requests_per_client: int = Field(2, ge=1)
+    prompt_tokens: int = Field(256, ge=1)
+    agg_tokens: int = Field(128, ge=2)
+    seed: int = 0
+
+
+async def concurrency_step(client: OpenAIClient, streams: int, requests_per_client: int, prompts, max_tokens: int
+                           ) -> tuple[LoadMetrics, list[RequestResult]]:
+    """``streams`` clients in a closed loop, each sending ``requests_per_client`` completions of the token-id
+    prompts ``prompts(k, j)`` with ``max_tokens`` output tokens (ignore_eos). Returns the metrics over the
+    step's wall time and the raw results."""
+    async def loop(k: int):
+        res = []
+        for j in range(requests_per_client):
+            res.append(await client.completion(prompts(k, j), max_tokens=max_tokens, ignore_eos=True))
+        return res
+
+    t0 = time.perf_counter()
+    lists = await gather_limited([loop(k) for k in range(streams)], limit=streams)
+    wall = time.perf_counter() - t0
+    results = [r for lst in lists for r in lst]
+    return summarize(results, wall), results
+
+
+def band(values: list[float | None]) -> dict:
+    """Median and min-max of the non-None values (None when there are none)."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"median": None, "min": None, "max": None}
+    return {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+
+
+@register_runner("betterbench", BetterBenchParams)
+async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
+    s = ctx.config.server
+    limit = s.max_model_len - 8
+    depths = [d for d in p.prefill_depths if d <= limit] or [limit]
+    levels = list(p.concurrency)
+    pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=max(max(depths) * 2, 8192))
+    per_pass_requests = 1 + len(depths) + sum(c * p.requests_per_client for c in levels)
+    ctx.progress(0, total=p.passes * per_pass_requests, description="betterbench")
+    rng = random.Random(p.seed)
+    passes, failed = [], []
+    for n in range(p.passes):
+        row: dict = {"pass": n}
+        r = await ctx.client.chat([{"role": "user", "content": ESSAY}], max_tokens=p.decode_tokens, ignore_eos=True)
+        ctx.progress(1)
+        if not r.ok:
+            failed.append(f"pass {n} decode: {r.error}")
+            continue
+        t = tpot_s(r)
+        row.update(decode_tok_s=1 / t, decode_step_ms=t * 1e3, ttft_ms=r.ttft_s * 1e3)
+        for d in depths:
+            r = await ctx.client.completion(pool.window(d, rng), max_tokens=1)
+            ctx.progress(1)
+            if not r.ok:
+                failed.append(f"pass {n} prefill {d}: {r.error}")
+                continue
+            row[f"prefill_{d}_tok_s"] = d / r.ttft_s
+        for c in levels:
+            windows = {(k, j): pool.window(p.prompt_tokens, rng) for k in range(c) for j in range(p.requests_per_client)}
+            m, res = await concurrency_step(ctx.client, c, p.requests_per_client, lambda k, j: windows[(k, j)], p.agg_tokens)
+            ctx.progress(len(res))
+            if m.errors:
+                failed.append(f"pass {n} concurrency {c}: {m.errors} errors; first: {next(x.error for x in res if not x.ok)}")
+            row[f"c{c}_tok_s"] = m.output_tok_s
+            row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
+            row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
+            row[f"c{c}_tpot_ms_p50"] = m.tpot_ms_p50
+        rates = [1e3 / row[f"c{c}_tpot_ms_p50"] for c in levels if c <= s.max_num_seqs and row.get(f"c{c}_tpot_ms_p50")]
+        row["combined_decode_tok_s"] = math.exp(sum(map(math.log, rates)) / len(rates)) if rates else None
+        passes.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+    out = SuiteResult()
+    if failed:
+        out.errors.append(f"{len(failed)} BetterBench steps failed; first: {failed[0]}")
+    keys = [k for k in (passes[0] if passes else {}) if k != "pass"]
+    out.metrics = {
+        "passes": len(passes), "prefill_depths": depths, "concurrency": levels,
+        "summary": {k: band([row.get(k) for row in passes]) for k in keys},
+        "per_pass": passes,
+        "formula": "combined_decode = geometric mean over concurrency <= max_num_seqs of 1/TPOT-p50",
+    }
+    if passes:
+        sm = out.metrics["summary"]
+        out.metrics.update({
+            "combined_decode_tok_s": sm["combined_decode_tok_s"]["median"], "decode_tok_s": sm["decode_tok_s"]["median"],
+            "decode_step_ms": sm["decode_step_ms"]["median"],
+        })
+    return out

@@ -1,0 +1,112 @@
+"""Soak: N clients in a closed loop for M minutes with prompt lengths drawn over a range of real text, memory
+sampled every second.
+
+Verdict: zero errors; memory flat (least-squares slope of every series after the first quarter of the run,
+bound ``max_slope_mib_per_min``, recorded) and peak below total. Reported: requests served, prompt and
+output tok/s, peak and slope per memory series. Samples are kept in the record even when the server dies.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.runners.base import RunContext, SuiteResult
+from validate.runners.text import TextPool
+from validate.suite import register_runner
+from validate.telemetry import Sampler, slope_mib_per_min
+
+
+class SoakParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    clients: int = Field(16, ge=1)
+    duration_s: float = Field(1500, gt=0, description="25 minutes by default")
+    prompt_tokens_min: int = Field(200, ge=1)
+    prompt_tokens_max: int = Field(30000, ge=1, description="capped by max_model_len - max_tokens")
+    max_tokens: int = Field(256, ge=1)
+    sample_interval_s: float = Field(1.0, gt=0)
+    max_slope_mib_per_min: float = Field(32.0, ge=0, description="memory-flat bound per series")
+    seed: int = 0
+
+
+@register_runner("soak", SoakParams)
+async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
+    s = ctx.config.server
+    hi = min(p.prompt_tokens_max, s.max_model_len - p.max_tokens - 8)
+    lo = min(p.prompt_tokens_min, hi)
+    pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=max(hi * 2, 4096))
+    out = SuiteResult()
+    sampler = Sampler(pid=ctx.server_pid, interval_s=p.sample_interval_s)
+    stop = asyncio.Event()
+    sampler_task = asyncio.create_task(sampler.run(stop))
+    deadline = time.monotonic() + p.duration_s
+    ctx.progress(0, total=int(p.duration_s), description="soak")
+    served = errors = prompt_tok = out_tok = 0
+    first_errors: list[str] = []
+    lengths: list[int] = []
+    # Log-uniform lengths: a 200-30k range drawn uniformly would almost never send a short prompt.
+    draw = lambda rng: int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))  # noqa: E731
+
+    async def client(k: int):
+        nonlocal served, errors, prompt_tok, out_tok
+        rng = random.Random(p.seed * 1000 + k)
+        while time.monotonic() < deadline and not stop.is_set():
+            n = draw(rng)
+            r = await ctx.client.completion(pool.window(n, rng), max_tokens=p.max_tokens)
+            lengths.append(n)
+            if r.ok:
+                served += 1
+                prompt_tok += r.prompt_tokens or 0
+                out_tok += r.output_tokens or 0
+            else:
+                errors += 1
+                if len(first_errors) < 5:
+                    first_errors.append(r.error or "?")
+                if not ctx.server_alive():
+                    stop.set()
+
+    async def ticker():
+        t0 = time.monotonic()
+        last = 0
+        while time.monotonic() < deadline and not stop.is_set():
+            await asyncio.sleep(1.0)
+            now = int(time.monotonic() - t0)
+            ctx.progress(now - last)
+            last = now
+
+    t0 = time.monotonic()
+    tick = asyncio.create_task(ticker())
+    await asyncio.gather(*(client(k) for k in range(p.clients)))
+    wall = time.monotonic() - t0
+    stop.set()
+    await sampler_task
+    tick.cancel()
+    series = sorted({k for _, row in sampler.samples for k in row})
+    memory = {}
+    for name in series:
+        vals = [row[name] for _, row in sampler.samples if name in row]
+        slope = slope_mib_per_min(sampler.samples, name)
+        total = sampler.totals.get(name)
+        memory[name] = {"peak": max(vals), "first": vals[0], "last": vals[-1], "slope_mib_per_min": None if slope is None else round(slope, 2),
+                        "total": total, "flat": slope is None or slope <= p.max_slope_mib_per_min,
+                        "below_total": total is None or max(vals) < total}
+    out.metrics = {
+        "clients": p.clients, "duration_s": round(wall, 1), "served": served, "errors": errors,
+        "prompt_tok_s": round(prompt_tok / wall, 1), "output_tok_s": round(out_tok / wall, 1),
+        "prompt_tokens_range": [lo, hi], "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1) if lengths else None,
+        "memory": memory, "memory_backends": sampler.backends, "max_slope_mib_per_min": p.max_slope_mib_per_min,
+        "samples": [[t, row] for t, row in sampler.samples],
+    }
+    if errors:
+        out.errors.append(f"{errors} of {served + errors} requests failed; first: {first_errors[0]}")
+    for name, m in memory.items():
+        if not m["flat"]:
+            out.findings.append(f"memory not flat: {name} grows {m['slope_mib_per_min']} MiB/min > {p.max_slope_mib_per_min}")
+        if not m["below_total"]:
+            out.findings.append(f"memory peak {m['peak']} MiB of {name} reaches the total {m['total']} MiB")
+    if not sampler.samples:
+        out.findings.append("no memory samples (no local server process and no GPU tool)")
+    return out
