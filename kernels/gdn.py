@@ -519,7 +519,8 @@ def gdn_conv_ref(
     With ``dtype=torch.float64`` it is the exact function; with ``torch.float32`` it performs the kernel's
     operations in the kernel's order (bias, then taps 0..W-1, one rounding each; SiLU as ``y / (1 + exp(-y))``),
     so the kernel must equal it bit for bit. Returns ``(out [dim, tokens] in dtype, new conv_states)``; skipped
-    sequences get zero outputs, tokens outside every sequence stay NaN, the inputs are not modified.
+    sequences get zero outputs, an empty sequence leaves its state alone, tokens outside every sequence stay NaN,
+    the inputs are not modified.
     """
     dim, n_tok = x.shape
     W = weight.shape[1]
@@ -534,6 +535,8 @@ def gdn_conv_ref(
         slot = n if cache_indices is None else int(cache_indices[n])
         if slot == pad_slot_id or (null_block_id is not None and slot == null_block_id):
             out[:, bos:eos] = 0
+            continue
+        if eos == bos:  # an empty sequence has no program: its state stays as it was (as in vLLM's kernel)
             continue
         init = has_initial_state is not None and bool(has_initial_state[n])
         prev = conv_states[slot, :, : W - 1].to(dtype)

@@ -112,19 +112,21 @@ def main(argv=None) -> int:
         row["floor_bytes_ms"], row["floor_flops_ms"] = fb, ff
         # agreement: gdn_seq vs fla recurrent on the same inputs (same state layout)
         st = h0.clone()
-        o_r, ht_r = fused_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0.clone(),
+        # keywords only: fla's positional order is (q, k, v, g, gk, gv, beta, ...)
+        o_r, ht_r = fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
                                                      output_final_state=True, state_v_first=True)
         o_s = gdn_seq(q, k, v, g, beta, st, idx)
         row["rel_vs_fla_recurrent_o"] = ((o_s.float() - o_r.float()).norm() / o_r.float().norm()).item()
         row["rel_vs_fla_recurrent_state"] = ((st - ht_r.float()).norm() / ht_r.float().norm()).item()
-        o_c, ht_c = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0.clone(), output_final_state=True,
+        o_c, ht_c = chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
+                                           output_final_state=True,
                                            state_v_first=True)
         row["rel_fla_chunk_vs_recurrent_o"] = ((o_c.float() - o_r.float()).norm() / o_r.float().norm()).item()
         h_r, h_c = h0.clone(), h0.clone()
         row["fla_recurrent"] = bench(lambda: fused_recurrent_gated_delta_rule(
-            q, k, v, g, beta, initial_state=h_r, output_final_state=True, state_v_first=True))
+            q=q, k=k, v=v, g=g, beta=beta, initial_state=h_r, output_final_state=True, state_v_first=True))
         row["fla_chunk"] = bench(lambda: chunk_gated_delta_rule(
-            q, k, v, g, beta, initial_state=h_c, output_final_state=True, state_v_first=True))
+            q=q, k=k, v=v, g=g, beta=beta, initial_state=h_c, output_final_state=True, state_v_first=True))
         for cfg in configs:
             st = h0.clone()
             kw = {} if cfg is None else dict(BV=cfg[0], U=cfg[1], num_warps=cfg[2])
