@@ -140,9 +140,13 @@ def headline(view: ReleaseView) -> str:
         bits = []
         if (s := suites.get("sanity")) and s.metrics:
             bits.append(f"sanity {s.metrics['bad']} bad of {s.metrics['n']:,}")
+        if (b := suites.get("betterbench")) and b.metrics.get("combined_decode_tok_s"):
+            bits.append(f"BetterBench combined {b.metrics['combined_decode_tok_s']:.1f} tok/s")
         if (g := suites.get("gsm8k")) and g.metrics:
             sub = " subset" if g.dataset and g.dataset.subset else ""
             bits.append(f"GSM8K {fmt_pct(g.metrics['accuracy'], 1)} of {g.metrics['n']:,}{sub}")
+        if (h := suites.get("humaneval")) and h.metrics:
+            bits.append(f"HumanEval {h.metrics['passed']} of {h.metrics['n']}")
         if (p := suites.get("probe")) and p.metrics:
             bits.append(f"decode {p.metrics['decode_tok_s']:.1f} tok/s")
         if bits:
