@@ -102,6 +102,11 @@ def cmd_release(args) -> int:
     root = _root()
     checklist = load_checklist(root)
     plan = checklist.plan(args.config)
+    if args.suite:
+        unknown = sorted(set(args.suite) - {s for _, suites in plan for s in suites})
+        if unknown:
+            raise InputError(f"suite {unknown[0]!r} is not in the checklist for {', '.join(c for c, _ in plan)}")
+        plan = [(c, [s for s in suites if s in args.suite]) for c, suites in plan]
     code = _run(plan, args.release, args)
     opts = _opts(args)
     out = render_release(root, opts.reports, args.release, checklist, args.baseline)
@@ -290,6 +295,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("release", help="every suite of the checklist on every (or the named) configuration")
     p.add_argument("release")
     p.add_argument("--config", action="append", help="only this configuration (repeatable)")
+    p.add_argument("--suite", action="append", help="only this suite of the checklist (repeatable)")
     p.add_argument("--resume", action="store_true", help="skip suites whose complete record for this tree exists")
     p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
     _common(p)
