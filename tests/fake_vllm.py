@@ -11,6 +11,9 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
 - ``no-plugin``: like ok, without the provenance line.
 - ``cut``: like ok, but closes every stream after two content chunks without [DONE].
 - ``die-after``: like ok, but the process exits after ``FAKE_VLLM_DIE_AFTER`` generations (default 3).
+
+With ``FAKE_VLLM_SETSID_CHILD=1`` it also starts a worker process in a session of its own (as some engines'
+workers do), which outlives the server unless the launcher finds it.
 """
 from __future__ import annotations
 
@@ -121,6 +124,11 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--served-model-name")
     args, _ = ap.parse_known_args()
+    if os.environ.get("FAKE_VLLM_SETSID_CHILD") == "1":
+        import subprocess
+
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", f"worker-of-{args.served_model_name}"],
+                         start_new_session=True)
     if MODE == "crash":
         print("Traceback (most recent call last):\nRuntimeError: fake engine core failed to start", flush=True)
         sys.exit(3)

@@ -135,3 +135,49 @@ def test_server_from_another_copy_of_the_sources_is_refused(scratch, tmp_path):
     ours, _ = source_hash(REPO)
     assert theirs != ours and f"server runs plugin source {theirs}, the tree under validation is {ours}" == rec["verdict"]["cause"]
     assert fake_procs(tag) == []
+
+
+@pytest.mark.parametrize("mode", ["die-after", "crash"])
+def test_setsid_worker_of_a_dead_server_is_stopped(scratch, mode):
+    tag = scratch.config("fake-orphan", mode=mode, FAKE_VLLM_SETSID_CHILD=1, FAKE_VLLM_DIE_AFTER=4)
+    assert main(["suite", "fake-sanity", "--config", "fake-orphan", "--release", "t11"]) == 2
+    assert fake_procs(tag) == []  # the worker's command line carries the tag too
+
+
+def test_resume_keeps_the_verdict_and_notices_gate_changes(scratch, capsys):
+    scratch.config("fake-res")
+    path = scratch.root / "suites" / "fake-sanity.yaml"
+    failing = path.read_text().replace("max:\n    bad: 0", "max:\n    bad: 0\n  min:\n    n: 1000")
+    assert failing != path.read_text()
+    path.write_text(failing)
+    assert main(["release", "r1", "--config", "fake-res", "--baseline", "none"]) == 1
+    assert main(["release", "r1", "--config", "fake-res", "--resume", "--baseline", "none"]) == 1  # skipped, still failed
+    assert "complete record found (fail), not run again" in capsys.readouterr().out
+    path.write_text(failing.replace("n: 1000", "n: 1"))  # another gate: the record is not reused
+    assert main(["release", "r1", "--config", "fake-res", "--resume", "--baseline", "none"]) == 0
+    assert "not run again" not in capsys.readouterr().out
+
+
+def test_missing_data_fails_before_launch(scratch, capsys, monkeypatch, tmp_path):
+    tag = scratch.config("fake-nodata")
+    monkeypatch.setenv("R9K_DATA_DIR", str(tmp_path / "nowhere"))
+    assert main(["suite", "gsm8k", "--config", "fake-nodata", "--release", "t12"]) == 2
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "nowhere/gsm8k/test.jsonl not found" in out and "--data-dir" in out and "R9K_DATA_DIR" in out
+    assert fake_procs(tag) == [] and not (scratch.root / "reports" / "t12").exists()
+
+
+def test_malformed_sse_chunk_is_a_launch_failure_not_a_traceback(scratch, capsys):
+    import httpx
+
+    from validate.client import OpenAIClient
+
+    async def go():
+        t = httpx.MockTransport(lambda r: httpx.Response(200, content=b'data: "oops"\n\ndata: {"choices": [null]}\n\n'))
+        async with OpenAIClient("http://x", "m", transport=t) as c:
+            return await c.chat([{"role": "user", "content": "hi"}], max_tokens=2)
+
+    import asyncio
+
+    r = asyncio.run(go())
+    assert not r.ok and r.error.startswith("malformed stream chunk: ValueError: expected a JSON object")

@@ -21,7 +21,7 @@ def test_repository_files_load():
     names = [c.name for c in all_configs(REPO)]
     assert sorted(names) == ["27b-tp2", "cpu-smol", "cpu-smol-fp32", "fn-tp2", "fn-tp4"]
     cl = load_checklist(REPO)
-    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["sanity", "gsm8k", "probe"])]
+    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench"])]
     quick = find_suite(REPO, "sanity", "quick")
     full = find_suite(REPO, "sanity", "full")
     assert quick.params.overload == [2.0] and full.params.overload == [1.0625, 1.5, 2.0]
@@ -89,5 +89,33 @@ def test_config_hash_follows_content(tmp_path):
 
 
 def test_missing_suite_lists_known():
-    with pytest.raises(InputError, match=r"no suite 'soap'.*known: betterbench, gsm8k, probe, sanity, soak"):
+    with pytest.raises(InputError, match=r"no suite 'soap'.*known: betterbench, gsm8k, humaneval, probe, sanity, soak"):
         find_suite(REPO, "soap")
+
+
+def test_duplicate_key_names_both_lines(tmp_path):
+    p = write(tmp_path, "probe.yaml", "name: probe\nkind: probe\nparams:\n  repeats: 2\n  repeats: 3\n")
+    with pytest.raises(InputError, match=rf"{p}:5: malformed YAML: duplicate key 'repeats' \(first on line 4\)"):
+        load_suite(p)
+
+
+def test_non_utf8_file(tmp_path):
+    p = tmp_path / "x.yaml"
+    p.write_bytes(b"name: x\n\xff: 1\n")
+    with pytest.raises(InputError, match=rf"{p}: not UTF-8 text \(byte 8\)"):
+        load_suite(p)
+
+
+def test_model_needs_a_source(tmp_path):
+    p = write(tmp_path, "m.yaml", "name: m\nmodel: {served_name: x}\nserver: {max_num_seqs: 1, max_model_len: 64}\n")
+    with pytest.raises(InputError, match=rf"{p}:2: model: Value error, give path .* or prepare"):
+        load_config(p)
+
+
+def test_release_name_is_a_plain_folder_name():
+    from validate.record import check_release_name
+
+    assert check_release_name("v0.3.3") == "v0.3.3"
+    for bad in ("", "../../x", "a/b", ".hidden", "v1..2"):
+        with pytest.raises(InputError, match="release name"):
+            check_release_name(bad)

@@ -79,13 +79,20 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
     from validate.engine import Engine, Outcome
     from validate.suite import find_suite
 
+    from validate.record import check_release_name
+
+    check_release_name(release)
     opts = _opts(args)
     for cfg, suites in plan:  # validate every input before launching anything
         find_config(opts.root, cfg)
         for s in suites:
-            find_suite(opts.root, s, opts.profile)
+            find_suite(opts.root, s, opts.profile).preflight(opts.root, opts.data_dir)
     if opts.url and len(plan) > 1:
         raise InputError("--url runs suites against one server: name one --config")
+    if (opts.model or opts.server_log) and not opts.url:
+        raise InputError("--model and --server-log go with --url (a server that is already running)")
+    if opts.server_log and not opts.server_log.is_file():
+        raise InputError(f"--server-log {opts.server_log}: not a readable file")
     outcome = Outcome()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:

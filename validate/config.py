@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from validate.errors import InputError
 from validate.loader import load_model
@@ -32,12 +32,13 @@ class ModelSpec(_Strict):
     prepare: GGUFPackageSource | None = None
     served_name: str = Field(description="the name clients send as `model`")
 
-    @field_validator("prepare")
-    @classmethod
-    def _one_source(cls, v, info):
-        if v is not None and info.data.get("path"):
+    @model_validator(mode="after")
+    def _one_source(self):
+        if self.prepare is not None and self.path:
             raise ValueError("give either path or prepare, not both")
-        return v
+        if self.prepare is None and not self.path:
+            raise ValueError("give path (a model directory or hub id) or prepare")
+        return self
 
 
 class ServerSpec(_Strict):

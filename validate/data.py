@@ -28,6 +28,11 @@ def resolve_data_dir(cli_value: str | None = None) -> Path | None:
     return d if d.is_dir() else None
 
 
+def needs_train_text(params, root: Path, data_dir: Path | None) -> None:
+    """Preflight of suites that build prompts from real text (GSM8K train): the file must be there."""
+    require_file(data_dir, "gsm8k/train.jsonl")
+
+
 def require_file(data_dir: Path | None, relative: str) -> Path:
     """``data_dir / relative``, or InputError naming both ways to point at the data."""
     if data_dir is not None and (data_dir / relative).is_file():

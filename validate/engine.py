@@ -90,6 +90,19 @@ def versions(server: srvmod.Server | None) -> dict[str, str | None]:
     }
 
 
+def engine_hash(root: Path, tree: Path) -> str:
+    """SHA-256 (16 hex) over the engine's code and the suite and configuration files: a record made with other
+    suites, gates or engine code is never reused by --resume, committed or not."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = sorted((tree / "validate").rglob("*.py")) + sorted((root / "suites").rglob("*")) + sorted((root / "serve").glob("*.yaml"))
+    for f in files:
+        if f.is_file() and "__pycache__" not in f.parts:
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, launched: bool) -> tuple[bool | None, str | None]:
     """(ok, reason). ok None = could not be checked (external server without a log)."""
     parsed = prov.parse("\n".join(lines))
@@ -114,7 +127,7 @@ class Engine:
         self.progress_factory = progress_factory
         commit, dirty = git_state(opts.tree_root())
         digest, _ = prov.source_hash(opts.tree_root())
-        self.tree = Tree(commit=commit, dirty=dirty, source_hash=digest)
+        self.tree = Tree(commit=commit, dirty=dirty, source_hash=digest, engine_hash=engine_hash(opts.root, opts.tree_root()))
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -127,8 +140,11 @@ class Engine:
         folder = self.o.reports / release / cfg.name
         todo = []
         for s in suites:
-            if self.o.resume and self._complete(release, cfg, s):
-                self.say(f"[dim]{cfg.name}/{s.spec.name}: complete record found, skipped (--resume)[/dim]")
+            done = self._complete(release, cfg, s) if self.o.resume else None
+            if done is not None:
+                self.say(f"[dim]{cfg.name}/{s.spec.name}: complete record found ({done.verdict.status}), "
+                         "not run again (--resume)[/dim]")
+                outcome.records.append(done)  # its verdict still decides the exit status
                 continue
             todo.append(s)
         if not todo:
@@ -165,17 +181,19 @@ class Engine:
                 self.say(f"{cfg.name}: stopping server")
                 server.stop()
 
-    def _complete(self, release: str, cfg: ServeConfig, s: LoadedSuite) -> bool:
+    def _complete(self, release: str, cfg: ServeConfig, s: LoadedSuite) -> Record | None:
+        """The record of a completed run of exactly this suite (params and gate), configuration and tree."""
         path = record_path(self.o.reports, release, cfg.name, s.spec.name)
         if not path.exists():
-            return False
+            return None
         try:
             rec = read_record(path)
         except InputError:
-            return False
-        return (rec.verdict.status in ("pass", "fail") and rec.tree.source_hash == self.tree.source_hash
-                and rec.tree.commit == self.tree.commit and rec.params_hash == s.params_hash()
-                and rec.config_hash == cfg.digest())
+            return None
+        same = (rec.verdict.status in ("pass", "fail") and rec.tree.source_hash == self.tree.source_hash
+                and rec.tree.engine_hash == self.tree.engine_hash and rec.suite_hash == s.spec_hash()
+                and rec.params_hash == s.params_hash() and rec.config_hash == cfg.digest() and rec.profile == s.profile)
+        return rec if same else None
 
     def _start(self, cfg: ServeConfig, folder: Path) -> srvmod.Server:
         if self.o.url:
@@ -184,6 +202,8 @@ class Engine:
             self.say(f"{cfg.name}: using the running server at {self.o.url}")
             server = srvmod.external(self.o.url, self.o.model)
             if self.o.server_log:
+                if not self.o.server_log.is_file():
+                    raise InputError(f"--server-log {self.o.server_log}: not a readable file")
                 text = self.o.server_log.read_text(errors="replace")
                 server.provenance = [p.raw for p in prov.parse(text)]
                 server.kv_cache_tokens = srvmod.kv_cache_tokens(text)
@@ -209,8 +229,8 @@ class Engine:
         try:
             result = asyncio.run(self._run_async(runner, cfg, s, server))
             verdict = self._verdict(s, result, server)
-        except InputError:
-            raise
+        except InputError as e:  # e.g. data missing for this suite: attributed to it, the release goes on
+            verdict = Verdict(status="error", cause=f"bad input: {e}")
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a runner bug or an unexpected fault: attributed, never a pass
@@ -254,7 +274,7 @@ class Engine:
                verdict: Verdict, wall_s: float, started: str) -> Record:
         rec = Record(
             release=release, config=cfg.name, config_hash=cfg.digest(), suite=s.spec.name, suite_kind=s.spec.kind,
-            params=s.params_dict, params_hash=s.params_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
+            params=s.params_dict, params_hash=s.params_hash(), suite_hash=s.spec_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
             wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
             knobs=knobs.in_force({**os.environ, **cfg.env} if server is None or server.launched else cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),

@@ -22,6 +22,9 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool =
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if isinstance(key, str):
+            if key in lines:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {lines[key]})", key_node.start_mark)
             lines[key] = key_node.start_mark.line + 1
     mapping_with_lines = _LineDict(mapping)
     mapping_with_lines.key_lines = lines
@@ -41,6 +44,10 @@ def read_yaml(path: Path) -> Any:
         text = path.read_text()
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
     try:
         return yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as e:
@@ -69,7 +76,7 @@ def format_validation_error(path: Path, data: Any, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
-        key = ".".join(str(p) for p in loc) or "(top level)"
+        key = ".".join(str(p) for p in loc if str(p) != "") or "(top level)"
         line = _line_of(data, loc)
         where = f"{path}:{line}" if line else str(path)
         msg = e["msg"]

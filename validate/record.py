@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,7 +58,8 @@ class Tree(BaseModel):
 
     commit: str | None = None
     dirty: bool | None = None
-    source_hash: str | None = None
+    source_hash: str | None = None  # plugin + kernels (what the server runs)
+    engine_hash: str | None = None  # validate/ code, suites/ and serve/ files (what measured it)
 
 
 class ServerInfo(BaseModel):
@@ -94,6 +96,7 @@ class Record(BaseModel):
     suite_kind: str
     params: dict[str, Any]
     params_hash: str
+    suite_hash: str | None = None  # kind, params and gate as resolved for the profile
     profile: str
     started_at: str
     ended_at: str
@@ -121,8 +124,22 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def check_release_name(release: str) -> str:
+    """A release name becomes a folder: letters, digits, '.', '_', '+', '-', not starting with a dot.
+
+    Raises:
+        InputError: anything else (empty, '..', a path separator).
+    """
+    if not _NAME_RE.fullmatch(release or "") or ".." in release:
+        raise InputError(f"release name {release!r}: use letters, digits, '.', '_', '+' and '-' (e.g. v0.3.3)")
+    return release
+
+
 def record_path(reports: Path, release: str, config: str, suite: str) -> Path:
-    return reports / release / config / f"{suite}.json"
+    return reports / check_release_name(release) / config / f"{suite}.json"
 
 
 def write_record(path: Path, record: Record) -> Path:
@@ -146,6 +163,8 @@ def read_record(path: Path) -> Record:
         return Record.model_validate(json.loads(path.read_text()))
     except FileNotFoundError:
         raise InputError(f"{path}: record not found") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
     except ValidationError as e:

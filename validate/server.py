@@ -77,17 +77,47 @@ def build_command(cfg: ServeConfig, model: str, host: str, port: int) -> list[st
     return cmd + list(s.extra_args)
 
 
-def kill_tree(pid: int, grace_s: float = 20.0) -> None:
+TAG_ENV = "R9K_SERVER_TAG"
+
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``R9K_SERVER_TAG=tag``: every process a launched server
+    started, also one that called setsid or was re-parented after its parent died."""
+    out = []
+    me = os.getpid()
+    for p in psutil.process_iter():
+        try:
+            if p.pid != me and p.environ().get(TAG_ENV) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def kill_tree(pid: int, grace_s: float = 20.0, tag: str | None = None) -> None:
     """Stop process ``pid``'s group and every descendant: SIGTERM, wait ``grace_s``, then SIGKILL.
 
-    Descendants are collected before signalling, so a child that left the group (vLLM's workers can call
-    setsid) is stopped as well.
+    Descendants are collected before signalling, and with ``tag`` every process carrying it in its
+    environment too, so a worker that left the group (setsid) or outlived its parent is stopped as well.
+    SIGINT and SIGTERM are blocked meanwhile: a second Ctrl-C must not cut the teardown short.
     """
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        _kill_tree(pid, grace_s, tag)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _kill_tree(pid: int, grace_s: float, tag: str | None) -> None:
     try:
         root = psutil.Process(pid)
         procs = [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
         procs = []
+    if tag:
+        seen = {p.pid for p in procs}
+        procs += [p for p in tagged(tag) if p.pid not in seen]
     try:
         os.killpg(pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
@@ -145,7 +175,7 @@ class Server:
     def stop(self) -> None:
         """Stop a launched server and all its processes (no-op for external servers). Idempotent."""
         if self.proc is not None:
-            kill_tree(self.proc.pid)
+            kill_tree(self.proc.pid, tag=self.tag)
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -156,6 +186,7 @@ class Server:
                 self._log_fh = None
 
     _log_fh: object = None
+    tag: str | None = None  # R9K_SERVER_TAG of every process of this launch
 
 
 async def _ready_generation(client: OpenAIClient) -> str | None:
@@ -185,7 +216,8 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     port = cfg.server.port or free_port(host)
     if port_in_use(host, port):
         raise LaunchError(f"port {port} on {host} is already in use (server.port in serve/{cfg.name}.yaml)")
-    env = {**os.environ, **cfg.env}
+    tag = f"{cfg.name}-{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, **cfg.env, TAG_ENV: tag}
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log_path, "ab")
@@ -199,6 +231,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
                             cwd=log_path.parent, start_new_session=True)
     srv = Server(url=f"http://{host}:{port}", model=cfg.model.served_name, launched=True, proc=proc, log_path=log_path)
     srv._log_fh = fh
+    srv.tag = tag
     try:
         asyncio.run(_wait_ready(srv, cfg.launch_timeout_s, t0, progress))
     except BaseException:

@@ -65,11 +65,13 @@ class SuiteSpec(_Strict):
 
 @dataclass
 class Runner:
-    """A registered suite kind: its params model and its coroutine ``fn(ctx, params) -> SuiteResult``."""
+    """A registered suite kind: its params model, its coroutine ``fn(ctx, params) -> SuiteResult`` and an
+    optional ``preflight(params, root, data_dir)`` that raises InputError for missing inputs before launch."""
 
     kind: str
     params_model: type[BaseModel]
     fn: Callable[..., Awaitable[Any]]
+    preflight: Callable[..., None] | None = None
 
 
 RUNNERS: dict[str, Runner] = {}
@@ -84,13 +86,13 @@ RUNNER_MODULES = {
 }
 
 
-def register_runner(kind: str, params: type[BaseModel]):
+def register_runner(kind: str, params: type[BaseModel], preflight: Callable[..., None] | None = None):
     """Decorator: register ``fn`` as the runner of suite kind ``kind`` with params model ``params``."""
 
     def deco(fn):
         if kind in RUNNERS:
             raise ValueError(f"runner {kind!r} registered twice")
-        RUNNERS[kind] = Runner(kind, params, fn)
+        RUNNERS[kind] = Runner(kind, params, fn, preflight)
         return fn
 
     return deco
@@ -120,6 +122,22 @@ class LoadedSuite:
         blob = json.dumps(self.params_dict, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+    def spec_hash(self) -> str:
+        """Hash of kind, resolved params and gate: what makes two runs of this suite the same check."""
+        blob = json.dumps({"kind": self.spec.kind, "params": self.params_dict, "gate": self.spec.gate.model_dump()},
+                          sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def preflight(self, root: Path, data_dir: Path | None) -> None:
+        """Check what the suite needs before any server launches (data files, prompt files).
+
+        Raises:
+            InputError: naming what is missing.
+        """
+        runner = get_runner(self.spec.kind)
+        if runner.preflight is not None:
+            runner.preflight(self.params, root, data_dir)
+
 
 def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
     """Load ``path`` and validate its params for ``profile`` against the runner's params model.
@@ -137,6 +155,8 @@ def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
         known = ", ".join(sorted(set(RUNNER_MODULES) | set(RUNNERS)))
         raise InputError(f"{path}: kind: unknown suite kind {spec.kind!r} (known: {known})") from None
     for prof, overrides in spec.profiles.items():
+        if not isinstance(overrides, dict):
+            raise InputError(f"{path}: profiles.{prof}: expected a mapping of params")
         unknown = set(overrides) - set(runner.params_model.model_fields)
         if unknown:
             raise InputError(f"{path}: profiles.{prof}.{sorted(unknown)[0]}: unknown key")
@@ -162,7 +182,9 @@ def suites_dir(root: Path) -> Path:
 def find_suite(root: Path, name: str, profile: Profile = "full") -> LoadedSuite:
     """``suites/<name>.yaml``. Raises InputError listing the known suites when it does not exist."""
     path = suites_dir(root) / f"{name}.yaml"
-    if not path.exists() or name == "release":
+    if name == "release":
+        raise InputError(f"{path} is the release checklist, not a suite (run it with: r9k-validate release NAME)")
+    if not path.exists():
         known = ", ".join(sorted(p.stem for p in suites_dir(root).glob("*.yaml") if p.stem != "release"))
         raise InputError(f"no suite {name!r} ({path} not found); known: {known}")
     return load_suite(path, profile)
@@ -176,8 +198,8 @@ class ChecklistEntry(_Strict):
 class Checklist(_Strict):
     """``suites/release.yaml``: which suites run on which configurations for a release."""
 
-    configs: list[str]
-    suites: list[ChecklistEntry]
+    configs: list[str] = Field(min_length=1)
+    suites: list[ChecklistEntry] = Field(min_length=1)
 
     def plan(self, only: list[str] | None = None) -> list[tuple[str, list[str]]]:
         """(configuration, [suite, ...]) in checklist order, restricted to ``only`` when given.
@@ -202,6 +224,10 @@ def load_checklist(root: Path) -> Checklist:
     """Load ``suites/release.yaml``; every suite and configuration it names must exist."""
     path = suites_dir(root) / "release.yaml"
     cl = load_model(path, Checklist)
+    for what, names in (("configs", cl.configs), ("suites", [e.suite for e in cl.suites])):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise InputError(f"{path}: {what}: {dup[0]!r} is listed twice")
     for e in cl.suites:
         if not (suites_dir(root) / f"{e.suite}.yaml").exists():
             raise InputError(f"{path}: suites: unknown suite {e.suite!r}")

@@ -31,6 +31,7 @@ from validate.metrics import LoadMetrics, summarize, tpot_s
 from validate.runners.base import RunContext, SuiteResult
 from validate.runners.probe import ESSAY
 from validate.runners.text import TextPool
+from validate.data import needs_train_text
 from validate.suite import register_runner
 
 
@@ -72,7 +73,7 @@ def band(values: list[float | None]) -> dict:
     return {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
 
 
-@register_runner("betterbench", BetterBenchParams)
+@register_runner("betterbench", BetterBenchParams, preflight=needs_train_text)
 async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     s = ctx.config.server
     limit = s.max_model_len - 8

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import gather_limited
 from validate.data import require_file
+from validate.errors import InputError
 from validate.evals import gsm8k as g
 from validate.record import Dataset, Item
 from validate.runners.base import RunContext, SuiteResult
@@ -30,7 +31,16 @@ class GSM8KParams(BaseModel):
     primary: Literal["strict", "flexible"] = "strict"
 
 
-@register_runner("gsm8k", GSM8KParams)
+def preflight(p: GSM8KParams, root, data_dir) -> None:
+    """The test set (and the train set for exemplars) must load before any server starts."""
+    g.load_split(require_file(data_dir, "gsm8k/test.jsonl"), "test")
+    if p.fewshot:
+        train_path = require_file(data_dir, "gsm8k/train.jsonl")
+        if len(g.load_split(train_path, "train")) < p.fewshot:
+            raise InputError(f"{train_path}: fewer than fewshot={p.fewshot} questions")
+
+
+@register_runner("gsm8k", GSM8KParams, preflight=preflight)
 async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
     test_path = require_file(ctx.data_dir, "gsm8k/test.jsonl")
     questions = g.load_split(test_path, "test")

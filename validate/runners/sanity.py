@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import RequestResult, gather_limited
+from validate.data import require_file
 from validate.errors import InputError
 from validate.record import Item
 from validate.runners.base import RunContext, SuiteResult
@@ -84,7 +85,14 @@ def first_divergence(a: list[int] | None, b: list[int] | None) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-@register_runner("strict-sanity", SanityParams)
+def preflight(p: SanityParams, root, data_dir) -> None:
+    """The prompts file must load, and the train text must be there for the long-prefill condition."""
+    load_prompts(root / "suites" / p.prompts_file)
+    if p.after_long_prompt_tokens:
+        require_file(data_dir, "gsm8k/train.jsonl")
+
+
+@register_runner("strict-sanity", SanityParams, preflight=preflight)
 async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     prompts = load_prompts(ctx.root / "suites" / p.prompts_file)
     mns = ctx.config.server.max_num_seqs

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from validate.runners.base import RunContext, SuiteResult
 from validate.runners.text import TextPool
+from validate.data import needs_train_text
 from validate.suite import register_runner
 from validate.telemetry import Sampler, slope_mib_per_min
 
@@ -32,7 +33,7 @@ class SoakParams(BaseModel):
     seed: int = 0
 
 
-@register_runner("soak", SoakParams)
+@register_runner("soak", SoakParams, preflight=needs_train_text)
 async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     s = ctx.config.server
     hi = min(p.prompt_tokens_max, s.max_model_len - p.max_tokens - 8)
