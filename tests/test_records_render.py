@@ -60,8 +60,8 @@ def test_release_notes_carry_figures_and_gaps(tmp_path):
     md = render_release(REPO, tmp_path, "v9", cl).read_text()
     assert md.startswith("# v9: cpu-smol: sanity 0 bad of 1,040, GSM8K 5.0% of 40 subset, decode 26.1 tok/s")
     assert "| cpu-smol | 0 bad of 1,040 | – | – | 26.1 tok/s / 1,180.5 tok/s at 8 streams / 4,322 tok/s at 2,048 | 93,184 tokens |" in md
-    assert "| single-stream decode (512-token essay, median of 3) | 26.1 tok/s |" in md
-    assert "| decode step (TPOT p50) | 38.26 ms |" in md
+    assert "| single-stream decode (probe) | 26.1 tok/s |" in md
+    assert "| decode step p50 (probe) | 38.26 ms |" in md
     assert "| cpu-smol | 2 of 40 (5.00%), subset of 1,319 (seed 1234) | 5.00% / 7.50% | – | 0 bad of 1,040 (3 divergent from solo, still right) |" in md
     nc = md.split("## Not checked")[1].split("##")[0]
     assert "- cpu-smol / gsm8k: quick profile; a subset: 40 of 1,319 questions (seed 1234)." in nc

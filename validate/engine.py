@@ -276,6 +276,7 @@ class Engine:
             release=release, config=cfg.name, config_hash=cfg.digest(), suite=s.spec.name, suite_kind=s.spec.kind,
             params=s.params_dict, params_hash=s.params_hash(), suite_hash=s.spec_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
             wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
+            config_snapshot=cfg.model_dump(mode="json"),
             knobs=knobs.in_force({**os.environ, **cfg.env} if server is None or server.launched else cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,

@@ -107,6 +107,7 @@ class Record(BaseModel):
     knobs: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
+    config_snapshot: dict[str, Any] = Field(default_factory=dict)  # the serving configuration as run
     model: str | None = None
     verdict: Verdict
     metrics: dict[str, Any] = Field(default_factory=dict)
@@ -142,9 +143,21 @@ def record_path(reports: Path, release: str, config: str, suite: str) -> Path:
     return reports / check_release_name(release) / config / f"{suite}.json"
 
 
+HISTORY = "history"
+
+
 def write_record(path: Path, record: Record) -> Path:
-    """Write ``record`` as JSON at ``path`` atomically (temp file + rename in the same folder)."""
+    """Write ``record`` as JSON at ``path`` atomically (temp file + rename in the same folder).
+
+    A record already at ``path`` (an earlier run of the same suite) moves to ``history/<suite>.<n>.json``
+    beside it first: repeated runs make the run-to-run band, and nothing measured is lost.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        hist = path.parent / HISTORY
+        hist.mkdir(exist_ok=True)
+        n = len(list(hist.glob(f"{path.stem}.*.json")))
+        os.replace(path, hist / f"{path.stem}.{n}.json")
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -170,6 +183,13 @@ def read_record(path: Path) -> Record:
     except ValidationError as e:
         first = e.errors()[0]
         raise InputError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def record_history(reports: Path, release: str, config: str, suite: str) -> list[Record]:
+    """The current record of (release, config, suite) and every earlier run of it kept in ``history/``."""
+    cur = record_path(reports, release, config, suite)
+    paths = ([cur] if cur.exists() else []) + sorted((cur.parent / HISTORY).glob(f"{suite}.*.json"))
+    return [read_record(p) for p in paths]
 
 
 def release_records(reports: Path, release: str) -> list[Record]:

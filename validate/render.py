@@ -57,6 +57,40 @@ class ReleaseView:
     headline: str = ""
     paired: Any = None  # validate.compare.Comparison against the baseline, when there is one
     paired_note: str = ""  # why there is no paired table
+    baseline: str | None = None
+    numbers: dict[str, list] = field(default_factory=dict)  # config -> [FigureRow]
+    settings: dict[str, list[str]] = field(default_factory=dict)  # config -> changed settings vs the baseline
+    changes_md: str = ""  # reports/<release>/changes.md, written by people
+    upgrading_md: str = ""  # reports/<release>/upgrading.md, written by people
+
+
+# (name in the title, figure labels in order of preference)
+HEADLINE_FIGURES = (
+    ("decode step", ("decode step p50 (probe)", "decode step p50 (BetterBench)")),
+    ("BetterBench combined decode", ("BetterBench combined decode",)),
+    ("single-stream decode", ("single-stream decode (probe)", "single-stream decode (BetterBench)")),
+    ("KV cache", ("KV cache",)),
+)
+
+
+def fmt_change(row) -> str:
+    """'+6.3%', '-4.7% (within the band)', '=' for no change, '–' without a baseline."""
+    c = row.change_pct
+    if c is None:
+        return "–"
+    text = "=" if abs(c) < 0.05 else f"{c:+.1f}%"
+    return text + (" (within the band)" if row.within_band else "")
+
+
+def fmt_fig(value, digits: int, unit: str, band=None) -> str:
+    """A figure with its unit and, when there is one, its band: '188.0 tok/s (186.2–189.1)'."""
+    if value is None:
+        return "–"
+    u = "%" if unit == "%" else (f" {unit}" if unit else "")
+    text = f"{fmt_num(value, digits)}{u}"
+    if band:
+        text += f" ({fmt_num(band[0], digits)}–{fmt_num(band[1], digits)})"
+    return text
 
 
 def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
@@ -88,8 +122,10 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
     for r in records:
         by_config.setdefault(r.config, {})[r.suite] = r
     hashes = Counter(r.tree.source_hash for r in records if r.tree.source_hash)
-    view = ReleaseView(release, records, by_config, tree_hash=hashes.most_common(1)[0][0] if hashes else None)
     planned = checklist.plan() if checklist else [(c, list(s)) for c, s in by_config.items()]
+    order = [c for c, _ in planned]
+    by_config = dict(sorted(by_config.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
+    view = ReleaseView(release, records, by_config, tree_hash=hashes.most_common(1)[0][0] if hashes else None)
     seen = set()
     for cfg, suites in planned:
         for s in suites:
@@ -109,9 +145,35 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
             (view.not_checked.append(Gap(r.config, r.suite, why)) if why else view.checked.append(r))
     view.not_checked = group_gaps(view.not_checked)
     view.failures = [r for r in records if r.verdict.status != "pass"]
+    from validate.compare import previous_release
+
+    view.baseline = baseline or previous_release(reports, release)
+    attach_numbers(view, reports)
     view.headline = headline(view)
-    attach_paired(view, reports, baseline)
+    attach_paired(view, reports, view.baseline)
+    for name in ("changes", "upgrading"):
+        f = reports / release / f"{name}.md"
+        if f.is_file():
+            setattr(view, f"{name}_md", f.read_text().strip())
     return view
+
+
+def attach_numbers(view: ReleaseView, reports: Path) -> None:
+    """Baseline against candidate, figure by figure, per configuration, with run-to-run bands."""
+    from validate.figures import compare_figures, setting_changes
+    from validate.record import record_history, release_records
+
+    base_by: dict[str, dict[str, Record]] = {}
+    if view.baseline:
+        for r in release_records(reports, view.baseline):
+            base_by.setdefault(r.config, {})[r.suite] = r
+    for cfg, suites in view.by_config.items():
+        cand = {s: record_history(reports, view.release, cfg, s) for s in suites}
+        base = {s: record_history(reports, view.baseline, cfg, s) for s in base_by.get(cfg, {})} if view.baseline else {}
+        view.numbers[cfg] = compare_figures(base, cand)
+        if cfg in base_by:
+            b0, c0 = next(iter(base_by[cfg].values())), next(iter(suites.values()))
+            view.settings[cfg] = setting_changes(b0, c0)
 
 
 def attach_paired(view: ReleaseView, reports: Path, baseline: str | None) -> None:
@@ -134,7 +196,20 @@ def attach_paired(view: ReleaseView, reports: Path, baseline: str | None) -> Non
 
 
 def headline(view: ReleaseView) -> str:
-    """Title-line figures: per configuration with records, sanity, GSM8K and single-stream decode."""
+    """Title-line figures. With a baseline: the largest moves of the first configuration's headline figures
+    (decode step, combined decode, single-stream decode, KV cache); without: per configuration, sanity,
+    GSM8K and single-stream decode."""
+    if view.baseline and view.numbers:
+        cfg, rows = next(iter(view.numbers.items()))
+        by_label = {r.label: r for r in rows if r.change_pct is not None}
+        bits = []
+        for name, labels in HEADLINE_FIGURES:
+            r = next((by_label[x] for x in labels if x in by_label), None)
+            if r is not None and abs(r.change_pct) >= 0.05:
+                unit = f" {r.unit}" if r.unit and r.unit != "%" else ""
+                bits.append(f"{name} {fmt_num(r.baseline, r.digits)} -> {fmt_num(r.candidate, r.digits)}{unit}")
+        if bits:
+            return f"{cfg}: " + ", ".join(bits[:2])
     parts = []
     for cfg, suites in view.by_config.items():
         bits = []
@@ -162,6 +237,8 @@ def render_release(root: Path, reports: Path, release: str, checklist: Checklist
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = fmt_num
     env.filters["pct"] = fmt_pct
+    env.filters["change"] = fmt_change
+    env.globals["fig"] = fmt_fig
     text = env.get_template("release.md.j2").render(v=view)
     out = reports / release / "RELEASE.md"
     out.parent.mkdir(parents=True, exist_ok=True)

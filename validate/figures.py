@@ -1,0 +1,188 @@
+"""The figures release notes compare, read out of records, with their run-to-run band.
+
+A figure is one number of one suite (e.g. BetterBench's combined decode). Its *band* for a release and a
+configuration is the min-max over every run of that suite on identical code (same plugin source, engine,
+suite and configuration hashes: the current record plus ``history/``); for BetterBench each run's passes
+count too. A change from the baseline is *within the band* when either value lies inside the other's band.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from validate.record import Record
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """How to read one figure: ``get(record) -> value`` and, optionally, ``band(record) -> (lo, hi)``."""
+
+    key: str
+    label: str
+    suite: str
+    unit: str
+    digits: int
+    higher_is_better: bool
+    get: Callable[[Record], float | None]
+    band: Callable[[Record], tuple[float, float] | None] | None = None
+
+
+def _m(*path: str):
+    def get(r: Record):
+        v: Any = r.metrics
+        for p in path:
+            if not isinstance(v, dict) or v.get(p) is None:
+                return None
+            v = v[p]
+        return float(v) if isinstance(v, (int, float)) else None
+    return get
+
+
+def _bb(key: str):
+    def get(r: Record):
+        return _m("summary", key, "median")(r)
+
+    def band(r: Record):
+        lo, hi = _m("summary", key, "min")(r), _m("summary", key, "max")(r)
+        return None if lo is None or hi is None else (lo, hi)
+    return get, band
+
+
+def figure_specs(records: list[Record]) -> list[FigureSpec]:
+    """The figures these records can give, in the order notes show them."""
+    specs: list[FigureSpec] = []
+    bb = [r for r in records if r.suite_kind == "betterbench"]
+    depths = sorted({d for r in bb for d in r.metrics.get("prefill_depths", [])})
+    levels = sorted({c for r in bb for c in r.metrics.get("concurrency", [])})
+    g, b = _bb("decode_step_ms")
+    specs.append(FigureSpec("bb_step", "decode step p50 (BetterBench)", "betterbench", "ms", 2, False, g, b))
+    g, b = _bb("decode_tok_s")
+    specs.append(FigureSpec("bb_decode", "single-stream decode (BetterBench)", "betterbench", "tok/s", 1, True, g, b))
+    g, b = _bb("combined_decode_tok_s")
+    specs.append(FigureSpec("bb_combined", "BetterBench combined decode", "betterbench", "tok/s", 1, True, g, b))
+    for c in levels:
+        g, b = _bb(f"c{c}_tok_s")
+        specs.append(FigureSpec(f"bb_c{c}", f"concurrency {c} (aggregate)", "betterbench", "tok/s", 1, True, g, b))
+    for d in depths:
+        g, b = _bb(f"prefill_{d}_tok_s")
+        specs.append(FigureSpec(f"bb_prefill_{d}", f"prefill {d:,} tokens", "betterbench", "tok/s", 0, True, g, b))
+    specs += [
+        FigureSpec("probe_step", "decode step p50 (probe)", "probe", "ms", 2, False, _m("decode_step_ms")),
+        FigureSpec("probe_decode", "single-stream decode (probe)", "probe", "tok/s", 1, True, _m("decode_tok_s")),
+        FigureSpec("probe_agg", "aggregate at max_num_seqs streams (probe)", "probe", "tok/s", 1, True, _m("aggregate_tok_s")),
+        FigureSpec("probe_prefill", "prefill (probe depth)", "probe", "tok/s", 0, True, _m("prefill_tok_s")),
+        FigureSpec("probe_ttft", "time to first token p50 (probe)", "probe", "ms", 1, False, _m("ttft_ms_p50")),
+        FigureSpec("kv", "KV cache", "*", "tokens", 0, True, lambda r: float(r.server.kv_cache_tokens) if r.server.kv_cache_tokens else None),
+        FigureSpec("gsm8k", "GSM8K accuracy", "gsm8k", "%", 2, True, lambda r: None if _m("accuracy")(r) is None else 100 * _m("accuracy")(r)),
+        FigureSpec("humaneval", "HumanEval passed", "humaneval", "", 0, True, _m("passed")),
+        FigureSpec("soak_served", "soak requests served", "soak", "", 0, True, _m("served")),
+    ]
+    return specs
+
+
+@dataclass
+class FigureRow:
+    """One figure of one configuration, baseline against candidate."""
+
+    label: str
+    unit: str
+    digits: int
+    baseline: float | None
+    candidate: float | None
+    band: tuple[float, float] | None  # the candidate's run-to-run band
+    baseline_band: tuple[float, float] | None
+    runs: int
+
+    @property
+    def change_pct(self) -> float | None:
+        if self.baseline in (None, 0) or self.candidate is None:
+            return None
+        return 100.0 * (self.candidate - self.baseline) / self.baseline
+
+    @property
+    def within_band(self) -> bool:
+        """The baseline lies inside the candidate's band, or the candidate inside the baseline's."""
+        if self.baseline is None or self.candidate is None:
+            return False
+        inside = lambda x, b: b is not None and b[0] <= x <= b[1]  # noqa: E731
+        return inside(self.baseline, self.band) or inside(self.candidate, self.baseline_band)
+
+
+def _same_code(runs: list[Record]) -> list[Record]:
+    """Runs of the newest record's code (plugin, engine, suite, configuration): the band's population."""
+    if not runs:
+        return []
+    r0 = runs[0]
+    return [r for r in runs if r.verdict.status in ("pass", "fail") and r.tree.source_hash == r0.tree.source_hash
+            and r.tree.engine_hash == r0.tree.engine_hash and r.suite_hash == r0.suite_hash and r.config_hash == r0.config_hash]
+
+
+def _value_and_band(spec: FigureSpec, runs: list[Record]) -> tuple[float | None, tuple[float, float] | None, int]:
+    runs = [r for r in _same_code(runs) if spec.get(r) is not None]
+    if not runs:
+        return None, None, 0
+    vals = [spec.get(r) for r in runs]
+    lows, highs = list(vals), list(vals)
+    if spec.band:
+        for r in runs:
+            b = spec.band(r)
+            if b:
+                lows.append(b[0])
+                highs.append(b[1])
+    band = (min(lows), max(highs)) if (len(runs) > 1 or spec.band) and min(lows) != max(highs) else None
+    return vals[0], band, len(runs)
+
+
+def compare_figures(base: dict[str, list[Record]], cand: dict[str, list[Record]]) -> list[FigureRow]:
+    """Rows for every figure either side has. ``base``/``cand``: suite -> runs (newest first)."""
+    every = [r for runs in list(base.values()) + list(cand.values()) for r in runs]
+    rows = []
+    for spec in figure_specs(every):
+        def pick(side: dict[str, list[Record]]):
+            if spec.suite == "*":  # any record of the launch (the KV cache is read at start)
+                for runs in side.values():
+                    v = _value_and_band(spec, runs)
+                    if v[0] is not None:
+                        return v
+                return None, None, 0
+            return _value_and_band(spec, side.get(spec.suite, []))
+        bv, bband, _ = pick(base)
+        cv, cband, n = pick(cand)
+        if bv is None and cv is None:
+            continue
+        rows.append(FigureRow(spec.label, spec.unit, spec.digits, bv, cv, cband, bband, n))
+    return rows
+
+
+def flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{'server.max_num_seqs': 8, ...} from nested dicts (lists stay values)."""
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+def setting_changes(base: Record, cand: Record) -> list[str]:
+    """What a user running the configuration sees change: configuration values, knobs, versions."""
+    out = []
+    skip = {"name", "description"}
+    fb, fc = flat(base.config_snapshot), flat(cand.config_snapshot)
+    for k in sorted(set(fb) | set(fc)):
+        if k.split(".")[0] in skip or k.startswith("env."):
+            continue
+        if fb.get(k) != fc.get(k):
+            out.append(f"{k}: {fb.get(k)!r} -> {fc.get(k)!r}")
+    for k in sorted(set(base.knobs) | set(cand.knobs)):
+        if base.knobs.get(k) != cand.knobs.get(k):
+            out.append(f"{k}: {base.knobs.get(k)!r} -> {cand.knobs.get(k)!r}")
+    envb, envc = base.env, cand.env
+    for k in sorted(set(envb) | set(envc)):
+        if not k.startswith("R9K_") and envb.get(k) != envc.get(k):
+            out.append(f"env {k}: {envb.get(k)!r} -> {envc.get(k)!r}")
+    for k in ("vllm", "torch", "driver", "r9k"):
+        if base.versions.get(k) != cand.versions.get(k):
+            out.append(f"{k} {base.versions.get(k) or '?'} -> {cand.versions.get(k) or '?'}")
+    return out
