@@ -134,7 +134,7 @@ if triton is not None:
         pad_slot_id,
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr,
-        L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, RNE_FIX: tl.constexpr,
+        L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
     ):
         # grid: (cdiv(V, BV), N * HV). One program owns one [BV, K] block of one sequence's state.
         i_v = tl.program_id(0)
@@ -142,8 +142,12 @@ if triton is not None:
         i_n = i_nh // HV
         i_hv = i_nh % HV
         i_h = i_hv // (HV // H)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        if IS_VARLEN:  # max_T: the total token count, a bound on every sequence's length
+            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+            T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        else:  # max_T: every sequence's length
+            bos = i_n.to(tl.int64) * max_T
+            T = max_T
         slot = tl.load(state_idx + i_n).to(tl.int64)
 
         offs_k = tl.arange(0, BK)
@@ -192,7 +196,7 @@ if triton is not None:
 
 def _default_seq_config(n_heads_total: int, V: int) -> tuple[int, int, int]:
     """(BV, num_warps, U) for gdn_seq; chosen from the H200 sweep in kernels/NOTES.md."""
-    BV = min(16, triton.next_power_of_2(V))
+    BV = min(4, triton.next_power_of_2(V))
     return BV, 1, 4
 
 
@@ -276,7 +280,6 @@ def gdn_seq(
         out = torch.empty_like(v)
     elif out.shape != v.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(v.shape)} with a contiguous last dim, got {tuple(out.shape)}")
-    cu = _cu_seqlens(T, B, cu_seqlens, q.device)
     dBV, dW, dU = _default_seq_config(N * HV, V)
     BV = BV or dBV
     num_warps = num_warps or dW
@@ -291,13 +294,15 @@ def gdn_seq(
     grid = (triton.cdiv(V, BV), N * HV)
     _gdn_seq_kernel[grid](
         qf, kf, vf, gf, bf, of, state, state_idx,
-        has_initial_state if has_initial_state is not None else state_idx, cu, float(scale), B * T,
+        has_initial_state if has_initial_state is not None else state_idx,
+        cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
         qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
         gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
         state.stride(0), state.stride(1), state.stride(2),
         pad_slot_id,
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, U=U,
-        L2NORM=bool(use_qk_l2norm), HAS_INIT=has_initial_state is not None, RNE_FIX=_interpreting(),
+        L2NORM=bool(use_qk_l2norm), HAS_INIT=has_initial_state is not None, IS_VARLEN=cu_seqlens is not None,
+        RNE_FIX=_interpreting(),
         num_warps=num_warps,
     )
     if B > 1 and of.data_ptr() != out.data_ptr():  # pragma: no cover - reshape of a strided out copied

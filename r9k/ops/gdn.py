@@ -70,6 +70,12 @@ def _core_signature(q, k, v, g=None, beta=None, scale=None, initial_state=None, 
 _CORE_SIG = inspect.signature(_core_signature)
 
 
+@functools.lru_cache(maxsize=64)
+def _identity_slots(n: int, device: torch.device) -> torch.Tensor:
+    """0..n-1 on device, made once per (n, device): the gathered state's rows are the sequences' slots."""
+    return torch.arange(n, dtype=torch.int32, device=device)
+
+
 def _route_core(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Run gdn_seq for a short prefill core call; None when the call is not ours to take."""
     try:
@@ -92,7 +98,7 @@ def _route_core(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor |
     N = 1 if cu is None else cu.numel() - 1
     if h0.shape[0] != N:
         return None
-    idx = torch.arange(N, dtype=torch.int32, device=q.device)
+    idx = _identity_slots(N, q.device)
     gdn = _kernels()
     o = gdn.gdn_seq(q, k, v, g, beta, h0, idx, cu_seqlens=cu, scale=a.get("scale"),
                     use_qk_l2norm=bool(a.get("use_qk_l2norm_in_kernel")))
