@@ -1,8 +1,9 @@
 """Soak: N clients in a closed loop for M minutes with prompt lengths drawn over a range of real text, memory
 sampled every second.
 
-Verdict: zero errors; memory flat (least-squares slope of every series after the first quarter of the run,
-bound ``max_slope_mib_per_min``, recorded) and peak below total. Reported: requests served, prompt and
+Verdict: zero errors; memory flat (least-squares slope of every series over the last half of the run, bound
+``max_slope_mib_per_min``, both recorded) and peak below total. A leak grows without end; first-touch of a
+CPU KV cache and allocator warm-up grow early and plateau, which is why the first half is left out. Reported: requests served, prompt and
 output tok/s, peak and slope per memory series. Samples are kept in the record even when the server dies.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ class SoakParams(BaseModel):
     max_tokens: int = Field(256, ge=1)
     sample_interval_s: float = Field(1.0, gt=0)
     max_slope_mib_per_min: float = Field(32.0, ge=0, description="memory-flat bound per series")
+    slope_skip_fraction: float = Field(0.5, ge=0, lt=1, description="leading share of samples left out of the slope: "
+                                       "first-touch of a CPU KV cache and allocator warm-up grow memory, then plateau")
     seed: int = 0
 
 
@@ -89,7 +92,7 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     memory = {}
     for name in series:
         vals = [row[name] for _, row in sampler.samples if name in row]
-        slope = slope_mib_per_min(sampler.samples, name)
+        slope = slope_mib_per_min(sampler.samples, name, p.slope_skip_fraction)
         total = sampler.totals.get(name)
         memory[name] = {"peak": max(vals), "first": vals[0], "last": vals[-1], "slope_mib_per_min": None if slope is None else round(slope, 2),
                         "total": total, "flat": slope is None or slope <= p.max_slope_mib_per_min,
