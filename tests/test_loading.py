@@ -58,7 +58,7 @@ def test_unknown_profile_key(tmp_path):
 
 def test_unknown_kind_lists_known(tmp_path):
     p = write(tmp_path, "x.yaml", "name: x\nkind: soakk\n")
-    with pytest.raises(InputError, match=r"kind: unknown suite kind 'soakk' \(known: betterbench, gsm8k, humaneval, probe, soak, strict-sanity\)"):
+    with pytest.raises(InputError, match=r"kind: unknown suite kind 'soakk' \(known: betterbench, gsm8k, humaneval, probe, pytest, soak, strict-sanity\)"):
         load_suite(p)
 
 
@@ -89,7 +89,7 @@ def test_config_hash_follows_content(tmp_path):
 
 
 def test_missing_suite_lists_known():
-    with pytest.raises(InputError, match=r"no suite 'soap'.*known: betterbench, gsm8k, humaneval, probe, sanity, soak"):
+    with pytest.raises(InputError, match=r"no suite 'soap'.*known: allreduce, betterbench, gsm8k, humaneval, probe, sanity, soak, unit-gates"):
         find_suite(REPO, "soap")
 
 

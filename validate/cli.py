@@ -309,7 +309,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_release)
     p = sub.add_parser("suite", help="one suite on one configuration")
     p.add_argument("name")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", default="cpu-smol", help="serving configuration (default: cpu-smol, the embedded default)")
     p.add_argument("--release", default="dev", help="records go to reports/<release>/ (default: dev)")
     _common(p)
     p.set_defaults(fn=cmd_suite)

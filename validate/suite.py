@@ -83,6 +83,7 @@ RUNNER_MODULES = {
     "soak": "validate.runners.soak",
     "betterbench": "validate.runners.betterbench",
     "humaneval": "validate.runners.humaneval",
+    "pytest": "validate.runners.pytest_suite",
 }
 
 

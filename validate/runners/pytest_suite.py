@@ -1,0 +1,127 @@
+"""Unit-gate suites: run pytest and record one item per test case from its junit XML (never from grepping
+its output). A failed or erroring test fails the suite with its name; a run that collects no test is an error.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.errors import InputError
+from validate.record import Item
+from validate.runners.base import RunContext, SuiteResult
+from validate.suite import register_runner
+from validate.util import sha256_text
+
+
+class PytestParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    paths: list[str] = Field(min_length=1, description="test files or folders, relative to the checkout")
+    markers: str | None = Field(None, description="pytest -m expression")
+    keyword: str | None = Field(None, description="pytest -k expression")
+    workers: int = Field(0, ge=0, description="pytest-xdist workers (0 = no xdist)")
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(3600, gt=0)
+
+
+def preflight(p: PytestParams, root: Path, data_dir) -> None:
+    for rel in p.paths:
+        if not (root / rel).exists():
+            raise InputError(f"params.paths: {rel} does not exist under {root}")
+
+
+def parse_junit(path: Path) -> list[dict]:
+    """Test cases of a junit XML file: [{id, outcome (passed|failed|error|skipped), time_s, message}].
+
+    Raises:
+        InputError: the file is missing or not junit XML.
+    """
+    try:
+        root = ET.parse(path).getroot()
+    except (FileNotFoundError, ET.ParseError) as e:
+        raise InputError(f"{path}: no junit XML from pytest ({e})") from None
+    out = []
+    for tc in root.iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = tc.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                message = (el.get("message") or el.text or "")[:500]
+                break
+        cls, name = tc.get("classname", ""), tc.get("name", "")
+        out.append({"id": f"{cls}::{name}" if cls else name, "outcome": outcome, "time_s": float(tc.get("time") or 0),
+                    "message": message})
+    return out
+
+
+@register_runner("pytest", PytestParams, preflight=preflight)
+async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
+    folder = ctx.record_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    junit = folder / f"junit-{os.getpid()}-{time.time_ns()}.xml"
+    cmd = [sys.executable, "-m", "pytest", *p.paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-rN"]
+    if p.markers:
+        cmd += ["-m", p.markers]
+    if p.keyword:
+        cmd += ["-k", p.keyword]
+    if p.workers:
+        cmd += ["-n", str(p.workers)]
+    ctx.progress(0, total=100, description="pytest")
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ctx.root, env={**os.environ, **p.env},
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                start_new_session=True)
+    tail: list[str] = []
+    done_pct = 0
+
+    async def read():
+        nonlocal done_pct
+        async for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            tail.append(line)
+            del tail[:-40]
+            m = re.search(r"\[\s*(\d+)%\]\s*$", line)
+            if m and int(m.group(1)) > done_pct:
+                ctx.progress(int(m.group(1)) - done_pct)
+                done_pct = int(m.group(1))
+
+    out = SuiteResult()
+    try:
+        await asyncio.wait_for(asyncio.gather(read(), proc.wait()), timeout=p.timeout_s)
+    except asyncio.TimeoutError:
+        os.killpg(proc.pid, 9)
+        await proc.wait()
+        out.errors.append(f"pytest did not finish within {p.timeout_s:.0f} s")
+    try:
+        cases = parse_junit(junit)
+    except InputError as e:
+        out.errors.append(f"{e}; pytest exit status {proc.returncode}; output tail: {' | '.join(tail[-5:])}")
+        return out
+    finally:
+        junit.unlink(missing_ok=True)
+    counts = {k: sum(1 for c in cases if c["outcome"] == k) for k in ("passed", "failed", "error", "skipped")}
+    for c in cases:
+        item = Item(id=c["id"], prompt_hash=sha256_text(c["id"]), outcome=c["outcome"], time_s=c["time_s"])
+        if c["outcome"] in ("passed", "failed"):
+            item.correct = c["outcome"] == "passed"
+        if c["outcome"] == "failed":
+            out.findings.append(f"gate failed: {c['id']}: {c['message'][:200]}")
+        elif c["outcome"] == "error":
+            item.error = c["message"]
+            out.findings.append(f"gate errored: {c['id']}: {c['message'][:200]}")
+        elif c["outcome"] == "skipped":
+            item.skip_reason = c["message"]
+        out.items.append(item)
+    out.metrics = {"tests": len(cases), **counts, "exit_status": proc.returncode, "paths": p.paths}
+    ran = counts["passed"] + counts["failed"] + counts["error"]
+    if ran == 0:
+        out.errors.append(f"no test ran (collected {len(cases)}, pytest exit status {proc.returncode})")
+    elif proc.returncode not in (0, 1) and not out.findings:
+        out.errors.append(f"pytest exit status {proc.returncode}: {' | '.join(tail[-3:])}")
+    return out
