@@ -1,17 +1,25 @@
 """Async OpenAI-compatible client over httpx with SSE streaming and per-chunk timing.
 
 Timing (see DESIGN.md, "Metric definitions"): each request records ``time.perf_counter()`` when it is sent
-and when every SSE line arrives, taken before the line is parsed. A chunk is *content-bearing* when its delta
-carries non-empty ``content`` or ``reasoning_content`` / ``reasoning`` (reasoning counts as generated content
-and is kept apart); a role-only or empty chunk is not a token. Output token counts come from the server's
-``usage`` (``stream_options.include_usage``), never from re-tokenizing. A request whose stream ends without
-a finish reason, or with an error object, is an error, never a short answer.
+and when every SSE event arrives. Streaming requests over plain http use a small HTTP/1.1 client on asyncio
+protocols (:class:`_StreamConn`): the send stamp is taken just before the request bytes are written to the
+socket, and each event's stamp when its bytes are handed over by the event loop (``data_received``), before
+any HTTP or JSON parsing; JSON is parsed once the stream has ended, so the receive path costs a few
+microseconds per chunk and no task switch (bench/client_timing.py measures the error against a server's
+ground truth). With an httpx ``transport`` (tests) or https the same events come through httpx.
+
+A chunk is *content-bearing* when its delta carries non-empty ``content`` or ``reasoning_content`` /
+``reasoning`` (reasoning counts as generated content and is kept apart); a role-only or empty chunk is not
+a token. Output token counts come from the server's ``usage`` (``stream_options.include_usage``), never from
+re-tokenizing. A request whose stream ends without a finish reason, or with an error object, is an error,
+never a short answer.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,8 +83,13 @@ class OpenAIClient:
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
+        url = httpx.URL(self.base_url)
+        self._raw = None if transport is not None or url.scheme != "http" else _StreamPool(
+            url.host, url.port or 80, url.raw_path.decode().rstrip("/"), timeout_s, max_connections)
 
     async def aclose(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
         await self._http.aclose()
 
     async def __aenter__(self) -> "OpenAIClient":
@@ -143,37 +156,53 @@ class OpenAIClient:
             body.update(extra)
         res = RequestResult(token_ids=[])
         res.t_sent = time.perf_counter()
+        events = _Events()
         try:
-            async with self._http.stream("POST", path, json=body) as resp:
-                if resp.status_code != 200:
-                    detail = (await resp.aread()).decode(errors="replace")[:300]
-                    res.error = f"HTTP {resp.status_code}: {detail}"
-                    return res
-                done = False
-                async for line in resp.aiter_lines():
-                    t = time.perf_counter()
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        done = True
-                        break
-                    self._take_chunk(res, json.loads(data), t)
-                    if res.error:
-                        return res
-                if not done:
-                    res.error = "stream ended without [DONE] (cut mid-answer)"
-                elif res.finish_reason is None:
-                    res.error = "stream ended without a finish reason"
-                else:
-                    res.ok = True
-        except httpx.HTTPError as e:
+            if self._raw is not None:
+                status, detail, clean = await self._raw.post_sse(path, body, res, events)
+            else:
+                status, detail, clean = await self._httpx_sse(path, body, events)
+            if status != 200:
+                res.error = f"HTTP {status}: {detail}"
+                return res
+            await self._take_events(res, events, clean)
+        except (httpx.HTTPError, OSError, asyncio.TimeoutError) as e:
             res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            res.error = f"malformed stream chunk: {e}"
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON and Unicode errors are ValueErrors
+            res.error = f"malformed stream chunk: {type(e).__name__}: {e}"
         finally:
-            res.t_done = time.perf_counter()
+            if not res.t_done:
+                res.t_done = time.perf_counter()
         return res
+
+    async def _httpx_sse(self, path: str, body: dict[str, Any], events: "_Events") -> tuple[int, str, bool]:
+        """The stream through httpx (tests' mock transports, https): (status, error detail, ended cleanly)."""
+        async with self._http.stream("POST", path, json=body) as resp:
+            if resp.status_code != 200:
+                return resp.status_code, (await resp.aread()).decode(errors="replace")[:300], False
+            sse = _SSE(events)
+            async for raw in resp.aiter_bytes():
+                if sse.feed(raw, time.perf_counter()):
+                    break
+            return 200, "", True
+
+    async def _take_events(self, res: RequestResult, events: "_Events", clean: bool) -> None:
+        """Parse the stamped events after the stream (parsing is kept off the receive path) through the
+        loop's :class:`_Parser`, which parses for at most half a millisecond per loop iteration, so that
+        the end of many answers at once never delays other streams' receive stamps."""
+        job = _ParseJob(res, events, asyncio.get_running_loop().create_future())
+        _Parser.of_loop().submit(job)
+        await job.fut
+        if job.exc is not None:
+            raise job.exc
+        if res.error:
+            return
+        if not job.done:
+            res.error = "stream ended without [DONE] (cut mid-answer)"
+        elif res.finish_reason is None:
+            res.error = "stream ended without a finish reason"
+        else:
+            res.ok = True
 
     @staticmethod
     def _take_chunk(res: RequestResult, chunk: dict[str, Any], t: float) -> None:
@@ -199,6 +228,344 @@ class OpenAIClient:
                 res.reasoning += reasoning or ""
             if choice.get("finish_reason"):
                 res.finish_reason = choice["finish_reason"]
+
+
+class _ParseJob:
+    __slots__ = ("res", "events", "fut", "i", "done", "exc")
+
+    def __init__(self, res: RequestResult, events: "_Events", fut: asyncio.Future):
+        self.res, self.events, self.fut = res, events, fut
+        self.i, self.done, self.exc = 0, False, None
+
+    def step(self, deadline: float) -> bool:
+        """Parse events until ``deadline`` (perf_counter); True when this job is finished."""
+        res, times, datas = self.res, self.events.times, self.events.datas
+        n = len(datas)
+        try:
+            while self.i < n:
+                t, data = times[self.i], datas[self.i]
+                self.i += 1
+                if data == b"[DONE]":
+                    self.done = True
+                    return True
+                chunk = json.loads(data)
+                if type(chunk) is not dict:
+                    raise ValueError(f"expected a JSON object, got {type(chunk).__name__}")
+                OpenAIClient._take_chunk(res, chunk, t)
+                if res.error:
+                    return True
+                if time.perf_counter() > deadline:
+                    return False
+        except Exception as e:  # noqa: BLE001 - handed to the request's coroutine
+            self.exc = e
+        return True
+
+
+class _Parser:
+    """One per event loop: runs parse jobs for at most ``BUDGET_S`` per loop iteration, then lets the loop
+    poll the sockets again (a per-task ``sleep(0)`` would let N finished answers take N slices per poll)."""
+
+    BUDGET_S = 0.0005
+    _by_loop: dict[int, "_Parser"] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.jobs: deque[_ParseJob] = deque()
+        self.scheduled = False
+
+    @classmethod
+    def of_loop(cls) -> "_Parser":
+        loop = asyncio.get_running_loop()
+        p = cls._by_loop.get(id(loop))
+        if p is None or p.loop is not loop:
+            if len(cls._by_loop) > 64:
+                cls._by_loop = {k: v for k, v in cls._by_loop.items() if not v.loop.is_closed()}
+            p = cls._by_loop[id(loop)] = cls(loop)
+        return p
+
+    def submit(self, job: _ParseJob) -> None:
+        self.jobs.append(job)
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self.scheduled = False
+        deadline = time.perf_counter() + self.BUDGET_S
+        while self.jobs:
+            job = self.jobs[0]
+            if job.fut.cancelled():
+                self.jobs.popleft()
+                continue
+            if not job.step(deadline):
+                break
+            self.jobs.popleft()
+            job.fut.set_result(None)
+        if self.jobs:
+            self.scheduled = True
+            self.loop.call_soon(self._run)
+
+
+class _Events:
+    """Stamped SSE events as two parallel lists (floats and bytes are not tracked by the garbage collector,
+    tuples are: a tuple per chunk would feed the collector's full passes, long pauses in a large heap)."""
+
+    __slots__ = ("times", "datas")
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.datas: list[bytes] = []
+
+
+class _SSE:
+    """Splits an SSE byte stream into events; appends each ``data:`` event and its stamp to ``events``."""
+
+    __slots__ = ("events", "buf", "done")
+
+    def __init__(self, events: _Events):
+        self.events = events
+        self.buf = b""
+        self.done = False
+
+    def feed(self, data: bytes, t: float) -> bool:
+        """Take bytes that arrived at ``t``; True once ``data: [DONE]`` has been seen."""
+        buf = self.buf + data if self.buf else data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        *complete, self.buf = buf.split(b"\n\n")
+        for ev in complete:
+            if ev.startswith(b"data:") and b"\ndata:" not in ev:
+                d = ev[5:].strip()
+            else:  # comments, event names, multi-line data
+                d = b"\n".join(ln[5:].strip() for ln in ev.split(b"\n") if ln.startswith(b"data:"))
+                if not d:
+                    continue
+            self.events.times.append(t)
+            self.events.datas.append(d)
+            if d == b"[DONE]":
+                self.done = True
+                return True
+        return False
+
+
+class _StreamConn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection streaming SSE responses. The receive stamp is taken on entry to
+    ``data_received``; HTTP framing (chunked, content-length or until close) and SSE splitting follow."""
+
+    def __init__(self, pool: "_StreamPool"):
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self.fut: asyncio.Future | None = None
+        self.sse: _SSE | None = None
+        self.last_rx = 0.0
+
+    # ---- one exchange ---------------------------------------------------------------------------------
+    def begin(self, request: bytes, events: _Events) -> tuple[float, asyncio.Future]:
+        fut = self.fut = asyncio.get_running_loop().create_future()
+        self.sse = _SSE(events)
+        self.head = b""
+        self.status = 0
+        self.mode = ""          # "chunked", "length", "close"
+        self.left = 0           # bytes left of the current chunk / of the body
+        self.cbuf = b""         # chunked framing bytes not yet understood
+        self.body = b""         # body of a non-200 answer
+        self.keep = True
+        self.got_any = False
+        self.complete = False
+        t = time.perf_counter()
+        self.last_rx = t
+        self.transport.write(request)
+        return t, fut
+
+    def _resolve(self, value) -> None:
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(value)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.lost = True
+        self.pool.forget(self)
+        if self.fut is not None and not self.complete:
+            if self.mode == "close" and self.status:
+                self.complete = True
+                self._resolve(("end", self.status == 200))
+            else:
+                self._resolve(("lost", self.got_any))
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter()
+        self.last_rx = t
+        self.got_any = True
+        if self.fut is None or self.complete:
+            return  # bytes after a finished answer: ignore
+        if not self.status:
+            self.head = (self.head + data).lstrip(b"\r\n")
+            i = self.head.find(b"\r\n\r\n")
+            if i < 0:
+                return
+            lines = self.head[:i].decode("latin-1").split("\r\n")
+            data, self.head = self.head[i + 4:], b""
+            self.status = int(lines[0].split(" ", 2)[1])
+            hdr = {}
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                hdr[k.strip().lower()] = v.strip().lower()
+            self.keep = hdr.get("connection") != "close"
+            if "chunked" in hdr.get("transfer-encoding", ""):
+                self.mode, self.left = "chunked", -1
+            elif "content-length" in hdr:
+                self.mode, self.left = "length", int(hdr["content-length"])
+            else:
+                self.mode, self.keep = "close", False
+            if self.status != 200 and self.mode == "length" and self.left == 0:
+                return self._end()
+        if self.mode == "chunked":
+            self._chunked(data, t)
+        elif self.mode == "length":
+            take = data[:self.left]
+            self.left -= len(take)
+            self._payload(take, t)
+            if self.left <= 0:
+                self._end()
+        else:
+            self._payload(data, t)
+
+    def _chunked(self, data: bytes, t: float) -> None:
+        buf = self.cbuf + data if self.cbuf else data
+        pos, n = 0, len(buf)
+        while pos < n:
+            if self.left > 0:  # inside a chunk's payload
+                take = buf[pos:pos + self.left]
+                self.left -= len(take)
+                pos += len(take)
+                self._payload(take, t)
+                continue
+            if self.left == 0:  # the CRLF after a payload
+                if n - pos < 2:
+                    break
+                pos += 2
+                self.left = -1
+                continue
+            j = buf.find(b"\r\n", pos)  # a size line
+            if j < 0:
+                break
+            size = int(buf[pos:j].split(b";", 1)[0], 16)
+            if size == 0:
+                if buf.find(b"\r\n\r\n", j) < 0:
+                    break  # the (empty) trailer has not arrived yet
+                self.cbuf = b""
+                return self._end()
+            pos, self.left = j + 2, size
+        self.cbuf = buf[pos:]
+
+    def _payload(self, data: bytes, t: float) -> None:
+        if self.status != 200:
+            self.body += data
+        elif self.sse.feed(data, t) and not self.complete:
+            self._resolve(("done", True))  # [DONE]: the answer is whole even if the body's end is late
+
+    def _end(self) -> None:
+        self.complete = True
+        self._resolve(("end", self.status == 200))
+        if self.keep and not self.lost:
+            self.pool.release(self)
+        elif self.transport is not None:
+            self.transport.close()
+
+
+def _close_if_stuck(conn: "_StreamConn", fut: asyncio.Future) -> None:
+    """The answer ended with [DONE] but its HTTP body never did: drop the connection (still that exchange)."""
+    if conn.fut is fut and not conn.complete and not conn.lost and conn.transport is not None:
+        conn.transport.close()
+
+
+class _StreamPool:
+    """Keep-alive connections of the streaming path (at most ``limit`` requests in flight)."""
+
+    def __init__(self, host: str, port: int, prefix: str, timeout_s: float, limit: int):
+        self.host, self.port, self.prefix, self.timeout_s = host, port, prefix, timeout_s
+        self.idle: deque[_StreamConn] = deque()
+        self.busy: set[_StreamConn] = set()
+        self.sem: asyncio.Semaphore | None = None
+        self.limit = limit
+
+    def forget(self, conn: _StreamConn) -> None:
+        self.busy.discard(conn)
+        try:
+            self.idle.remove(conn)
+        except ValueError:
+            pass
+
+    def release(self, conn: _StreamConn) -> None:
+        conn.fut = None
+        self.busy.discard(conn)
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        for c in list(self.idle) + list(self.busy):
+            if c.transport is not None:
+                c.transport.close()
+        self.idle.clear()
+        self.busy.clear()
+
+    async def _conn(self) -> tuple[_StreamConn, bool]:
+        while self.idle:
+            c = self.idle.pop()
+            if not c.lost and c.transport is not None and not c.transport.is_closing():
+                self.busy.add(c)
+                return c, True
+        loop = asyncio.get_running_loop()
+        _, c = await asyncio.wait_for(loop.create_connection(lambda: _StreamConn(self), self.host, self.port), 10.0)
+        self.busy.add(c)
+        return c, False
+
+    async def post_sse(self, path: str, body: dict[str, Any], res: RequestResult,
+                       events: _Events) -> tuple[int, str, bool]:
+        """POST and collect stamped SSE events: (status, error detail, ended cleanly). Sets ``res.t_sent``
+        (just before the write) and ``res.t_done``."""
+        if self.sem is None:
+            self.sem = asyncio.Semaphore(self.limit)
+        payload = json.dumps(body).encode()
+        request = (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                   f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                   f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+        async with self.sem:
+            for attempt in (0, 1):
+                conn, reused = await self._conn()
+                try:
+                    res.t_sent, fut = conn.begin(request, events)
+                    how, ok = await self._wait(conn, fut)
+                except BaseException:
+                    if conn.transport is not None:
+                        conn.transport.close()
+                    self.forget(conn)
+                    raise
+                if how == "lost" and not ok and reused and attempt == 0 and not events.datas:
+                    continue  # the server had closed this idle keep-alive connection: once more, anew
+                res.t_done = time.perf_counter()
+                if how == "done" and not conn.complete:
+                    # [DONE] came before the body's end: give the rest a moment, else drop the connection
+                    asyncio.get_running_loop().call_later(5.0, _close_if_stuck, conn, fut)
+                if conn.status and conn.status != 200:
+                    return conn.status, conn.body.decode(errors="replace")[:300], False
+                if how == "lost" and not conn.status:
+                    raise ConnectionError("server closed the connection before answering")
+                return 200, "", how != "lost"
+        raise AssertionError("unreachable")
+
+    async def _wait(self, conn: _StreamConn, fut: asyncio.Future) -> tuple[str, bool]:
+        while True:
+            left = self.timeout_s - (time.perf_counter() - conn.last_rx)
+            if left > 0:
+                done, _ = await asyncio.wait((fut,), timeout=left)
+                if done:
+                    return fut.result()
+                continue
+            conn.transport.close()
+            raise asyncio.TimeoutError(f"ReadTimeout: no bytes for {self.timeout_s:g} s")
 
 
 async def gather_limited(coros, limit: int, on_done=None) -> list[Any]:
