@@ -1,0 +1,380 @@
+"""One-shot all-reduce over peer buffers, any world size, and a CPU model of the same protocol.
+
+The protocol (one call = one message of ``n`` elements, ``n <= cap``), per rank ``r``:
+
+* every rank owns a scratch of two halves of ``cap`` elements, readable by every peer, and per block ``b`` and
+  half ``h`` a flag (peer-visible) and a counter (private);
+* the launch grid is a FIXED number ``G`` of blocks whatever ``n``. Block ``b`` handles the slice
+  ``[b * ceil(n/G), min(n, (b+1) * ceil(n/G)))``. EVERY block advances its counter on EVERY call
+  (``c = counter[b] + 1``) and uses half ``h = c % 2``, so all blocks of all ranks agree on the half;
+  a block without data does nothing else;
+* a block with data copies its input slice into its half, then sets ``flag[r][b][h] = c`` (release), waits
+  until ``flag[p][b][h] >= c`` for every peer ``p`` (acquire), and writes
+  ``out = buf[0][h] + buf[1][h] + ... + buf[W-1][h]`` over its slice: a fixed rank order, so every rank
+  gets identical bits (the exact fixed-order sum of the inputs).
+
+Why two halves are enough: rank r writes half h again at call c+2 only after finishing call c+1, which needed
+every peer's flag of call c+1 for block 0 (a message has at least one element, so block 0 always has data);
+a peer sets that only after finishing call c, i.e. after reading half h of call c.
+
+The bug of the seeds (``grid="size-following"``, a test-only switch): the number of blocks followed the
+message size (``min(G, ceil(n / chunk))``) and only the blocks that ran advanced their counters. After a
+message of few blocks, the next larger message's extra blocks have lagging counters and pick the half the
+previous message used, and their slices (sized for the new ``n``) overlap the previous message's rows: a fast
+rank overwrites data a slow rank has not read yet. Garbage appears only when ranks are out of step (overload).
+
+Two implementations:
+
+* :func:`race_test` runs the CPU model: one process per rank over ``multiprocessing.shared_memory``, the grid
+  modelled as ``G`` blocks that each copy their slice and signal (all blocks' copies first, as concurrent GPU
+  blocks may), then each wait and sum; ranks deliberately out of step (random sleeps, random block order),
+  message sizes alternating small / large, every output checked bitwise against the exact fixed-order sum.
+* :class:`OneShotAllReduce` (CUDA, Triton): the same protocol over peer pointers from torch's symmetric memory
+  (``torch.distributed._symmetric_memory``; plain peer loads and flag atomics, never multicast / multimem), and
+  :func:`simulate_ranks_cuda`, which runs W "ranks" as W streams on one GPU over W buffers (the GPU gate).
+"""
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+GRIDS = ("fixed", "size-following")
+DEFAULT_BLOCKS = 8          # G: the fixed grid (and the size-following grid's cap)
+DEFAULT_CHUNK = 64          # size-following: elements per block
+DEFAULT_CAP = 1024          # elements per half
+
+
+def _blocks(n: int, grid: str, G: int, chunk: int) -> int:
+    if grid == "fixed":
+        return G
+    if grid == "size-following":
+        return max(1, min(G, -(-n // chunk)))
+    raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+
+
+def message_sizes(iterations: int, cap: int, seed: int) -> np.ndarray:
+    """Alternating small (1..cap/2) and large (cap/2+1..cap) message sizes, reproducible from the seed."""
+    rng = np.random.default_rng([seed, 0x5153])
+    small = rng.integers(1, cap // 2 + 1, size=iterations)
+    large = rng.integers(cap // 2 + 1, cap + 1, size=iterations)
+    return np.where(np.arange(iterations) % 2 == 0, small, large).astype(np.int64)
+
+
+@dataclass
+class RaceResult:
+    """What :func:`race_test` saw. ``wrong_outputs``: (rank, iteration) outputs that differ from the exact
+    fixed-order sum; ``mismatched_ranks``: iterations in which the ranks' outputs were not all identical."""
+
+    world_size: int
+    iterations: int
+    grid: str
+    wrong_outputs: int
+    mismatched_ranks: int
+    wall_s: float
+
+
+class _Shm:
+    """The shared segment: data [W, 2, cap] f32, flags [W, G, 2] i64, counters [W, G] i64, hashes [W, iters]
+    u32, wrong [W] i64, done [W] i64."""
+
+    def __init__(self, W: int, G: int, cap: int, iters: int):
+        from multiprocessing import shared_memory
+
+        self.shapes = [("data", (W, 2, cap), np.float32), ("flags", (W, G, 2), np.int64),
+                       ("counters", (W, G), np.int64), ("hashes", (W, iters), np.uint32),
+                       ("wrong", (W,), np.int64), ("done", (W,), np.int64)]
+        size = sum(int(np.prod(s)) * np.dtype(d).itemsize + 64 for _, s, d in self.shapes)
+        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        off = 0
+        for name, shape, dt in self.shapes:
+            a = np.ndarray(shape, dtype=dt, buffer=self.shm.buf, offset=off)
+            a[...] = 0
+            setattr(self, name, a)
+            off += int(np.prod(shape)) * np.dtype(dt).itemsize
+            off = (off + 63) // 64 * 64
+
+    def close(self) -> None:
+        for name, _, _ in self.shapes:
+            setattr(self, name, None)
+        self.shm.close()
+        self.shm.unlink()
+
+
+def _sleep_us(us: float) -> None:
+    if us > 0:
+        time.sleep(us * 1e-6)
+
+
+def _rank_main(rank, W, G, chunk, cap, grid, sizes, pools, offsets, seed, max_skew_us, shm, barrier,
+               timeout_s):
+    rng = np.random.default_rng([seed, rank, 0xA11])
+    data, flags, counters = shm.data, shm.flags, shm.counters
+    out = np.empty(cap, dtype=np.float32)
+    barrier.wait()
+    deadline = time.monotonic() + timeout_s
+    wrong = 0
+    p_skew = 0.25  # each place a rank may be delayed, with this probability, by up to max_skew_us
+    for i, n in enumerate(sizes):
+        n = int(n)
+        x = pools[rank][offsets[i]: offsets[i] + n]
+        nb = _blocks(n, grid, G, chunk)
+        sl = -(-n // nb)
+        order = rng.permutation(nb) if rng.random() < 0.5 else range(nb)
+        if rng.random() < p_skew:
+            _sleep_us(rng.uniform(0, max_skew_us))
+        # phase 1: every block advances its counter, copies its slice into its half, signals
+        act = []
+        for b in order:
+            c = counters[rank, b] + 1
+            counters[rank, b] = c
+            h = c % 2
+            lo, hi = b * sl, min(n, (b + 1) * sl)
+            if lo >= hi:
+                continue  # no data: only the counter moves
+            data[rank, h, lo:hi] = x[lo:hi]
+            flags[rank, b, h] = c
+            act.append((b, c, h, lo, hi))
+        if rng.random() < p_skew:
+            _sleep_us(rng.uniform(0, max_skew_us))
+        # phase 2: each block waits for its peers' flags, then sums in rank order
+        for b, c, h, lo, hi in act:
+            for p in range(W):
+                spins = 0
+                while flags[p, b, h] < c:
+                    spins += 1
+                    if spins % 64 == 0:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"rank {rank} waited for rank {p} block {b} at iteration {i}")
+                        time.sleep(0)
+                    os.sched_yield()
+            acc = data[0, h, lo:hi].copy()
+            for p in range(1, W):
+                if rng.random() < p_skew / W:
+                    _sleep_us(rng.uniform(0, max_skew_us))
+                acc += data[p, h, lo:hi]
+            out[lo:hi] = acc
+        exp = pools[0][offsets[i]: offsets[i] + n].copy()
+        for p in range(1, W):
+            exp += pools[p][offsets[i]: offsets[i] + n]
+        if not np.array_equal(out[:n].view(np.uint32), exp.view(np.uint32)):
+            wrong += 1
+        shm.hashes[rank, i] = zlib.crc32(out[:n].tobytes())
+    shm.wrong[rank] = wrong
+    shm.done[rank] = 1
+
+
+def race_test(world_size: int, iterations: int, grid: str = "fixed", seed: int = 0, max_skew_us: int = 200,
+              blocks: int = DEFAULT_BLOCKS, chunk: int = DEFAULT_CHUNK, cap: int = DEFAULT_CAP,
+              timeout_s: float = 300.0) -> RaceResult:
+    """Run the CPU model of the one-shot all-reduce with ``world_size`` processes for ``iterations`` calls,
+    ranks out of step, message sizes alternating small / large; count outputs that differ from the exact
+    fixed-order sum. ``grid="size-following"`` reproduces the seeds' race; ``"fixed"`` is the fix.
+
+    Raises:
+        ValueError: bad arguments. TimeoutError / RuntimeError: a rank hung or died.
+    """
+    import multiprocessing as mp
+
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
+    sizes = message_sizes(iterations, cap, seed)
+    prng = np.random.default_rng([seed, 0xF00D])
+    pool_len = 8 * cap
+    pools = [prng.standard_normal(pool_len, dtype=np.float32) for _ in range(world_size)]
+    offsets = prng.integers(0, pool_len - cap, size=iterations)
+    shm = _Shm(world_size, blocks, cap, iterations)
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(world_size)
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, blocks, chunk, cap, grid, sizes, pools, offsets,
+                                                 seed, max_skew_us, shm, barrier, timeout_s), daemon=True)
+             for r in range(world_size)]
+    t0 = time.perf_counter()
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout_s + 30)
+        wall = time.perf_counter() - t0
+        if any(p.is_alive() for p in procs):
+            raise TimeoutError(f"race_test: a rank did not finish in {timeout_s + 30:.0f} s")
+        if not all(shm.done) or any(p.exitcode for p in procs):
+            raise RuntimeError(f"race_test: a rank failed (exit codes {[p.exitcode for p in procs]})")
+        wrong = int(shm.wrong.sum())
+        mism = int((shm.hashes != shm.hashes[0:1]).any(axis=0).sum())
+        return RaceResult(world_size, iterations, grid, wrong, mism, wall)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        shm.close()
+
+
+# ============================================================================================================
+# CUDA: the same protocol in Triton over peer pointers
+# ============================================================================================================
+if triton is not None:
+
+    @triton.jit
+    def _oneshot_ar_kernel(inp, out, data_ptrs, flag_ptrs, counters, err, n, cap, rank,
+                           W: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr, FOLLOW: tl.constexpr,
+                           CHUNK: tl.constexpr, MAX_SPIN: tl.constexpr):
+        # grid: (G,) fixed; with FOLLOW (test only) the host launches min(G, cdiv(n, CHUNK)) programs.
+        b = tl.program_id(0)
+        if FOLLOW:
+            nb = tl.minimum(G, tl.cdiv(n, CHUNK))
+        else:
+            nb = G
+        c = tl.load(counters + b) + 1
+        tl.store(counters + b, c)
+        h = c % 2
+        sl = tl.cdiv(n, nb)
+        lo = b * sl
+        hi = tl.minimum(n, lo + sl)
+        if lo < hi:
+            own = tl.load(data_ptrs + rank).to(tl.pointer_type(tl.float32)) + h * cap
+            for off in range(lo, hi, BLOCK):
+                o = off + tl.arange(0, BLOCK)
+                m = o < hi
+                tl.store(own + o, tl.load(inp + o, mask=m), mask=m)
+            tl.debug_barrier()
+            my_flag = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32)) + b * 2 + h
+            tl.atomic_xchg(my_flag, c, sem="release", scope="sys")
+            for p in tl.static_range(W):
+                pf = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + b * 2 + h
+                spins = 0
+                while (tl.atomic_add(pf, 0, sem="acquire", scope="sys") < c) & (spins < MAX_SPIN):
+                    spins += 1
+                if spins >= MAX_SPIN:
+                    tl.atomic_add(err, 1)
+            tl.debug_barrier()
+            for off in range(lo, hi, BLOCK):
+                o = off + tl.arange(0, BLOCK)
+                m = o < hi
+                acc = tl.zeros((BLOCK,), dtype=tl.float32)
+                for p in tl.static_range(W):
+                    src = tl.load(data_ptrs + p).to(tl.pointer_type(tl.float32)) + h * cap
+                    acc += tl.load(src + o, mask=m, other=0.0, volatile=True)
+                tl.store(out + o, acc, mask=m)
+
+
+class _RankState:
+    """One rank's view for the CUDA kernel: peer data/flag pointer tables, its counters and error count."""
+
+    def __init__(self, rank, data_ptrs, flag_ptrs, G, device):
+        self.rank = rank
+        self.data_ptrs = data_ptrs
+        self.flag_ptrs = flag_ptrs
+        self.counters = torch.zeros(G, dtype=torch.int32, device=device)
+        self.err = torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _launch(st: _RankState, inp, out, W, G, cap, grid="fixed", chunk=DEFAULT_CHUNK, BLOCK=256,
+            max_spin=1 << 22):
+    n = inp.numel()
+    if n > cap:
+        raise ValueError(f"message of {n} elements over the one-shot capacity {cap}")
+    follow = grid == "size-following"
+    nprog = _blocks(n, grid, G, chunk)
+    _oneshot_ar_kernel[(nprog,)](inp, out, st.data_ptrs, st.flag_ptrs, st.counters, st.err, n, cap, st.rank,
+                                 W=W, G=G, BLOCK=BLOCK, FOLLOW=follow, CHUNK=chunk, MAX_SPIN=max_spin,
+                                 num_warps=4)
+
+
+class OneShotAllReduce:
+    """The one-shot all-reduce on CUDA over torch symmetric memory (one process per GPU, a process group).
+
+    ``allreduce(x)`` sums a float32 tensor of at most ``cap`` elements over the group; every rank gets the
+    fixed-rank-order sum (identical bits). Peer buffers come from ``torch.distributed._symmetric_memory``
+    (``empty`` + ``rendezvous`` + ``get_buffer``); only peer loads/stores and flag atomics are used, never
+    multicast or multimem. Needs several GPUs of one host: not run in this tree's gates (one GPU lent);
+    :func:`simulate_ranks_cuda` tests the kernel's protocol on one GPU.
+    """
+
+    def __init__(self, group=None, cap: int = 1 << 16, blocks: int = DEFAULT_BLOCKS, device=None):
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group = group or dist.group.WORLD
+        self.W = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.G, self.cap = blocks, cap
+        device = device or torch.device("cuda", torch.cuda.current_device())
+        # one symmetric allocation: [2 * cap] float32 data, then [G * 2] int32 flags (as float32-sized words)
+        buf = symm_mem.empty(2 * cap + 2 * blocks, dtype=torch.float32, device=device)
+        buf.zero_()
+        hdl = symm_mem.rendezvous(buf, group.group_name if hasattr(group, "group_name") else group)
+        dist.barrier(group)
+        peers = [hdl.get_buffer(p, (2 * cap + 2 * blocks,), torch.float32) for p in range(self.W)]
+        self._peers = peers
+        data = torch.tensor([t.data_ptr() for t in peers], dtype=torch.int64, device=device)
+        flags = torch.tensor([t[2 * cap:].data_ptr() for t in peers], dtype=torch.int64, device=device)
+        self._st = _RankState(self.rank, data, flags, blocks, device)
+
+    def allreduce(self, x, out=None, grid: str = "fixed"):
+        x = x.contiguous().view(-1)
+        out = torch.empty_like(x) if out is None else out
+        _launch(self._st, x, out, self.W, self.G, self.cap, grid=grid)
+        return out
+
+
+def simulate_ranks_cuda(world_size: int, iterations: int, grid: str = "fixed", cap: int = 4096,
+                        blocks: int = DEFAULT_BLOCKS, seed: int = 0, skew: bool = True) -> RaceResult:
+    """W ranks as W CUDA streams on one GPU over W buffers: the kernel's protocol (halves, counters, flags,
+    fixed-order sum) on hardware. With ``skew`` a random rank gets a busy kernel queued before its call now
+    and then, so ranks run out of step. Counts outputs that differ from the exact fixed-order sum."""
+    dev = torch.device("cuda")
+    W, G = world_size, blocks
+    data = [torch.zeros(2 * cap, dtype=torch.float32, device=dev) for _ in range(W)]
+    flags = [torch.zeros(2 * G, dtype=torch.int32, device=dev) for _ in range(W)]
+    dp = torch.tensor([d.data_ptr() for d in data], dtype=torch.int64, device=dev)
+    fp = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=dev)
+    sts = [_RankState(r, dp, fp, G, dev) for r in range(W)]
+    streams = [torch.cuda.Stream() for _ in range(W)]
+    sizes = message_sizes(iterations, cap, seed)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    ins = [[torch.randn(int(n), generator=g).to(dev) for n in sizes] for _ in range(W)]
+    outs = [[torch.empty(int(n), device=dev) for n in sizes] for _ in range(W)]
+    busy = torch.randn(1 << 20, device=dev)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(iterations):
+        for r in range(W):
+            with torch.cuda.stream(streams[r]):
+                if skew and rng.random() < 0.2:
+                    for _ in range(int(rng.integers(1, 4))):
+                        busy.mul_(1.0000001)
+                _launch(sts[r], ins[r][i], outs[r][i], W, G, cap, grid=grid)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    wrong = mism = 0
+    for i in range(iterations):
+        exp = ins[0][i].clone()
+        for r in range(1, W):
+            exp += ins[r][i]
+        bad = [not torch.equal(outs[r][i], exp) for r in range(W)]
+        wrong += sum(bad)
+        mism += any(not torch.equal(outs[r][i], outs[0][i]) for r in range(1, W))
+    errs = sum(int(s.err.item()) for s in sts)
+    if errs:
+        raise RuntimeError(f"simulate_ranks_cuda: {errs} flag waits timed out (ranks did not run concurrently)")
+    return RaceResult(W, iterations, grid, wrong, mism, wall)
