@@ -140,15 +140,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"c={a.concurrency}, {a.concurrency * a.requests_per_client} requests, {a.input_len} in / "
           f"{a.output_len} out (ignore_eos), {a.url} model {a.model}")
     print("| repeat | ours tok/s | vLLM tok/s | ratio | ours TTFT p50 ms | vLLM TTFT p50 ms | ratio |\n|---|---|---|---|---|---|---|")
-    ratio = lambda x, y: (x / y) if x is not None and y else float("nan")  # noqa: E731
+    def row(label: str, o: dict, v: dict) -> str:
+        f = lambda x, d=2: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+        r = lambda k: None if o[k] is None or not v[k] else o[k] / v[k]  # noqa: E731
+        return (f"| {label} | {f(o['output_tok_s'])} | {f(v['output_tok_s'])} | {f(r('output_tok_s'), 3)} | "
+                f"{f(o['ttft_ms_p50'])} | {f(v['ttft_ms_p50'])} | {f(r('ttft_ms_p50'), 3)} |")
+
     for i, g in enumerate(rows):
-        o, v = g["ours"], g["vllm"]
-        print(f"| {i} | {o['output_tok_s']:.2f} | {v['output_tok_s']:.2f} | {ratio(o['output_tok_s'], v['output_tok_s']):.3f}"
-              f" | {o['ttft_ms_p50']:.2f} | {v['ttft_ms_p50']:.2f} | {ratio(o['ttft_ms_p50'], v['ttft_ms_p50']):.3f} |")
-    med = lambda who, k: statistics.median(g[who][k] for g in rows)  # noqa: E731
-    print(f"| median | {med('ours', 'output_tok_s'):.2f} | {med('vllm', 'output_tok_s'):.2f} | "
-          f"{ratio(med('ours', 'output_tok_s'), med('vllm', 'output_tok_s')):.3f} | {med('ours', 'ttft_ms_p50'):.2f} | "
-          f"{med('vllm', 'ttft_ms_p50'):.2f} | {ratio(med('ours', 'ttft_ms_p50'), med('vllm', 'ttft_ms_p50')):.3f} |")
+        print(row(str(i), g["ours"], g["vllm"]))
+    keys = ("output_tok_s", "ttft_ms_p50")
+    med = {w: {k: statistics.median(vals) if (vals := [g[w][k] for g in rows if g[w][k] is not None]) else None
+               for k in keys} for w in ("ours", "vllm")}
+    print(row("median", med["ours"], med["vllm"]))
     errs = sum(g[w]["errors"] or 0 for g in rows for w in g)
     if errs:
         print(f"{errs} failed requests in all (see the per-repeat lines on stderr)")
