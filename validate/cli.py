@@ -94,6 +94,12 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
     if opts.server_log and not opts.server_log.is_file():
         raise InputError(f"--server-log {opts.server_log}: not a readable file")
     outcome = Outcome()
+    if getattr(args, "executor", "local") == "ray":
+        from validate.executors import run_ray
+
+        engine = Engine(opts, console=console)
+        run_ray(engine, plan, release, outcome, address=args.address, say=console.print)
+        return outcome.exit_code()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         engine = Engine(opts, console=console, progress_factory=lambda label: _Bar(progress, label))
@@ -303,6 +309,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("release")
     p.add_argument("--config", action="append", help="only this configuration (repeatable)")
     p.add_argument("--suite", action="append", help="only this suite of the checklist (repeatable)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: configurations one after another here; ray: as Ray tasks placed by hardware")
+    p.add_argument("--address", help="with --executor ray: the cluster (default: RAY_ADDRESS, else a local one)")
     p.add_argument("--resume", action="store_true", help="skip suites whose complete record for this tree exists")
     p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
     _common(p)

@@ -61,6 +61,7 @@ class Hardware(_Strict):
     gpus: int = Field(0, ge=0)
     kind: str = "cpu"
     power: str | None = Field(None, description="power cap / voltage offset as set on the box, e.g. '210 W, -42 mV'")
+    resources: dict[str, float] = Field(default_factory=dict, description="extra Ray custom resources for placement")
 
 
 class ServeConfig(_Strict):

@@ -91,12 +91,13 @@ def versions(server: srvmod.Server | None) -> dict[str, str | None]:
 
 
 def engine_hash(root: Path, tree: Path) -> str:
-    """SHA-256 (16 hex) over the engine's code and the suite and configuration files: a record made with other
-    suites, gates or engine code is never reused by --resume, committed or not."""
+    """SHA-256 (16 hex) over the engine's code and the suite files (with their data, e.g. sanity prompts): a
+    record made with other suites, gates or engine code is never reused by --resume, committed or not.
+    (Each configuration has its own hash in the record.)"""
     import hashlib
 
     h = hashlib.sha256()
-    files = sorted((tree / "validate").rglob("*.py")) + sorted((root / "suites").rglob("*")) + sorted((root / "serve").glob("*.yaml"))
+    files = sorted((tree / "validate").rglob("*.py")) + sorted((root / "suites").rglob("*"))
     for f in files:
         if f.is_file() and "__pycache__" not in f.parts:
             h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
@@ -134,21 +135,32 @@ class Engine:
             self.console.print(msg)
 
     # ---- one configuration ------------------------------------------------------------------------------
-    def run_config(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> None:
+    def split_done(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> list[str]:
+        """With --resume: add the complete records of ``suite_names`` to ``outcome``; return the suites to run."""
+        if not self.o.resume:
+            return list(suite_names)
         cfg = find_config(self.o.root, config_name)
-        suites = [find_suite(self.o.root, s, self.o.profile) for s in suite_names]  # bad suite files fail first
-        folder = self.o.reports / release / cfg.name
         todo = []
-        for s in suites:
-            done = self._complete(release, cfg, s) if self.o.resume else None
+        for name in suite_names:
+            s = find_suite(self.o.root, name, self.o.profile)
+            done = self._complete(release, cfg, s)
             if done is not None:
-                self.say(f"[dim]{cfg.name}/{s.spec.name}: complete record found ({done.verdict.status}), "
+                self.say(f"[dim]{cfg.name}/{name}: complete record found ({done.verdict.status}), "
                          "not run again (--resume)[/dim]")
                 outcome.records.append(done)  # its verdict still decides the exit status
                 continue
-            todo.append(s)
-        if not todo:
+            todo.append(name)
+        return todo
+
+    def run_config(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> None:
+        """Launch ``config_name``'s server (when a suite needs one), run ``suite_names`` (less those --resume
+        finds complete) and write each record as it ends. Launch failures are recorded per suite."""
+        todo_names = self.split_done(release, config_name, suite_names, outcome)
+        if not todo_names:
             return
+        cfg = find_config(self.o.root, config_name)
+        todo = [find_suite(self.o.root, s, self.o.profile) for s in todo_names]
+        folder = self.o.reports / release / cfg.name
         server = None
         info = ServerInfo()
         need_server = any(s.spec.needs_server for s in todo)

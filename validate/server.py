@@ -28,6 +28,17 @@ _KV_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 LOG_TAIL_LINES = 40
 
 
+def _die_with_parent() -> None:
+    """In the server's process, before exec: SIGTERM it when the process that launched it dies (a killed
+    r9k-validate, a lost Ray worker), so no server outlives its engine. Linux only; a no-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def port_in_use(host: str, port: int) -> bool:
     """True when something accepts connections on ``host:port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -228,7 +239,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     # cwd = the record folder: `python -m` puts the cwd first on sys.path, and a server started inside some
     # other checkout would import *that* checkout's r9k (the seeds' v0.3.0 "production copy" trap).
     proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            cwd=log_path.parent, start_new_session=True)
+                            cwd=log_path.parent, start_new_session=True, preexec_fn=_die_with_parent)
     srv = Server(url=f"http://{host}:{port}", model=cfg.model.served_name, launched=True, proc=proc, log_path=log_path)
     srv._log_fh = fh
     srv.tag = tag
