@@ -69,8 +69,8 @@ def fp8_quant_group_ref(x: torch.Tensor, fmt: str = "e4m3fn", group: int = GROUP
         raise ValueError(f"K={K} is not a multiple of the group size {group}")
     xg = x.float().reshape(M, K // group, group)
     amax = xg.abs().amax(-1).clamp_min(AMAX_FLOOR)
-    s = amax / fmax
-    q = (xg / s[..., None]).clamp(-fmax, fmax).to(FP8_DTYPE[fmt])
+    s = amax / torch.full_like(amax, fmax)  # tensor / tensor: IEEE division (CUDA's tensor / scalar multiplies
+    q = (xg / s[..., None]).clamp(-fmax, fmax).to(FP8_DTYPE[fmt])  # by the reciprocal, another rounding)
     return q.reshape(M, K), s
 
 

@@ -231,6 +231,8 @@ class ExpertCache:
         ids = self._topk[t0:t1].reshape(-1).to(device=self.device, dtype=torch.int64)
         out = plan.slot_ids[t0:t1].view(-1)
         torch.index_select(self._map_dev, 0, ids, out=out)
+        if chunk == len(plan.chunks) - 1:
+            self._topk = None  # hold nothing of the step's shape past its last chunk
         return plan.slot_ids[t0:t1]
 
 

@@ -68,7 +68,7 @@ def test_cache_bit_identical_and_one_buffer_set(mode, device, gen, thresh):
             assert torch.equal(expert_ffn(xr, w13c, w2c), expert_ffn(xr, w13h, w2h))
         assert [t.data_ptr() for t in cache.buffers()] == ptrs0 and cache.buffer_bytes() == bytes0
         if device == "cuda":
-            del plan, slots, w13c, w2c, w13h, w2h, xr
+            del plan, slots, sl, w13c, w2c, w13h, w2h, xr, x, ids_d
             torch.cuda.synchronize()
             mem.append(torch.cuda.memory_allocated())
     st = cache.stats
