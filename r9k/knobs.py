@@ -119,3 +119,8 @@ PROVENANCE_LOG = _k(
     "R9K_PROVENANCE", bool, True, True,
     "log the plugin's provenance line at load (the validation engine refuses a server without it)",
 )
+LRU_THRESH = _k(
+    "R9K_LRU_THRESH", float, 0.99, 0.99,
+    "expert cache: a step whose distinct routed experts exceed this fraction of the cache's slots inserts "
+    "nothing (misses read through from host memory); outputs are identical whatever the value",
+)

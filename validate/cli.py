@@ -94,6 +94,10 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
     if opts.server_log and not opts.server_log.is_file():
         raise InputError(f"--server-log {opts.server_log}: not a readable file")
     outcome = Outcome()
+    import gc
+
+    gc.freeze()  # objects from the imports (torch, vLLM) never die: keep full collections short, so a collector
+    # pause does not land inside a timed stream (hundreds of ms measured with torch imported)
     if getattr(args, "executor", "local") == "ray":
         from validate.executors import run_ray
 
