@@ -7,7 +7,6 @@ leaves nothing half-written behind.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from validate.config import GGUFPackageSource, ModelSpec
 from validate.errors import InputError
+from validate.util import sha256_file
 
 CACHE_ENV = "R9K_MODEL_CACHE"
 
@@ -49,14 +49,6 @@ def locate_gguf(src: GGUFPackageSource) -> Path:
             if path.exists():
                 return path
     raise InputError(f"model.prepare.file: {src.file!r} not found in distribution {src.distribution!r}")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def convert_gguf(gguf: Path, out_dir: Path, dtype: str) -> None:
@@ -103,7 +95,7 @@ def resolve_model(spec: ModelSpec, cache: Path | None = None, log=print) -> str:
     gguf = locate_gguf(src)
     cache = default_cache() if cache is None else cache
     cache.mkdir(parents=True, exist_ok=True)
-    out_dir = cache / f"{Path(src.file).stem}-{src.dtype}-{_sha256(gguf)[:12]}"
+    out_dir = cache / f"{Path(src.file).stem}-{src.dtype}-{sha256_file(gguf)[:12]}"
     if not (out_dir / "config.json").exists():
         log(f"converting {gguf.name} to safetensors ({src.dtype}) in {out_dir} (once)")
         convert_gguf(gguf, out_dir, src.dtype)
