@@ -83,8 +83,12 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
 
     check_release_name(release)
     opts = _opts(args)
+    from validate.models import locate_gguf
+
     for cfg, suites in plan:  # validate every input before launching anything
-        find_config(opts.root, cfg)
+        c = find_config(opts.root, cfg)
+        if c.model.prepare is not None and not opts.url and any(find_suite(opts.root, s, opts.profile).spec.needs_server for s in suites):
+            locate_gguf(c.model.prepare)  # the weights package must be there
         for s in suites:
             find_suite(opts.root, s, opts.profile).preflight(opts.root, opts.data_dir)
     if opts.url and len(plan) > 1:
