@@ -93,3 +93,36 @@ def test_previous_release(tmp_path):
     assert previous_release(tmp_path, "v0.3.3") == "v0.3.2"
     assert previous_release(tmp_path, "v0.3.11") == "v0.3.10"
     assert previous_release(tmp_path, "v0.1.0") is None
+
+
+def test_scoring_parameters_must_match_and_ids_be_unique():
+    b, c = eval_record("v1", set()), eval_record("v2", set())
+    c.params = {"primary": "strict", "concurrency": 64, "workers": 8}
+    b.params = {"primary": "strict", "concurrency": 1, "workers": 2}
+    with pytest.raises(PairingError, match=r"suite parameters differ \(concurrency: 1 vs 64\)"):
+        pair(b, c)
+    c = eval_record("v2", set())
+    c.items.append(c.items[0])
+    with pytest.raises(PairingError, match="the candidate lists question test-0 more than once"):
+        pair(eval_record("v1", set()), c)
+
+
+def test_a_task_missing_from_the_candidate_is_not_a_pass(tmp_path, capsys):
+    save(tmp_path, eval_record("v1", set(range(50))), eval_record("v1", set(range(50)), suite="humaneval"),
+         eval_record("v2", set(range(50))))
+    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert "cpu-smol/humaneval: the candidate v2 has no record of it" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_regression_is_named_even_beside_an_unpairable_task(tmp_path, capsys):
+    save(tmp_path, eval_record("v1", set(range(100))), eval_record("v1", set(), suite="humaneval"),
+         eval_record("v2", set(range(30, 100))), eval_record("v2", set(), suite="humaneval", subset=True))
+    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.replace("\n", "")
+    assert "gate: cpu-smol/gsm8k regressed: 30 lost vs 0 gained" in out and "1 task(s) cannot be paired" in out
+
+
+def test_alpha_must_be_a_probability(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["gate", "v2", "--against", "v1", "--alpha", "5", "--reports", str(tmp_path)])
+    assert e.value.code == 2 and "5 is not in (0, 1)" in capsys.readouterr().err

@@ -73,3 +73,13 @@ def test_release_notes_carry_figures_and_gaps(tmp_path):
     assert "cpu-smol / sanity: pass, full profile" in ck and "cpu-smol / probe" in ck and "gsm8k" not in ck
     assert "**Not ready to ship:** 1 suite(s) did not pass" in md
     assert "`R9K-PROVENANCE version=0.1.0 source_hash=aaaa files=5` (matches the tree)" in md
+
+
+def test_records_missing_metrics_render_as_dashes(tmp_path):
+    for r in [rec("cpu-smol", "gsm8k", metrics={"n": 10}), rec("cpu-smol", "sanity", metrics={"n": 5}),
+              rec("cpu-smol", "probe", metrics={"concurrency": 8})]:
+        write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
+    md = render_release(REPO, tmp_path, "v9", None).read_text()
+    assert md.startswith("# v9: no measurements")
+    # every figure the records lack shows as a dash; nothing crashes
+    assert "| cpu-smol | – of 10 (–) | – / – | – | – bad of 5 (– divergent from solo, still right) |" in md

@@ -168,6 +168,8 @@ def cmd_render(args) -> int:
     reports = Path(args.reports) if args.reports else root / "reports"
     if not (reports / args.release).is_dir():
         raise InputError(f"no records for {args.release} under {reports}")
+    if args.baseline and not (reports / args.baseline).is_dir():
+        raise InputError(f"--baseline {args.baseline}: no records under {reports / args.baseline}")
     out = render_release(root, reports, args.release, load_checklist(root), args.baseline)
     _summary(reports, args.release)
     console.print(f"release notes: {out}")
@@ -197,6 +199,16 @@ def _summary(reports: Path, release: str, only_suite: str | None = None, only_co
         t.add_row(r.config, r.suite, r.profile, f"[{style}]{r.verdict.status}[/{style}]",
                   figures or (r.verdict.cause or "")[:80])
     console.print(t)
+
+
+def _alpha(text: str) -> float:
+    try:
+        a = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < a < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in (0, 1)")
+    return a
 
 
 def _comparison(args):
@@ -241,16 +253,18 @@ def cmd_gate(args) -> int:
     """0: no task regressed significantly after Holm; 1: one did (named); 2: nothing could be paired."""
     cmp = _comparison(args)
     print_comparison(cmp)
-    if cmp.unpaired:
-        console.print(f"[red]gate: {len(cmp.unpaired)} task(s) cannot be paired[/red]")
-        return 2
     bad = [x for x in cmp.tasks if x.regression]
     for x in bad:
         console.print(f"[red]gate: {x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, "
                       f"one-sided p = {x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}[/red]")
-    if not bad:
-        console.print(f"gate: no significant regression at alpha {cmp.alpha} after Holm")
-    return 1 if bad else 0
+    if cmp.unpaired:
+        console.print(f"[red]gate: {len(cmp.unpaired)} task(s) cannot be paired[/red]")
+    if bad:
+        return 1  # a measured regression outranks tasks that could not be compared (both are printed)
+    if cmp.unpaired:
+        return 2
+    console.print(f"gate: no significant regression at alpha {cmp.alpha} after Holm")
+    return 0
 
 
 def cmd_configs(args) -> int:
@@ -342,7 +356,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--against", required=True, help="the baseline release")
         p.add_argument("--config", action="append", help="only this candidate configuration (repeatable)")
         p.add_argument("--against-config", help="the baseline's configuration, when it differs (e.g. bf16 vs fp32)")
-        p.add_argument("--alpha", type=float, default=0.05)
+        p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level, in (0, 1)")
         p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
         _common(p, run=False)
         p.set_defaults(fn=fn)

@@ -199,6 +199,8 @@ class OpenAIClient:
             return
         if not job.done:
             res.error = "stream ended without [DONE] (cut mid-answer)"
+        elif res.finish_reason in ("abort", "error"):
+            res.error = f"stream finished with reason {res.finish_reason!r} (the server gave up on the request)"
         elif res.finish_reason is None:
             res.error = "stream ended without a finish reason"
         else:

@@ -16,6 +16,8 @@ from validate.record import Record, release_records
 from validate.stats import holm, mcnemar
 
 EVAL_SUITE_KINDS = ("gsm8k", "humaneval")
+# Suite parameters that cannot change a score (how many sandboxes run at once); every other one must match.
+NON_SCORING_PARAMS = frozenset({"workers"})
 
 
 class PairingError(InputError):
@@ -79,9 +81,18 @@ def pair(base: Record, cand: Record) -> PairedTask:
         sub, full = ("baseline", "candidate") if base.dataset.subset else ("candidate", "baseline")
         reasons.append(f"the {sub} is a subset ({(base if sub == 'baseline' else cand).dataset.n_used} questions) "
                        f"and the {full} the full set: a subset never pairs with a full-set record")
-    pb, pc = base.params.get("primary"), cand.params.get("primary")
-    if pb != pc:
-        reasons.append(f"primary extraction differs ({pb} vs {pc})")
+    diff = [f"{k}: {base.params.get(k)!r} vs {cand.params.get(k)!r}"
+            for k in sorted(set(base.params) | set(cand.params))
+            if k not in NON_SCORING_PARAMS and base.params.get(k) != cand.params.get(k)]
+    if diff:
+        reasons.append("suite parameters differ (" + ", ".join(diff[:5]) + ")")
+    for label, r in (("baseline", base), ("candidate", cand)):
+        ids = [i.id for i in r.items]
+        if len(ids) != len(set(ids)):
+            dup = next(x for x in ids if ids.count(x) > 1)
+            reasons.append(f"the {label} lists question {dup} more than once")
+    if reasons:
+        raise PairingError(what, reasons)
     bi = {i.id: i for i in base.items}
     ci = {i.id: i for i in cand.items}
     if set(bi) != set(ci):
@@ -165,6 +176,12 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             tasks.append(pair(b, r))
         except PairingError as e:
             unpaired.append(str(e))
+    # A task the baseline has and the candidate lacks is a gap, never a silent pass.
+    have = {(against_config or r.config, r.suite) for r in cand}
+    for cfg, suite in sorted(base):
+        in_scope = cfg == against_config if against_config else (not configs or cfg in configs)
+        if in_scope and (cfg, suite) not in have:
+            unpaired.append(f"{cfg}/{suite}: the candidate {candidate} has no record of it (the baseline {baseline} has)")
     apply_holm(tasks, alpha)
     return Comparison(candidate, baseline, tasks, unpaired, alpha)
 

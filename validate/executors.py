@@ -51,6 +51,24 @@ def unplaceable(need: dict[str, float], nodes: list[dict]) -> str | None:
     return f"no single node has all of {need}"
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when nothing listens at ``host:port`` (ray.init would retry for minutes).
+
+    Raises:
+        InputError: naming the address.
+    """
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InputError(f"--address {address}: expected HOST:PORT of the Ray head (GCS)")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise InputError(f"cannot reach the Ray cluster at {address}: {e}") from None
+
+
 def _task(opts: RunOptions, release: str, config: str, suites: list[str]) -> dict:
     """Body of the Ray task: run one configuration on this node into a kept temporary folder."""
     folder = Path(tempfile.mkdtemp(prefix=f"r9k-ray-{release}-{config}-"))
@@ -73,6 +91,8 @@ def run_ray(engine: Engine, plan: list[tuple[str, list[str]]], release: str, out
         import ray
     except ImportError:
         raise InputError("--executor ray needs Ray: pip install 'r9k[ray]'") from None
+    if address:
+        check_reachable(address)
     kw = {}
     if address and address.split(":")[0] in ("127.0.0.1", "localhost"):
         kw["_node_ip_address"] = "127.0.0.1"  # a cluster on this machine: stay on loopback

@@ -16,9 +16,21 @@ from validate.record import Record, release_records
 from validate.suite import Checklist
 
 
+class _Dash(jinja2.ChainableUndefined):
+    """A metric a record lacks (an older or partial record) renders as '–' instead of failing the notes."""
+
+    def __str__(self) -> str:
+        return "–"
+
+
+def _missing(value: Any) -> bool:
+    """None, or a key the record does not have (a jinja2 Undefined): shown as '–', never an error."""
+    return value is None or isinstance(value, jinja2.Undefined)
+
+
 def fmt_num(value: Any, digits: int = 0) -> str:
     """Thousands separators and fixed decimals: 93184 -> '93,184', (26.137, 1) -> '26.1'. None -> '–'."""
-    if value is None:
+    if _missing(value):
         return "–"
     if isinstance(value, (int, float)):
         return f"{value:,.{digits}f}"
@@ -27,7 +39,7 @@ def fmt_num(value: Any, digits: int = 0) -> str:
 
 def fmt_pct(value: float | None, digits: int = 2) -> str:
     """0.0215 -> '2.15%'. None -> '–'."""
-    return "–" if value is None else f"{100 * value:.{digits}f}%"
+    return "–" if _missing(value) else f"{100 * value:.{digits}f}%"
 
 
 @dataclass
@@ -84,7 +96,7 @@ def fmt_change(row) -> str:
 
 def fmt_fig(value, digits: int, unit: str, band=None) -> str:
     """A figure with its unit and, when there is one, its band: '188.0 tok/s (186.2–189.1)'."""
-    if value is None:
+    if _missing(value):
         return "–"
     u = "%" if unit == "%" else (f" {unit}" if unit else "")
     text = f"{fmt_num(value, digits)}{u}"
@@ -213,16 +225,16 @@ def headline(view: ReleaseView) -> str:
     parts = []
     for cfg, suites in view.by_config.items():
         bits = []
-        if (s := suites.get("sanity")) and s.metrics:
+        if (s := suites.get("sanity")) and {"bad", "n"} <= set(s.metrics):
             bits.append(f"sanity {s.metrics['bad']} bad of {s.metrics['n']:,}")
         if (b := suites.get("betterbench")) and b.metrics.get("combined_decode_tok_s"):
             bits.append(f"BetterBench combined {b.metrics['combined_decode_tok_s']:.1f} tok/s")
-        if (g := suites.get("gsm8k")) and g.metrics:
+        if (g := suites.get("gsm8k")) and {"accuracy", "n"} <= set(g.metrics):
             sub = " subset" if g.dataset and g.dataset.subset else ""
             bits.append(f"GSM8K {fmt_pct(g.metrics['accuracy'], 1)} of {g.metrics['n']:,}{sub}")
-        if (h := suites.get("humaneval")) and h.metrics:
+        if (h := suites.get("humaneval")) and {"passed", "n"} <= set(h.metrics):
             bits.append(f"HumanEval {h.metrics['passed']} of {h.metrics['n']}")
-        if (p := suites.get("probe")) and p.metrics:
+        if (p := suites.get("probe")) and p.metrics.get("decode_tok_s") is not None:
             bits.append(f"decode {p.metrics['decode_tok_s']:.1f} tok/s")
         if bits:
             parts.append(f"{cfg}: " + ", ".join(bits))
@@ -233,7 +245,7 @@ def render_release(root: Path, reports: Path, release: str, checklist: Checklist
                    baseline: str | None = None) -> Path:
     """Render ``reports/<release>/RELEASE.md`` and return its path."""
     view = build_view(reports, release, checklist, baseline)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=jinja2.StrictUndefined,
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=_Dash,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = fmt_num
     env.filters["pct"] = fmt_pct
