@@ -16,7 +16,8 @@ from rich.table import Table
 
 from validate.errors import InputError, LaunchError
 
-console = Console(stderr=False, highlight=False)
+# Off a terminal (CI logs, files) rich would wrap tables at 80 columns: give records' tables room.
+console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class _Bar:
@@ -215,7 +216,7 @@ def _comparison(args):
     from validate.compare import compare_releases
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
-    return compare_releases(reports, args.release, args.against, configs=args.config,
+    return compare_releases(reports, args.release, args.against, configs=args.config, tasks=args.task,
                             against_config=args.against_config, alpha=args.alpha,
                             reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
 
@@ -356,6 +357,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--against", required=True, help="the baseline release")
         p.add_argument("--config", action="append", help="only this candidate configuration (repeatable)")
         p.add_argument("--against-config", help="the baseline's configuration, when it differs (e.g. bf16 vs fp32)")
+        p.add_argument("--task", action="append", help="only this eval suite, e.g. gsm8k (repeatable)")
         p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level, in (0, 1)")
         p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
         _common(p, run=False)

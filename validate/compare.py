@@ -146,11 +146,13 @@ class Comparison:
 
 
 def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
-                     against_config: str | None = None, alpha: float = 0.05, reports_baseline: Path | None = None) -> Comparison:
+                     against_config: str | None = None, alpha: float = 0.05, reports_baseline: Path | None = None,
+                     tasks: list[str] | None = None) -> Comparison:
     """Pair every eval record of ``candidate`` with the baseline's record of the same task.
 
     Args:
         configs: only these configurations of the candidate (default: all with eval records).
+        tasks: only these eval suites (default: all).
         against_config: the baseline's configuration (default: the same name), e.g. bf16 against fp32.
         reports_baseline: where the baseline's records are (default: ``reports``).
     Raises:
@@ -161,6 +163,9 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             if r.suite_kind in EVAL_SUITE_KINDS}
     if configs:
         cand = [r for r in cand if r.config in configs]
+    if tasks:
+        cand = [r for r in cand if r.suite in tasks]
+        base = {k: v for k, v in base.items() if k[1] in tasks}
     if not cand:
         raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
     if not base:
