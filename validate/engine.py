@@ -263,7 +263,7 @@ class Engine:
         bar = self.progress_factory(f"{cfg.name}/{s.spec.name}") if self.progress_factory else None
         ctx = RunContext(root=self.o.root, config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
                          record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
-                         server_pid=server.proc.pid if server is not None and server.proc is not None else None,
+                         server_pid=server.main_pid if server is not None else None,
                          progress=bar.update if bar else (lambda *a, **k: None), log=self.say)
         try:
             return await runner.fn(ctx, s.params)

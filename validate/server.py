@@ -198,6 +198,12 @@ class Server:
 
     _log_fh: object = None
     tag: str | None = None  # R9K_SERVER_TAG of every process of this launch
+    pid: int | None = None  # an external server's process on this machine, found by its listening port
+
+    @property
+    def main_pid(self) -> int | None:
+        """The server's main process (launched or found locally), for memory sampling; None when remote."""
+        return self.proc.pid if self.proc is not None else self.pid
 
 
 async def _ready_generation(client: OpenAIClient) -> str | None:
@@ -281,6 +287,22 @@ async def _wait_ready(srv: Server, timeout_s: float, t0: float, progress) -> Non
             await asyncio.sleep(1.0)
 
 
+def listening_pid(url: str) -> int | None:
+    """The process listening on ``url``'s port when the host is this machine's loopback, else None."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    if u.hostname not in ("127.0.0.1", "localhost", "::1") or not u.port:
+        return None
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == u.port and c.pid:
+                return c.pid
+    except (psutil.Error, OSError):
+        pass
+    return None
+
+
 def external(url: str, model: str) -> Server:
     """A server already running at ``url`` serving ``model``; checked for /health and one generation.
 
@@ -288,6 +310,7 @@ def external(url: str, model: str) -> Server:
         LaunchError: it does not answer or cannot generate.
     """
     srv = Server(url=url.rstrip("/"), model=model, launched=False)
+    srv.pid = listening_pid(srv.url)
 
     async def check():
         async with OpenAIClient(srv.url, model, timeout_s=60) as client:
