@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.r9k-installed
 RELEASE ?= v0.3.3
+# GSM8K (test and train .jsonl) is read from ../shared/data beside the checkout; elsewhere: make demo DATA_DIR=...
+ifdef DATA_DIR
+export R9K_DATA_DIR := $(abspath $(DATA_DIR))
+endif
 
 .PHONY: demo test setup clean-venv
 

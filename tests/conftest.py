@@ -1,6 +1,7 @@
 """Shared fixtures: a scratch checkout with synthetic-server configurations, and process-leak checks."""
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from pathlib import Path
@@ -59,10 +60,23 @@ class Scratch:
         return tag
 
 
+def tiny_gsm8k(folder: Path) -> Path:
+    """A made-up GSM8K-shaped data folder (10 test, 30 train problems) for tests that need data but not the
+    real set: the synthetic server answers whatever it is asked."""
+    d = folder / "gsm8k"
+    d.mkdir(parents=True, exist_ok=True)
+    for split, n in (("test", 10), ("train", 30)):
+        rows = [{"question": f"A farmer has {i} cows and buys {i + 3} more. How many cows does the farmer have now?",
+                 "answer": f"The farmer has {i} + {i + 3} = {2 * i + 3} cows.\n#### {2 * i + 3}"} for i in range(n)]
+        (d / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
 @pytest.fixture
 def scratch(tmp_path, monkeypatch) -> Scratch:
     s = Scratch(tmp_path / "checkout")
     monkeypatch.setenv("R9K_ROOT", str(s.root))
+    monkeypatch.setenv("R9K_DATA_DIR", str(tiny_gsm8k(tmp_path / "data")))
     return s
 
 

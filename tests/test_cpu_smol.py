@@ -40,6 +40,6 @@ def test_sanity_and_probe_quick(smol_server, tmp_path):
     assert m["aggregate"]["errors"] == 0 and m["aggregate"]["requests"] == 8
     assert san.versions["vllm"] == "0.32.0"
     md = render_release(REPO, tmp_path, "vtest", load_checklist(REPO)).read_text()
-    assert f"{san.metrics['bad']} bad of 16" in md and f"{m['decode_tok_s']:.1f} tok/s" in md
+    assert f"{san.metrics['bad']} bad of 32" in md and f"{m['decode_tok_s']:.1f} tok/s" in md
     assert "- cpu-smol / gsm8k: did not run (no record)." in md
     assert "- fn-tp4 / sanity, gsm8k, probe: did not run (no record)." in md

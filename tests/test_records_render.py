@@ -64,7 +64,7 @@ def test_release_notes_carry_figures_and_gaps(tmp_path):
     assert "| decode step p50 (probe) | 38.26 ms |" in md
     assert "| cpu-smol | 2 of 40 (5.00%), subset of 1,319 (seed 1234) | 5.00% / 7.50% | – | 0 bad of 1,040 (3 divergent from solo, still right) |" in md
     nc = md.split("## Not checked")[1].split("##")[0]
-    assert "- cpu-smol / gsm8k: quick profile; a subset: 40 of 1,319 questions (seed 1234)." in nc
+    assert "- cpu-smol / gsm8k: quick profile; a subset: 40 of 1,319 items (seed 1234)." in nc
     assert "- gpu-box / sanity: did not complete: launch failed: port 8000 on 127.0.0.1 is already in use." in nc
     assert "- gpu-box / gsm8k: did not run (no record)." in nc
     assert "- cpu-smol / sanity, probe: quick profile." not in nc  # full-profile records are checked

@@ -72,7 +72,8 @@ def _opts(args) -> "RunOptions":
                       profile=args.profile, resume=getattr(args, "resume", False),
                       data_dir=resolve_data_dir(args.data_dir),
                       model_cache=Path(args.model_cache) if args.model_cache else None,
-                      url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None)
+                      url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None,
+                      launch_timeout_s=getattr(args, "launch_timeout", None))
 
 
 def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
@@ -277,7 +278,8 @@ def cmd_configs(args) -> int:
     for c in all_configs(_root()):
         model = c.model.path or (f"{c.model.prepare.distribution}:{c.model.prepare.file}" if c.model.prepare else "")
         t.add_row(c.name, model, str(c.server.tensor_parallel_size), str(c.server.max_num_seqs),
-                  str(c.server.max_model_len), f"{c.hardware.gpus}x {c.hardware.kind}", c.description)
+                  str(c.server.max_model_len), f"{c.hardware.gpus}x {c.hardware.kind}" if c.hardware.gpus else c.hardware.kind,
+                  c.description)
     console.print(t)
     return 0
 
@@ -294,6 +296,8 @@ def cmd_suites(args) -> int:
             continue
         s = load_suite(p).spec
         gate = ", ".join([f"{k} <= {v:g}" for k, v in s.gate.max.items()] + [f"{k} >= {v:g}" for k, v in s.gate.min.items()])
+        if not gate and s.kind in ("gsm8k", "humaneval"):
+            gate = "paired McNemar vs the baseline (release, gate)"
         t.add_row(s.name, s.kind, "yes" if s.needs_server else "no", gate or "–", s.description)
     console.print(t)
     cl = load_checklist(root)
@@ -323,6 +327,8 @@ def _common(p: argparse.ArgumentParser, run: bool = True) -> None:
     p.add_argument("--url", help="run against this already running server instead of launching one")
     p.add_argument("--model", help="with --url: the served model name")
     p.add_argument("--server-log", help="with --url: the server's log, to check the plugin's provenance line")
+    p.add_argument("--launch-timeout", type=float, help="seconds a server may take to become ready (overrides "
+                   "the configuration's launch_timeout_s; a first start on a busy machine compiles slowly)")
 
 
 def parser() -> argparse.ArgumentParser:

