@@ -192,7 +192,10 @@ def _summary(reports: Path, release: str, only_suite: str | None = None, only_co
             "sanity": lambda: f"{m['bad']} bad of {m['n']}",
             "gsm8k": lambda: f"{m['correct']} of {m['n']} ({100 * m['accuracy']:.2f}%)",
             "probe": lambda: f"{m['decode_tok_s']} tok/s decode, {m['aggregate_tok_s']} tok/s at {m['concurrency']}",
-        }.get(r.suite, lambda: "")
+            "humaneval": lambda: f"{m['passed']} of {m['n']} passed, {m['timeout']} timeouts",
+            "soak": lambda: f"{m['served']} served, {m['errors']} errors",
+            "betterbench": lambda: f"combined {m['combined_decode_tok_s']} tok/s, {m['passes']} passes",
+        }.get(r.suite, (lambda: f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed") if r.suite_kind == "pytest" else (lambda: ""))
         try:
             figures = fig() if m else ""
         except KeyError:
