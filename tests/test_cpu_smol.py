@@ -42,4 +42,4 @@ def test_sanity_and_probe_quick(smol_server, tmp_path):
     md = render_release(REPO, tmp_path, "vtest", load_checklist(REPO)).read_text()
     assert f"{san.metrics['bad']} bad of 32" in md and f"{m['decode_tok_s']:.1f} tok/s" in md
     assert "- cpu-smol / gsm8k, humaneval, soak, betterbench: did not run (no record)." in md
-    assert "- fn-tp4 / sanity, gsm8k, probe: did not run (no record)." in md
+    assert "- fn-tp4 / sanity, gsm8k, humaneval, probe, soak, betterbench: did not run (no record)." in md
