@@ -17,10 +17,9 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import gather_limited
-from validate.data import require_file
-from validate.evals import gsm8k as g
 from validate.metrics import summarize, tpot_s
 from validate.runners.base import RunContext, SuiteResult
+from validate.runners.text import TextPool
 from validate.data import needs_train_text
 from validate.suite import register_runner
 
@@ -37,18 +36,6 @@ class ProbeParams(BaseModel):
     prefill_depth: int = Field(2048, ge=16)
 
 
-async def real_text_tokens(ctx: RunContext, n_tokens: int, offset: int) -> list[int]:
-    """``n_tokens`` token ids of real English text (GSM8K train, from problem ``offset`` on)."""
-    train = g.load_split(require_file(ctx.data_dir, "gsm8k/train.jsonl"), "train")
-    ids: list[int] = []
-    i = offset
-    while len(ids) < n_tokens:
-        q = train[i % len(train)]
-        ids += await ctx.client.tokenize(q.question + "\n" + q.solution + "\n\n")
-        i += 1
-    return ids[:n_tokens]
-
-
 @register_runner("probe", ProbeParams, preflight=needs_train_text)
 async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
     out = SuiteResult()
@@ -63,8 +50,10 @@ async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
         decode.append(await ctx.client.chat(essay, max_tokens=p.decode_tokens, ignore_eos=True))
         ctx.progress(1)
     prefill = []
+    pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=depth * 2)
     for rep in range(p.repeats):
-        ids = await real_text_tokens(ctx, depth, offset=97 * rep + 11)
+        # evenly spaced offsets: every repeat starts on other text, so prefix caching cannot serve it
+        ids = pool.window_at(depth, rep * len(pool.ids) // p.repeats)
         prefill.append(await ctx.client.completion(ids, max_tokens=1))
         ctx.progress(1)
 

@@ -45,8 +45,12 @@ class TextPool:
 
     def window(self, n: int, rng: random.Random) -> list[int]:
         """``n`` consecutive ids from a random offset (wrapping around). Raises ValueError when n > pool size."""
+        return self.window_at(n, rng.randrange(len(self.ids)))
+
+    def window_at(self, n: int, start: int) -> list[int]:
+        """``n`` consecutive ids from offset ``start`` (wrapping around). Raises ValueError when n > pool size."""
         if n > len(self.ids):
             raise ValueError(f"window of {n} tokens from a pool of {len(self.ids)}")
-        k = rng.randrange(len(self.ids))
+        k = start % len(self.ids)
         out = self.ids[k:k + n]
         return out + self.ids[: n - len(out)]
