@@ -189,29 +189,32 @@ class Engine:
                 info.provenance_ok = ok
                 if ok is False:
                     self.say(f"[red]{cfg.name}: wrong tree: {why}[/red]")
-                    for s in todo:
-                        outcome.records.append(self._write(release, cfg, s, server, info, SuiteResult(),
-                                                           Verdict(status="wrong-tree", cause=why), 0.0, now_iso()))
+                    self.record_unrun(release, cfg, todo, Verdict(status="wrong-tree", cause=why), outcome, server, info)
                     return
             for s in todo:
                 outcome.records.append(self._run_suite(release, cfg, s, server, info))
         except LaunchError as e:
             log = folder / "server.log"
             if log.exists():  # what the failed start printed still says which tree it was
-                text = log.read_text(errors="replace")
-                text = text[text.rfind("===== r9k launch"):]
-                info = ServerInfo(launched=True, log=log.name, provenance=[p.raw for p in prov.parse(text)])
+                info = ServerInfo(launched=True, log=log.name,
+                                  provenance=[p.raw for p in prov.parse(srvmod.last_launch(log))])
             self.say(f"[red]{cfg.name}: launch failed: {e.cause}[/red]")
             if e.log_tail:
                 self.say(e.log_tail)
             outcome.launch_failures[cfg.name] = e.cause
-            for s in todo:
-                outcome.records.append(self._write(release, cfg, s, server, info, SuiteResult(),
-                                                   Verdict(status="error", cause=f"launch failed: {e.cause}"), 0.0, now_iso()))
+            self.record_unrun(release, cfg, todo, Verdict(status="error", cause=f"launch failed: {e.cause}"),
+                              outcome, server, info)
         finally:
             if server is not None and server.launched:
                 self.say(f"{cfg.name}: stopping server")
                 server.stop()
+
+    def record_unrun(self, release: str, cfg: ServeConfig, suites: list[LoadedSuite], verdict: Verdict,
+                     outcome: Outcome, server: srvmod.Server | None = None, info: ServerInfo | None = None) -> None:
+        """Write a record with ``verdict`` (and no measurements) for each suite that could not run."""
+        for s in suites:
+            outcome.records.append(self._write(release, cfg, s, server, info or ServerInfo(), SuiteResult(),
+                                               verdict, 0.0, now_iso()))
 
     def _complete(self, release: str, cfg: ServeConfig, s: LoadedSuite) -> Record | None:
         """The record of a completed run of exactly this suite (params and gate), configuration and tree."""

@@ -22,8 +22,7 @@ from pathlib import Path
 from validate.config import ServeConfig, find_config
 from validate.engine import Engine, Outcome, RunOptions
 from validate.errors import InputError
-from validate.record import Record, ServerInfo, Verdict, now_iso, record_path, write_record
-from validate.runners.base import SuiteResult
+from validate.record import Record, Verdict, record_path, write_record
 from validate.suite import find_suite
 
 
@@ -153,7 +152,5 @@ def _collect(engine: Engine, outcome: Outcome, release: str, cfg: ServeConfig, r
 
 def _fail(engine: Engine, outcome: Outcome, release: str, cfg: ServeConfig, suites: list[str], cause: str) -> None:
     """An error record for each suite of a configuration that did not run, with the cause."""
-    for name in suites:
-        s = find_suite(engine.o.root, name, engine.o.profile)
-        outcome.records.append(engine._write(release, cfg, s, None, ServerInfo(), SuiteResult(),
-                                             Verdict(status="error", cause=cause), 0.0, now_iso()))
+    loaded = [find_suite(engine.o.root, name, engine.o.profile) for name in suites]
+    engine.record_unrun(release, cfg, loaded, Verdict(status="error", cause=cause), outcome)

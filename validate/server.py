@@ -61,6 +61,18 @@ def tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+LAUNCH_MARK = "===== r9k launch"
+
+
+def last_launch(log_path: Path) -> str:
+    """The part of an appended server log written by its latest launch ('' when there is no log)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return text[text.rfind(LAUNCH_MARK):] if LAUNCH_MARK in text else text
+
+
 def kv_cache_tokens(log_text: str) -> int | None:
     """The KV cache size in tokens that vLLM logs at start (the last such line), or None."""
     found = _KV_RE.findall(log_text)
@@ -238,7 +250,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log_path, "ab")
-    fh.write(f"\n===== r9k launch {time.strftime('%Y-%m-%dT%H:%M:%S')} config={cfg.name} port={port}\n".encode())
+    fh.write(f"\n{LAUNCH_MARK} {time.strftime('%Y-%m-%dT%H:%M:%S')} config={cfg.name} port={port}\n".encode())
     fh.flush()
     cmd = build_command(cfg, model, host, port)
     t0 = time.monotonic()
@@ -255,9 +267,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
         srv.stop()
         raise
     srv.startup_s = round(time.monotonic() - t0, 1)
-    text = log_path.read_text(errors="replace")
-    # Only this launch's part of an appended log counts.
-    text = text[text.rfind("===== r9k launch"):]
+    text = last_launch(log_path)
     srv.provenance = [p.raw for p in prov.parse(text)]
     srv.kv_cache_tokens = kv_cache_tokens(text)
     return srv
