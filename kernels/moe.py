@@ -4,23 +4,53 @@ store) and the fused top-k weighted sum with the shared expert.
 ``ExpertCache`` (one per MoE layer)
     Device memory holds ``n_slots`` experts (every weight tensor of an expert, e.g. w13 and w2) plus
     ``stage_slots`` read-through slots; the host backing store holds all ``E`` experts (pinned when CUDA is
-    there, so the copies are DMA). Each step, :meth:`ExpertCache.prepare` takes the router's ``topk_ids``
+    there, so the device can read it). Each step, :meth:`ExpertCache.prepare` takes the router's ``topk_ids``
     ``[T, k]`` and:
 
     1. counts the step's distinct experts; resident ones are hits (their LRU stamp moves to this step);
     2. if the distinct count is at most ``insert_thresh * n_slots``, every miss is inserted: copied from the
-       host store into the least recently used slots not touched this step (empty slots first); above that,
-       nothing is inserted this step (``steps_over_thresh``), as in the seeds' R9K_LRU_THRESH;
-    3. misses not inserted are read through: copied into the staging slots for this step only;
+       host store into the least recently used slots not touched this step (empty slots first, ties by slot
+       index; misses in ascending expert id take those slots in that order); above that, nothing is inserted
+       this step (``steps_over_thresh``), as in the seeds' R9K_LRU_THRESH;
+    3. misses not inserted are read through: the i-th (ascending id) is copied into staging slot
+       ``n_slots + i`` for this step only;
     4. writes the slot of every (token, j) into one preallocated ``slot_ids`` buffer and returns a view.
 
-    When a step's read-through misses exceed ``stage_slots``, the step is split into token chunks whose
-    misses fit (:meth:`plan`; a token has at most k experts, so ``stage_slots >= k`` always progresses).
-    Every buffer -- the slots, the staging slots, the slot map, the slot-id buffer for up to ``max_tokens``
-    tokens -- is allocated once in the constructor and reused by every step whatever its batch shape (the
-    seeds' leak was one buffer set per batch shape). The slots hold exact copies of the host bytes, so any
-    computation reading ``cache.weights[i][slot_ids]`` is bit-identical to the same computation reading
-    ``host[i][topk_ids]``.
+    Two implementations of that one policy (identical slot assignments, counters and slot contents):
+
+    * the device path (``device_plan=True``, the default where it can run): two Triton launches per step and
+      no host <-> device synchronisation. ``_plan_kernel`` (one program) does the bookkeeping on device-resident
+      state of fixed shapes (``slot_of [E]``, ``expert_of / last_used [n_slots]``, counters): presence of the
+      step's experts by a scatter, hits stamped, free slots ranked by a sort of (stamp, slot), misses ranked by
+      a cumsum, the threshold as a device-side predicate, evictions, the copy list and the slot ids.
+      ``_gather_copy_kernel`` then copies every listed expert, all weight tensors, in one launch of grid
+      ``(min(E, T*k), chunks per expert)``; programs beyond the device-side miss count exit at once. It reads
+      the pinned host store directly (zero-copy over PCIe): Triton's CUDA launcher turns every pointer argument
+      into ``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER)`` of its ``data_ptr()``, which for
+      pinned (cudaHostAlloc, hence mapped under UVA) memory is the device-visible address of the same bytes --
+      so the pinned CPU tensor is passed as is; a pageable one is refused there ("cannot be accessed from
+      Triton"), which the constructor probes once and then keeps the host path. Each weight tensor is copied
+      as flat words (int64 / int32 / int16 / uint8: the widest that divides its per-expert bytes and both base
+      addresses), 16 KiB per program, so experts whose byte size is a multiple of 128 move as aligned 16-byte
+      vector loads. Counters live in a device tensor and become :class:`CacheStats` when :attr:`stats` is
+      read (that read syncs).
+
+      A step takes the device path when its read-through misses are sure to fit the staging slots:
+      ``min(E, T*k) <= stage_slots``. Any other step (a large prefill with a small staging area) takes the host
+      path below and SYNCS: the device state is read back, the step is planned on the host, the state written
+      back. The device path does not check expert ids on the host: an id outside ``0..E-1`` gets slot ``-1``
+      and is counted in ``CacheStats.invalid_ids`` (the host path raises ValueError).
+    * the host path (``device_plan=False``; the reference): the ids are copied to the host (sync), the
+      bookkeeping runs in Python lists, one ``copy_`` per weight tensor per expert, a blocking copy of the
+      expert -> slot map. When a step's read-through misses exceed ``stage_slots``, it splits the step into
+      token chunks whose misses fit (:meth:`plan`; a token has at most k experts, so ``stage_slots >= k``
+      always progresses) and :meth:`stage` is called before each chunk.
+
+    Every buffer -- the slots, the staging slots, the slot map, the bookkeeping state, the copy list, the
+    slot-id buffer for up to ``max_tokens`` tokens -- is allocated once in the constructor and reused by every
+    step whatever its batch shape (the seeds' leak was one buffer set per batch shape). The slots hold exact
+    copies of the host bytes, so any computation reading ``cache.weights[i][slot_ids]`` is bit-identical to
+    the same computation reading ``host[i][topk_ids]``.
 
 ``moe_topk_sum`` / ``moe_topk_sum_ref``
     ``out[t] = sum_{j=0}^{k-1} w[t, j] * y[t, j] + sigmoid(g[t]) * shared[t]`` in fp32, the top-k terms
@@ -30,8 +60,10 @@ store) and the fused top-k weighted sum with the shared expert.
 """
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -44,6 +76,11 @@ except ImportError:  # pragma: no cover
 
 DEFAULT_INSERT_THRESH = 0.99  # the seeds' R9K_LRU_THRESH after v0.2.x (was 0.5); see NOTES_II.md (knob)
 
+COPY_BLOCK_BYTES = 16384  # bytes per gather-copy program (per thread at 4 warps: 128 B = 8 x 16-B loads)
+_MAX_STEP = 2**31 - 2     # the device LRU key packs (stamp + 1) into bits 32..62
+_MAX_IDS = 2**16 - 1      # ... and the slot and (expert + 1) into 16 bits each
+_PLAN_TILE_MAX = {"E": 1024, "T": 2048}  # the plan kernel's widest tiles over experts / (token, choice) pairs
+
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -52,7 +89,8 @@ def _interpreting() -> bool:
 @dataclass
 class CacheStats:
     """Counters since construction (or :meth:`ExpertCache.reset_stats`). Experts are counted once per step
-    (distinct), ``routed`` counts (token, choice) pairs."""
+    (distinct), ``routed`` counts (token, choice) pairs. ``invalid_ids``: (token, choice) pairs whose id was
+    outside ``0..E-1`` on the device path (given slot -1; the host path raises instead)."""
 
     steps: int = 0
     routed: int = 0
@@ -64,20 +102,206 @@ class CacheStats:
     read_through: int = 0
     steps_over_thresh: int = 0
     chunks: int = 0
+    invalid_ids: int = 0
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.distinct if self.distinct else 0.0
 
 
+_NCOUNT = len(fields(CacheStats))  # the device counter vector holds the fields in this order
+_NCOUNT_P2 = 16
+assert _NCOUNT <= _NCOUNT_P2
+
+
 @dataclass
 class StepPlan:
-    """One step's mapping: ``chunks`` is a list of (token start, token end); ``slot_ids`` ``[T, k]`` (a view of
-    the cache's one slot-id buffer) is valid for every chunk after :meth:`ExpertCache.stage` for that chunk."""
+    """One step's mapping: ``chunks`` is a list of (token start, token end); ``slot_ids`` ``[T, k]`` int32 (a
+    view of the cache's one slot-id buffer) is valid for every chunk after :meth:`ExpertCache.stage` for that
+    chunk (a one-chunk plan is ready when :meth:`ExpertCache.prepare` returns). ``device``: planned by the
+    device path (always one chunk; the copies and ``slot_ids`` are ordered on the current stream)."""
 
     slot_ids: torch.Tensor
     chunks: list[tuple[int, int]] = field(default_factory=list)
     stage_of_chunk: list[list[int]] = field(default_factory=list)
+    device: bool = False
+
+
+# ============================================================================================================
+# device path kernels
+# ============================================================================================================
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["s0", "s1", "TK", "step", "lim"])
+    def _plan_kernel(ids, s0, s1, TK, step, lim,
+                     slot_of, expert_of, last_used, smap, rank_slot, rank_old, copy, counters, slot_ids,
+                     E: tl.constexpr, NS: tl.constexpr, K: tl.constexpr, NC: tl.constexpr,
+                     BE: tl.constexpr, NSP: tl.constexpr, BT: tl.constexpr, NCP: tl.constexpr,
+                     ONE_TILE: tl.constexpr):
+        # One program. State (device, fixed shapes): slot_of [E] int32 (-1: not resident), expert_of [NS]
+        # int32 (-1: empty), last_used [NS] int64 (-1: empty), counters [NCP] int64 (CacheStats order).
+        # Scratch: smap [E] int32 (presence, then the step's expert -> slot map), rank_slot / rank_old [NSP]
+        # int32 (free slots in LRU order and the expert each held), copy [1 + 2 NC] int32 (count, experts,
+        # destination slots). Out: slot_ids [TK] int32.
+        # Threads of the program may hold replicas of one element and warps run unsynchronised, so every
+        # buffer read and later written in this kernel has a barrier between the read and the write.
+        step64 = step.to(tl.int64)
+        cidx = tl.arange(0, NCP)
+        cnt = tl.load(counters + cidx)                      # read early; stored at the end
+        s = tl.arange(0, NSP)
+        ms = s < NS
+        eo = tl.load(expert_of + s, mask=ms, other=-1)
+        lu = tl.load(last_used + s, mask=ms, other=0)
+        t_one = tl.arange(0, BT)
+        if ONE_TILE:  # every step's ids fit one tile: load them once, reuse for the slot ids
+            ids_one = tl.load(ids + (t_one // K) * s0 + (t_one % K) * s1, mask=t_one < TK, other=0)
+        # A: presence := 0
+        for e0 in range(0, E, BE):
+            e = e0 + tl.arange(0, BE)
+            tl.store(smap + e, tl.zeros([BE], dtype=tl.int32), mask=e < E)
+        tl.debug_barrier()
+        # B: presence[ids] := 1 (duplicates store the same value); invalid ids counted, never stored
+        nbad = tl.sum(tl.zeros([BT], dtype=tl.int32), 0)
+        for i0 in range(0, TK, BT):
+            i = i0 + t_one
+            m = i < TK
+            if ONE_TILE:
+                ex = ids_one
+            else:
+                ex = tl.load(ids + (i // K) * s0 + (i % K) * s1, mask=m, other=0)
+            ok = m & (ex >= 0) & (ex < E)
+            nbad += tl.sum((m & (ok == 0)).to(tl.int32), 0)
+            tl.store(smap + ex, tl.full([BT], 1, tl.int32), mask=ok)
+        tl.debug_barrier()
+        # C: distinct, hits
+        ndist = tl.sum(tl.zeros([BE], dtype=tl.int32), 0)
+        nhit = ndist
+        for e0 in range(0, E, BE):
+            e = e0 + tl.arange(0, BE)
+            me = e < E
+            p = tl.load(smap + e, mask=me, other=0) == 1
+            so = tl.load(slot_of + e, mask=me, other=-1)
+            ndist += tl.sum(p.to(tl.int32), 0)
+            nhit += tl.sum((p & (so >= 0)).to(tl.int32), 0)
+        nmiss = ndist - nhit
+        ins = ((nmiss > 0) & (ndist <= lim)).to(tl.int32)   # the insert threshold, on the device (0 / 1)
+        # D: slots used this step (their expert is present) are stamped; the others ranked LRU-first by one
+        # sort of (stamp + 1, slot, expert + 1) packed in an int64 (empty slots have stamp -1: first)
+        used = (tl.load(smap + eo, mask=ms & (eo >= 0), other=0) == 1) & ms
+        key = ((lu + 1) << 32) | (s.to(tl.int64) << 16) | (eo + 1).to(tl.int64)
+        key = tl.where(ms & (used == 0), key, 0x7FFFFFFFFFFFFFFF)
+        srt = tl.sort(key, 0)
+        tl.store(rank_slot + s, ((srt >> 16) & 0xFFFF).to(tl.int32))
+        tl.store(rank_old + s, ((srt & 0xFFFF) - 1).to(tl.int32))
+        tl.store(last_used + s, tl.zeros([NSP], dtype=tl.int64) + step64, mask=used)  # lu was read at the top
+        tl.debug_barrier()
+        # E: misses in ascending expert id; the r-th takes the r-th free slot (insert) or staging slot NS + r
+        carry = tl.sum(tl.zeros([BE], dtype=tl.int32), 0)
+        nev = carry
+        for e0 in range(0, E, BE):
+            e = e0 + tl.arange(0, BE)
+            me = e < E
+            p = tl.load(smap + e, mask=me, other=0) == 1
+            so = tl.load(slot_of + e, mask=me, other=-1)
+            miss = p & (so < 0)
+            mi = miss.to(tl.int32)
+            r = carry + tl.cumsum(mi, 0) - mi
+            carry += tl.sum(mi, 0)
+            im = miss & ((tl.zeros_like(mi) + ins) != 0)  # (a scalar bool in a block mask trips the interpreter)
+            sl = tl.load(rank_slot + r, mask=im, other=0)
+            old = tl.load(rank_old + r, mask=im, other=-1)
+            ev = im & (old >= 0)
+            nev += tl.sum(ev.to(tl.int32), 0)
+            dst = tl.where(im, sl, NS + r)
+            newmap = tl.where(miss, dst, tl.where(p, so, -1))
+            tl.debug_barrier()  # this chunk's smap / slot_of reads done everywhere before the writes
+            # an evicted expert is absent this step (its slot was free), so later chunks ignore its slot_of
+            tl.store(slot_of + old, tl.full([BE], -1, tl.int32), mask=ev)
+            tl.store(slot_of + e, sl, mask=im)
+            tl.store(expert_of + sl, e, mask=im)
+            tl.store(last_used + sl, tl.zeros([BE], dtype=tl.int64) + step64, mask=im)
+            tl.store(copy + 1 + r, e, mask=miss)
+            tl.store(copy + 1 + NC + r, dst, mask=miss)
+            tl.store(smap + e, newmap, mask=me)
+            tl.debug_barrier()
+        tl.store(copy, nmiss)                                # the copy kernel's count: every miss is copied
+        # F: slot ids (smap is now the step's expert -> slot map)
+        for i0 in range(0, TK, BT):
+            i = i0 + t_one
+            m = i < TK
+            if ONE_TILE:
+                ex = ids_one
+            else:
+                ex = tl.load(ids + (i // K) * s0 + (i % K) * s1, mask=m, other=0)
+            ok = m & (ex >= 0) & (ex < E)
+            tl.store(slot_ids + i, tl.load(smap + ex, mask=ok, other=-1), mask=m)
+        # G: counters, CacheStats field order
+        ninsert = nmiss * ins
+        over = ((nmiss > 0) & (ins == 0)).to(tl.int32)
+        d = tl.where(cidx == 0, 1, 0).to(tl.int64)
+        d += tl.where(cidx == 1, TK, 0).to(tl.int64)
+        d += tl.where(cidx == 2, ndist, 0).to(tl.int64)
+        d += tl.where(cidx == 3, nhit, 0).to(tl.int64)
+        d += tl.where(cidx == 4, nmiss, 0).to(tl.int64)
+        d += tl.where(cidx == 5, ninsert, 0).to(tl.int64)
+        d += tl.where(cidx == 6, nev, 0).to(tl.int64)
+        d += tl.where(cidx == 7, nmiss - ninsert, 0).to(tl.int64)
+        d += tl.where(cidx == 8, over, 0).to(tl.int64)
+        d += tl.where(cidx == 9, 1, 0).to(tl.int64)
+        d += tl.where(cidx == 10, nbad, 0).to(tl.int64)
+        tl.store(counters + cidx, cnt + d)
+
+    @triton.jit
+    def _copy_chunk(src, dst, e, s, c, W: tl.constexpr, B: tl.constexpr):
+        # chunk c of expert e's W words -> slot s; B words per program
+        offs = c * B + tl.arange(0, B)
+        if W % B == 0:
+            v = tl.load(src + e * W + offs)
+            tl.store(dst + s * W + offs, v)
+        else:
+            m = offs < W
+            v = tl.load(src + e * W + offs, mask=m)
+            tl.store(dst + s * W + offs, v, mask=m)
+
+    @triton.jit
+    def _gather_copy_kernel(copy, src0, dst0, src1, dst1, src2, dst2, src3, dst3,
+                            NC: tl.constexpr, NT: tl.constexpr,
+                            W0: tl.constexpr, B0: tl.constexpr, C0: tl.constexpr,
+                            W1: tl.constexpr, B1: tl.constexpr, C1: tl.constexpr,
+                            W2: tl.constexpr, B2: tl.constexpr, C2: tl.constexpr,
+                            W3: tl.constexpr, B3: tl.constexpr, C3: tl.constexpr):
+        # grid (max misses this step, C0 + .. + C{NT-1}): program (r, c) copies chunk c of the r-th listed
+        # expert (copy[1 + r] -> slot copy[1 + NC + r]) if r < copy[0]. Chunks 0..C0-1 are tensor 0's, then
+        # tensor 1's, ... src*: the host store as flat words (a pinned CPU tensor: read over PCIe), dst*: the
+        # device slots as flat words.
+        r = tl.program_id(0)
+        c = tl.program_id(1)
+        n = tl.load(copy)
+        if r < n:
+            e = tl.load(copy + 1 + r).to(tl.int64)
+            s = tl.load(copy + 1 + NC + r).to(tl.int64)
+            if c < C0:
+                _copy_chunk(src0, dst0, e, s, c, W0, B0)
+            if NT > 1:
+                c1 = c - C0
+                if (c1 >= 0) & (c1 < C1):
+                    _copy_chunk(src1, dst1, e, s, c1, W1, B1)
+            if NT > 2:
+                c2 = c - C0 - C1
+                if (c2 >= 0) & (c2 < C2):
+                    _copy_chunk(src2, dst2, e, s, c2, W2, B2)
+            if NT > 3:
+                c3 = c - C0 - C1 - C2
+                if (c3 >= 0) & (c3 < C3):
+                    _copy_chunk(src3, dst3, e, s, c3, W3, B3)
+
+
+_WORD = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def _flat_words(t: torch.Tensor, word: int) -> torch.Tensor:
+    """A contiguous tensor's bytes as a 1-D tensor of ``word``-byte integers (a view: same memory)."""
+    return t.reshape(-1).view(torch.uint8).view(_WORD[word])
 
 
 class ExpertCache:
@@ -93,11 +317,19 @@ class ExpertCache:
         insert_thresh: a step whose distinct experts exceed ``insert_thresh * n_slots`` inserts nothing.
         stage_slots: read-through slots (default ``n_slots``); at least ``top_k``.
         pin: pin the host store (default: when CUDA is available).
+        device_plan: plan and copy on the device without syncs (see the module doc). None (default): when
+            Triton is there and either the slots are on CUDA with a pinned host store (not interpreting), or
+            the slots are on the CPU under TRITON_INTERPRET=1; the first launch is probed in the constructor
+            and a refused one falls back to the host path with a warning. True: required (ValueError if
+            impossible). False: the host path (the reference).
+
+    Raises:
+        ValueError: bad shapes or arguments; device_plan=True where the device path cannot run.
     """
 
     def __init__(self, host: list[torch.Tensor], n_slots: int, max_tokens: int, top_k: int,
                  device: str | torch.device = "cpu", insert_thresh: float = DEFAULT_INSERT_THRESH,
-                 stage_slots: int | None = None, pin: bool | None = None):
+                 stage_slots: int | None = None, pin: bool | None = None, device_plan: bool | None = None):
         if not host:
             raise ValueError("host needs at least one weight tensor [E, ...]")
         E = host[0].shape[0]
@@ -111,6 +343,8 @@ class ExpertCache:
         if stage_slots < top_k:
             raise ValueError(f"stage_slots ({stage_slots}) must be at least top_k ({top_k})")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         pin = torch.cuda.is_available() if pin is None else pin
         self.host = [h.contiguous().pin_memory() if pin and not h.is_pinned() else h.contiguous() for h in host]
         self.E, self.n_slots, self.stage_slots, self.top_k = E, n_slots, stage_slots, top_k
@@ -121,28 +355,129 @@ class ExpertCache:
                         for h in self.host]
         self._slot_ids = torch.empty(max_tokens * top_k, dtype=torch.int32, device=self.device)
         self._map_dev = torch.empty(E, dtype=torch.int32, device=self.device)  # expert -> slot for this step
-        # host-side bookkeeping (small, fixed size)
+        # host-side bookkeeping (small, fixed size): the host path's state; on the device path a copy read
+        # back only for the steps that take the host path
         self._slot_of = [-1] * E                # resident slot of each expert
         self._expert_of = [-1] * n_slots        # expert held by each resident slot
         self._last_used = [-1] * n_slots        # LRU stamp (step index)
         self._map_host = torch.full((E,), -1, dtype=torch.int32, pin_memory=pin)
-        self.stats = CacheStats()
+        self._hstats = CacheStats()             # the host path's counters
         self._step = 0
+        self.path_steps = {"device": 0, "host": 0}  # steps planned by each path (host ints, for the gates)
+        self._views: dict[int, torch.Tensor] = {}   # T -> slot_ids[:T*k].view(T, k) (views, no memory)
+        self._dev: list[torch.Tensor] = []
+        self.device_plan = self._setup_device_path(device_plan)
+
+    # -- device path setup ----------------------------------------------------------------------------
+    def _device_path_possible(self) -> str | None:
+        """None if the device path can run here, else why not."""
+        if triton is None:
+            return "Triton is not installed"
+        if max(self.E, self.n_slots) > _MAX_IDS:
+            return f"E and n_slots must be at most {_MAX_IDS}"
+        if self.device.type == "cuda":
+            if _interpreting():
+                return "TRITON_INTERPRET=1 with CUDA slots"
+            if not all(h.is_pinned() for h in self.host):
+                return "the host store is not pinned"
+            return None
+        if self.device.type == "cpu":
+            return None if _interpreting() else "CPU slots need TRITON_INTERPRET=1"
+        return f"device type {self.device.type}"
+
+    def _setup_device_path(self, want: bool | None) -> bool:
+        if want is False:
+            return False
+        why = self._device_path_possible()
+        if why is not None:
+            if want:
+                raise ValueError(f"device_plan=True but the device path cannot run: {why}")
+            return False
+        E, NS, dev = self.E, self.n_slots, self.device
+        i32 = dict(dtype=torch.int32, device=dev)
+        self._slot_of_d = torch.full((E,), -1, **i32)
+        self._expert_of_d = torch.full((NS,), -1, **i32)
+        self._last_used_d = torch.full((NS,), -1, dtype=torch.int64, device=dev)
+        NSP = max(16, triton.next_power_of_2(NS))
+        self._rank_slot = torch.empty(NSP, **i32)
+        self._rank_old = torch.empty(NSP, **i32)
+        self._copy = torch.zeros(1 + 2 * E, **i32)  # [count, experts..., slots...]
+        self._counters = torch.zeros(_NCOUNT_P2, dtype=torch.int64, device=dev)
+        self._dev = [self._slot_of_d, self._expert_of_d, self._last_used_d, self._rank_slot, self._rank_old,
+                     self._copy, self._counters]
+        TKmax = self.max_tokens * self.top_k
+        BT = max(16, min(_PLAN_TILE_MAX["T"], triton.next_power_of_2(max(TKmax, 1))))
+        BE = max(16, min(_PLAN_TILE_MAX["E"], triton.next_power_of_2(E)))
+        self._plan_meta = dict(E=E, NS=NS, K=self.top_k, NC=E, BE=BE,
+                               NSP=NSP, BT=BT, NCP=_NCOUNT_P2, ONE_TILE=TKmax <= BT, num_warps=4)
+        # the copy: per weight tensor, flat words of the widest integer type that divides its per-expert bytes
+        # and both base addresses; groups of at most 4 tensors per launch
+        block = COPY_BLOCK_BYTES if not _interpreting() else 1024
+        groups, cur = [], []
+        for h, w in zip(self.host, self.weights):
+            nb = h[0].numel() * h.element_size() if E else 0
+            if nb == 0:
+                continue
+            word = next(b for b in (8, 4, 2, 1)
+                        if nb % b == 0 and h.data_ptr() % b == 0 and w.data_ptr() % b == 0)
+            W, B = nb // word, block // word
+            cur.append((_flat_words(h, word), _flat_words(w, word), W, B, triton.cdiv(W, B)))
+            if len(cur) == 4:
+                groups.append(cur)
+                cur = []
+        if cur:
+            groups.append(cur)
+        self._copy_launches = []
+        for g in groups:
+            args, meta = [self._copy], dict(NC=E, NT=len(g), num_warps=4)
+            for j in range(4):
+                src, dst, W, B, C = g[j] if j < len(g) else (None, None, 1, 1, 0)
+                args += [src, dst]
+                meta.update({f"W{j}": W, f"B{j}": B, f"C{j}": C})
+            nchunks = sum(x[4] for x in g)
+            if nchunks > 65535:
+                raise ValueError(f"an expert needs {nchunks} copy programs (grid dim 1 max 65535)")
+            self._copy_launches.append((nchunks, args, meta))
+        try:  # probe: count 0, so every program exits; compiles the copy kernel and checks the host pointers
+            self._launch_copies(1)
+        except ValueError as exc:  # Triton's launcher refused a pointer (e.g. a host store it cannot map)
+            if want:
+                raise ValueError(f"device_plan=True but the copy kernel was refused: {exc}") from exc
+            warnings.warn(f"ExpertCache: device path unavailable ({exc}); using the host path", RuntimeWarning)
+            self._dev = []
+            return False
+        return True
+
+    def _launch_copies(self, nmax: int) -> None:
+        for nchunks, args, meta in self._copy_launches:
+            _gather_copy_kernel[(nmax, nchunks)](*args, **meta)
 
     # -- introspection for the gates ------------------------------------------------------------------
     def buffers(self) -> list[torch.Tensor]:
         """Every device tensor the cache owns (its one buffer set)."""
-        return [*self.weights, self._slot_ids, self._map_dev]
+        return [*self.weights, self._slot_ids, self._map_dev, *self._dev]
 
     def buffer_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers())
 
     def resident(self) -> dict[int, int]:
-        """expert -> slot for the resident experts."""
-        return {e: s for e, s in enumerate(self._slot_of) if s >= 0}
+        """expert -> slot for the resident experts (device path: reads the device state, syncs)."""
+        slot_of = self._slot_of_d.tolist() if self.device_plan else self._slot_of
+        return {e: s for e, s in enumerate(slot_of) if s >= 0}
+
+    @property
+    def stats(self) -> CacheStats:
+        """The counters (device path: adds the device counters, a sync)."""
+        st = CacheStats(**vars(self._hstats))
+        if self.device_plan:
+            for f, v in zip(fields(CacheStats), self._counters.tolist()):
+                setattr(st, f.name, getattr(st, f.name) + v)
+        return st
 
     def reset_stats(self) -> None:
-        self.stats = CacheStats()
+        self._hstats = CacheStats()
+        if self.device_plan:
+            self._counters.zero_()
 
     # -- the step ------------------------------------------------------------------------------------
     def _copy_in(self, expert: int, slot: int) -> None:
@@ -152,19 +487,78 @@ class ExpertCache:
 
     def prepare(self, topk_ids: torch.Tensor) -> StepPlan:
         """LRU bookkeeping, inserts and read-through plan for one step; returns the plan (see the module doc).
-        For a plan with one chunk the staging copies are done here and ``slot_ids`` is ready; otherwise call
-        :meth:`stage` before each chunk."""
+
+        Args:
+            topk_ids: ``[T, k]`` integer expert ids (any integer dtype and strides), ``T <= max_tokens``.
+        Returns:
+            the step's plan; ``plan.slot_ids`` ``[T, k]`` int32. A plan with one chunk is ready (its copies are
+            issued on the current stream); otherwise call :meth:`stage` before each chunk.
+        Raises:
+            ValueError: wrong k, too many tokens; on the host path also ids outside ``0..E-1``.
+        """
         T, k = topk_ids.shape
         if k != self.top_k:
             raise ValueError(f"topk_ids has {k} choices per token, the cache was built for {self.top_k}")
         if T > self.max_tokens:
             raise ValueError(f"{T} tokens in one step; the cache was built for max_tokens={self.max_tokens}")
+        if self.device_plan and min(self.E, T * k) <= self.stage_slots:
+            if self._step >= _MAX_STEP:
+                raise OverflowError("the device LRU stamps hold 2**31 - 2 steps")
+            if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
+                with torch.cuda.device(self.device):  # Triton launches on the current device
+                    return self._prepare_device(topk_ids)
+            return self._prepare_device(topk_ids)
+        if self.device_plan:  # a step that may need chunks: the host path on a copy of the device state
+            self._pull()
+            try:
+                return self._prepare_host(topk_ids)
+            finally:
+                self._push()
+        return self._prepare_host(topk_ids)
+
+    def _prepare_device(self, topk_ids: torch.Tensor) -> StepPlan:
+        """The device path: two launches, no sync (the caller checked shapes and the staging bound)."""
+        T, k = topk_ids.shape
+        if topk_ids.device != self.device:
+            topk_ids = topk_ids.to(self.device)
+        TK = T * k
+        step = self._step
+        self._step += 1
+        self.path_steps["device"] += 1
+        lim = math.floor(self.insert_thresh * self.n_slots)  # distinct <= thresh * n  <=>  distinct <= floor
+        _plan_kernel[(1,)](topk_ids, topk_ids.stride(0), topk_ids.stride(1), TK, step, lim,
+                           self._slot_of_d, self._expert_of_d, self._last_used_d, self._map_dev,
+                           self._rank_slot, self._rank_old, self._copy, self._counters, self._slot_ids,
+                           **self._plan_meta)
+        if TK:
+            self._launch_copies(min(self.E, TK))
+        view = self._views.get(T)
+        if view is None:
+            view = self._views[T] = self._slot_ids[:TK].view(T, k)
+        return StepPlan(slot_ids=view, chunks=[(0, T)], stage_of_chunk=[[]], device=True)
+
+    def _pull(self) -> None:
+        """Device state -> the host lists (syncs)."""
+        self._slot_of = self._slot_of_d.tolist()
+        self._expert_of = self._expert_of_d.tolist()
+        self._last_used = self._last_used_d.tolist()
+
+    def _push(self) -> None:
+        """The host lists -> device state (blocking copies from pageable memory)."""
+        self._slot_of_d.copy_(torch.tensor(self._slot_of, dtype=torch.int32))
+        self._expert_of_d.copy_(torch.tensor(self._expert_of, dtype=torch.int32))
+        self._last_used_d.copy_(torch.tensor(self._last_used, dtype=torch.int64))
+
+    def _prepare_host(self, topk_ids: torch.Tensor) -> StepPlan:
+        """The host path (the reference): syncs on the ids, Python bookkeeping, one copy per tensor and expert."""
+        T, k = topk_ids.shape
         ids = topk_ids.to("cpu", torch.int64)
         if T and (int(ids.min()) < 0 or int(ids.max()) >= self.E):
             raise ValueError(f"expert ids must be in 0..{self.E - 1}")
         step = self._step
         self._step += 1
-        st = self.stats
+        self.path_steps["host"] += 1
+        st = self._hstats
         st.steps += 1
         st.routed += T * k
         distinct = torch.unique(ids).tolist()
@@ -219,7 +613,10 @@ class ExpertCache:
 
     def stage(self, plan: StepPlan, chunk: int) -> torch.Tensor:
         """Copy chunk ``chunk``'s read-through experts into the staging slots and write its tokens' slot ids
-        into ``plan.slot_ids``; returns the chunk's ``[t1 - t0, k]`` slot ids."""
+        into ``plan.slot_ids``; returns the chunk's ``[t1 - t0, k]`` slot ids. A device plan is ready already:
+        returns its slot ids."""
+        if plan.device:
+            return plan.slot_ids
         t0, t1 = plan.chunks[chunk]
         m = self._map_host
         m.copy_(torch.tensor(self._slot_of, dtype=torch.int32))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import moe
 from kernels.moe import ExpertCache, moe_topk_sum, moe_topk_sum_ref
 
 
@@ -102,6 +103,128 @@ def test_cache_lru_order_and_threshold(mode, device):
     assert torch.equal(cache.weights[0][plan.slot_ids.long()].cpu(), w[torch.tensor([[5, 6], [7, 0]])])
     with pytest.raises(ValueError):
         cache.prepare(torch.zeros(5, k, dtype=torch.int64, device=device))
+
+
+@pytest.mark.parametrize("stage", ["device", "tiles", "mixed"])
+@pytest.mark.parametrize("thresh", [0.99, 0.5], ids=["thresh0.99", "thresh0.5"])
+def test_cache_device_path_matches_host_path(mode, device, gen, thresh, stage, monkeypatch):
+    """The sync-free device path against the host path (the reference) over the same routing trace: the same
+    slot of every (token, choice), the same resident set, the same counters after every step, slots holding
+    the host bytes (so the expert FFN is bit-identical to one reading the host store), and one buffer set.
+    stage="device": stage_slots = E, every step takes the device path; "tiles": the same with the plan
+    kernel's tiles shrunk to 16 (several expert tiles, the miss rank carried across them; several token
+    tiles); "mixed": stage_slots = k + 2, only single-token steps do, the others take the host path on the
+    device state (read back and written back)."""
+    E, H, I, k = (32, 16, 8, 4) if mode == "interp" else (128, 256, 128, 8)
+    n_slots, max_tokens, steps = (12, 24, 60) if mode == "interp" else (48, 256, 200)
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) * 0.1).to(torch.bfloat16)
+    w2 = (torch.randn(E, H, I, generator=gen) * 0.1).to(torch.bfloat16)
+    stage_slots = k + 2 if stage == "mixed" else E
+    if stage == "tiles":
+        monkeypatch.setattr(moe, "_PLAN_TILE_MAX", {"E": 16, "T": 16})
+    kw = dict(n_slots=n_slots, max_tokens=max_tokens, top_k=k, device=device, insert_thresh=thresh,
+              stage_slots=stage_slots)
+    dev = ExpertCache([w13, w2], device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)  # the same (pinned) host store
+    if stage == "tiles":
+        assert dev._plan_meta["BE"] == 16 and not dev._plan_meta["ONE_TILE"]
+    host13, host2 = dev.host
+    ptrs0, bytes0 = [t.data_ptr() for t in dev.buffers()], dev.buffer_bytes()
+    mem = []
+    for step, ids in enumerate(trace(gen, steps, E, k, max_tokens)):
+        T = ids.shape[0]
+        x = torch.randn(T, H, generator=gen).to(device=device, dtype=torch.bfloat16)
+        ids_d = ids.to(device)
+        pd, pr = dev.prepare(ids_d), ref.prepare(ids_d)
+        assert pd.device == (min(E, T * k) <= stage_slots)
+        assert pd.chunks == pr.chunks
+        for c, (t0, t1) in enumerate(pd.chunks):
+            sd = dev.stage(pd, c) if len(pd.chunks) > 1 else pd.slot_ids
+            sr = ref.stage(pr, c) if len(pr.chunks) > 1 else pr.slot_ids
+            assert torch.equal(sd, sr), (step, c)
+            sl = sd.reshape(-1).long()
+            ex = ids[t0:t1].reshape(-1)
+            xr = x[t0:t1].repeat_interleave(k, dim=0)
+            w13d, w2d = dev.weights[0][sl], dev.weights[1][sl]
+            w13r, w2r = ref.weights[0][sr.reshape(-1).long()], ref.weights[1][sr.reshape(-1).long()]
+            w13h, w2h = host13[ex].to(device), host2[ex].to(device)
+            assert torch.equal(w13d, w13h) and torch.equal(w2d, w2h), (step, c)
+            yd, yr, yh = expert_ffn(xr, w13d, w2d), expert_ffn(xr, w13r, w2r), expert_ffn(xr, w13h, w2h)
+            assert torch.equal(yd, yr) and torch.equal(yd, yh), (step, c)
+        assert dev.resident() == ref.resident(), step
+        assert dev.stats == ref.stats, step
+        assert [t.data_ptr() for t in dev.buffers()] == ptrs0 and dev.buffer_bytes() == bytes0
+        if device == "cuda":
+            del pd, pr, sd, sr, sl, w13d, w2d, w13r, w2r, w13h, w2h, xr, x, ids_d, yd, yr, yh
+            torch.cuda.synchronize()
+            mem.append(torch.cuda.memory_allocated())
+    st = dev.stats
+    assert st.steps == steps and st.inserts > 0 and st.hits > 0 and st.invalid_ids == 0
+    assert st.inserts + st.read_through == st.misses
+    if thresh == 0.5:
+        assert st.steps_over_thresh > 0 and st.read_through > 0
+    if stage != "mixed":
+        assert dev.path_steps == {"device": steps, "host": 0}
+    else:
+        assert dev.path_steps["device"] >= steps // 5 and dev.path_steps["host"] > 0
+    if mem:
+        assert max(mem[10:]) <= mem[10], f"device memory grew after warm-up: {mem[10]} -> {max(mem[10:])}"
+
+
+def test_cache_device_path_layouts(mode, device, gen):
+    """Five weight tensors of mixed dtypes and odd per-expert byte counts (word sizes 8, 4, 2 and 1; two copy
+    launches of at most four tensors), int32 ids given as a strided view, and out-of-range ids: slot -1,
+    counted in invalid_ids, the valid pairs unaffected."""
+    E, k = 20, 3
+    host = [torch.randn(E, 3, generator=gen),                                   # 12 B: int32 words
+            torch.randn(E, 5, generator=gen).to(torch.bfloat16),                # 10 B: int16
+            torch.randint(0, 255, (E, 7), generator=gen, dtype=torch.uint8),     # 7 B: uint8
+            torch.randint(-2**40, 2**40, (E, 2, 2), generator=gen),             # 32 B: int64
+            torch.randn(E, 4, 33, generator=gen).to(torch.float16)]             # 264 B: int64
+    kw = dict(n_slots=6, max_tokens=8, top_k=k, device=device, insert_thresh=1.0, stage_slots=E)
+    dev = ExpertCache(host, device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)
+    assert len(dev._copy_launches) == 2
+    for step in range(12):
+        T = 1 + step % 4
+        ids = torch.randint(0, E, (k, T), generator=gen, dtype=torch.int32)
+        ids_t = ids.to(device).t()  # [T, k], strides (1, T)
+        pd, pr = dev.prepare(ids_t), ref.prepare(ids_t)
+        assert torch.equal(pd.slot_ids, pr.slot_ids) and dev.resident() == ref.resident() and dev.stats == ref.stats
+        sl = pd.slot_ids.reshape(-1).long()
+        for w, h in zip(dev.weights, dev.host):
+            assert torch.equal(w[sl].cpu(), h[ids.t().reshape(-1).long()])
+    bad = torch.tensor([[E, 1, -1], [2, 3, 2]], device=device)
+    before = dev.stats.invalid_ids
+    plan = dev.prepare(bad)
+    sid = plan.slot_ids.cpu()
+    assert sid[0, 0] == -1 and sid[0, 2] == -1 and (sid[0, 1] >= 0) and (sid[1] >= 0).all()
+    assert dev.stats.invalid_ids == before + 2
+    for w, h in zip(dev.weights, dev.host):
+        assert torch.equal(w[sid[1].long()].cpu(), h[torch.tensor([2, 3, 2])])
+    with pytest.raises(ValueError):
+        ref.prepare(bad)
+
+
+@pytest.mark.gpu
+def test_cache_device_path_does_not_sync(mode, device, gen):
+    """On CUDA the device path issues no synchronising torch call (sync debug mode 'error' raises on one)."""
+    if mode != "gpu":
+        pytest.skip("CUDA only")
+    E, k = 64, 8
+    cache = ExpertCache([torch.randn(E, 1024, generator=gen)], n_slots=16, max_tokens=16, top_k=k,
+                        device="cuda", stage_slots=E)
+    assert cache.device_plan
+    steps = [torch.randint(0, E, (T, k), generator=gen).cuda() for T in (1, 2, 16, 1, 5)]
+    cache.prepare(steps[0])  # compiles the plan kernel
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for ids in steps:
+            cache.prepare(ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert cache.stats.steps == 1 + len(steps)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
