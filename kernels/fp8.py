@@ -122,17 +122,51 @@ if triton is not None:
         return y.to(tl.float8e4nv)
 
     @triton.jit
-    def _quant_tile(x, FMAX: tl.constexpr, FNUZ: tl.constexpr, RNE_FIX: tl.constexpr):
+    def _div_exact(ax, s, r):
+        """RN(ax / s) for ax [BM, 128] fp32 >= 0 and the row scales s [BM] > 0, with r = RN(1 / s) [BM]:
+        three flops an element instead of IEEE division's ~10 and a slow-path branch. q0 = RN(ax r) is within
+        a few ulps; the residual ax - q0 s is exact in one FMA; one FMA correction by r then gives the correctly
+        rounded quotient (Markstein's scheme). Checked bit for bit against IEEE division: every bf16
+        significand and every fp16 significand against every one of the 2^23 fp32 scale significands, in both
+        quotient binades, plus 2^31 random and adversarial fp32 pairs (tests/kernels/test_fp8.py keeps a
+        sample). Scale invariance carries that to every exponent while the residual stays normal; it does
+        whenever the quotient is >= 2^-11 (s >= 1e-10/448 bounds the exponents), and a smaller quotient is
+        off by at most a few of its own ulps, so it still rounds to fp8 zero, as the reference's does."""
+        q = ax * r[:, None]
+        res = tl.fma(-q, s[:, None], ax)
+        return tl.fma(res, r[:, None], q)
+
+    @triton.jit
+    def _div_probe_kernel(x, s, out, n, BLOCK: tl.constexpr):
+        # out[i] = _div_exact(x[i], s[i]) (x >= 0, s > 0, fp32): the quotient the fused quant computes
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        msk = offs < n
+        xv = tl.load(x + offs, mask=msk, other=0.0)
+        sv = tl.load(s + offs, mask=msk, other=1.0)
+        r = tl.math.div_rn(tl.full(sv.shape, 1.0, tl.float32), sv)
+        q = _div_exact(xv[:, None], sv, r)
+        tl.store(out + offs[:, None], q, mask=msk[:, None])
+
+    @triton.jit
+    def _quant_tile(x, FMAX: tl.constexpr, FNUZ: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr):
         """x [BM, 128] fp32 -> (q [BM, 128] e4m3fn holding the MMA operand, s [BM] fp32, bits [BM, 128] uint8
         as stored for the format). For fnuz the operand is the e4m3fn value of 2 q (exactly), bits its fnuz
-        encoding."""
-        amax = tl.max(tl.abs(x), axis=1)
-        amax = tl.maximum(amax, 1e-10)
+        encoding. The quotient is taken on |x| (round to nearest even is odd-symmetric, so RN(|x|/s) = |RN(x/s)|)
+        and x's sign bit put back (one LOP3), which also keeps -0 -> -0 as torch does. FAST_DIV: _div_exact,
+        otherwise IEEE div_rn; bit-identical results."""
+        ax = tl.abs(x)
+        amax = tl.maximum(tl.max(ax, axis=1), 1e-10)
         s = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
-        y = tl.math.div_rn(x, tl.broadcast_to(s[:, None], x.shape))
-        y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
+        if FAST_DIV:
+            r = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s)
+            y = _div_exact(ax, s, r)
+        else:
+            y = tl.math.div_rn(ax, tl.broadcast_to(s[:, None], ax.shape))
+        y = tl.minimum(y, FMAX)
         if FNUZ:
             y = y * 2.0
+        sign = x.to(tl.uint32, bitcast=True) & 0x80000000
+        y = (y.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         q = _rne_e4m3(y, RNE_FIX)
         bits = q.to(tl.uint8, bitcast=True)
         if FNUZ:
@@ -140,28 +174,51 @@ if triton is not None:
         return q, s, bits
 
     @triton.jit
-    def _quant_group_kernel(x, q, s, M, K, sxm, sqm, ssm,
-                            BM: tl.constexpr, FMAX: tl.constexpr, FNUZ: tl.constexpr, RNE_FIX: tl.constexpr):
-        # grid: (cdiv(M, BM), K // 128)
+    def _quant_group_kernel(x, q, s, M, K, sxm, sqm, ssm, BM: tl.constexpr, GPP: tl.constexpr,
+                            FMAX: tl.constexpr, FNUZ: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr):
+        # grid: (cdiv(M, BM), K // 128 // GPP); each program quantises GPP groups (GPP divides K/128) of BM rows
         pid_m = tl.program_id(0)
-        g = tl.program_id(1)
         offs_m = pid_m * BM + tl.arange(0, BM)
-        offs_k = g * 128 + tl.arange(0, 128)
         mm = offs_m < M
-        xt = tl.load(x + offs_m[:, None].to(tl.int64) * sxm + offs_k[None, :], mask=mm[:, None], other=0.0)
-        _, sc, bits = _quant_tile(xt.to(tl.float32), FMAX, FNUZ, RNE_FIX)
-        tl.store(q + offs_m[:, None].to(tl.int64) * sqm + offs_k[None, :], bits, mask=mm[:, None])
-        tl.store(s + offs_m * ssm + g, sc, mask=mm)
+        for i in tl.static_range(GPP):
+            g = tl.program_id(1) * GPP + i
+            offs_k = g * 128 + tl.arange(0, 128)
+            xt = tl.load(x + offs_m[:, None].to(tl.int64) * sxm + offs_k[None, :], mask=mm[:, None], other=0.0)
+            _, sc, bits = _quant_tile(xt.to(tl.float32), FMAX, FNUZ, RNE_FIX, FAST_DIV)
+            tl.store(q + offs_m[:, None].to(tl.int64) * sqm + offs_k[None, :], bits, mask=mm[:, None])
+            tl.store(s + offs_m * ssm + g, sc, mask=mm)
+
+    @triton.jit
+    def _load_a(a, sa, qa_out, sa_out, offs_m, mm, offs_k, kb, a_ptrs, ssam, sqm, ssqm, do_store,
+                QUANT_A: tl.constexpr, STORE_A: tl.constexpr, FMAX: tl.constexpr, A_FNUZ: tl.constexpr,
+                RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr):
+        """The [BM, 128] A operand of K-block kb (e4m3fn; fnuz bits read as e4m3fn are twice the value: the
+        caller's half_a undoes it) and its row scales [BM]: loaded, or quantised here from bf16/fp16/fp32."""
+        if QUANT_A:
+            xt = tl.load(a_ptrs, mask=mm[:, None], other=0.0).to(tl.float32)
+            qa, sca, bits = _quant_tile(xt, FMAX, A_FNUZ, RNE_FIX, FAST_DIV)
+            if STORE_A:
+                if do_store:
+                    tl.store(qa_out + offs_m[:, None].to(tl.int64) * sqm + kb * 128 + offs_k[None, :], bits,
+                             mask=mm[:, None])
+                    tl.store(sa_out + offs_m * ssqm + kb, sca, mask=mm)
+        else:
+            qa = tl.load(a_ptrs, mask=mm[:, None], other=0).to(tl.float8e4nv, bitcast=True)
+            sca = tl.load(sa + offs_m * ssam + kb, mask=mm, other=0.0)
+        return qa, sca
 
     @triton.jit
     def _block_gemm_kernel(
         a, sa, b, sb, c, qa_out, sa_out, M, N, K,
         sam, ssam, sbn, ssbn, scm, sqm, ssqm,
-        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, KPI: tl.constexpr,
         QUANT_A: tl.constexpr, STORE_A: tl.constexpr, FMAX: tl.constexpr, A_FNUZ: tl.constexpr,
-        B_FNUZ: tl.constexpr, RNE_FIX: tl.constexpr,
+        HALF: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr,
     ):
-        # grid: (cdiv(M, BM) * cdiv(N, BN),); BN divides 128, so a program's columns share one weight block row.
+        # Prefill tiles [BM, BN]. grid: (cdiv(M, BM) * cdiv(N, BN),), GROUP_M-swizzled for L2 reuse.
+        # BN divides 128 (one weight-scale per program and K-block) or is a multiple of 128 (a [BN] vector).
+        # KPI K-blocks per loop iteration: their dots are issued before the first scale-FMA waits on its own,
+        # so one block's fp32 scaling overlaps the next block's MMA.
         pid = tl.program_id(0)
         num_m = tl.cdiv(M, BM)
         num_n = tl.cdiv(N, BN)
@@ -177,32 +234,113 @@ if triton is not None:
         nm = offs_n < N
         a_rows = a + offs_m[:, None].to(tl.int64) * sam + offs_k[None, :]
         b_cols = b + offs_n[None, :].to(tl.int64) * sbn + offs_k[:, None]
-        sb_row = sb + ((pid_n * BN) // 128) * ssbn
-        half_a = 0.5 if A_FNUZ else 1.0
-        half_b = 0.5 if B_FNUZ else 1.0
+        if BN <= 128:
+            sb_ptr = sb + ((pid_n * BN) // 128) * ssbn
+        else:
+            sb_ptr = sb + (offs_n // 128) * ssbn
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for kb in range(0, K // 128):
-            if QUANT_A:
-                xt = tl.load(a_rows, mask=mm[:, None], other=0.0).to(tl.float32)
-                qa, sca, bits = _quant_tile(xt, FMAX, A_FNUZ, RNE_FIX)
-                if STORE_A:
-                    if pid_n == 0:
-                        tl.store(qa_out + offs_m[:, None].to(tl.int64) * sqm + kb * 128 + offs_k[None, :], bits,
-                                 mask=mm[:, None])
-                        tl.store(sa_out + offs_m * ssqm + kb, sca, mask=mm)
+        for kb0 in range(0, K // 128, KPI):
+            # KPI == 2: both blocks' operands, then both dots, then both scale-FMAs (order matters, see above)
+            qa0, sa0 = _load_a(a, sa, qa_out, sa_out, offs_m, mm, offs_k, kb0, a_rows, ssam, sqm, ssqm,
+                               pid_n == 0, QUANT_A, STORE_A, FMAX, A_FNUZ, RNE_FIX, FAST_DIV)
+            qb0 = tl.load(b_cols, mask=nm[None, :], other=0).to(tl.float8e4nv, bitcast=True)
+            if BN > 128:
+                sb0 = tl.load(sb_ptr + kb0, mask=nm, other=0.0)
             else:
-                bits = tl.load(a_rows, mask=mm[:, None], other=0)
-                # fnuz bits read as e4m3fn are twice the fnuz value: half_a undoes it
-                qa = bits.to(tl.float8e4nv, bitcast=True)
-                sca = tl.load(sa + offs_m * ssam + kb, mask=mm, other=0.0)
-            bb = tl.load(b_cols, mask=nm[None, :], other=0)
-            qb = bb.to(tl.float8e4nv, bitcast=True)
-            scb = tl.load(sb_row + kb)
-            acc += tl.dot(qa, qb) * ((sca * half_a)[:, None] * (scb * half_b))
-            a_rows += 128
-            b_cols += 128
+                sb0 = tl.load(sb_ptr + kb0)
+            if KPI == 2:
+                qa1, sa1 = _load_a(a, sa, qa_out, sa_out, offs_m, mm, offs_k, kb0 + 1, a_rows + 128, ssam, sqm,
+                                   ssqm, pid_n == 0, QUANT_A, STORE_A, FMAX, A_FNUZ, RNE_FIX, FAST_DIV)
+                qb1 = tl.load(b_cols + 128, mask=nm[None, :], other=0).to(tl.float8e4nv, bitcast=True)
+                if BN > 128:
+                    sb1 = tl.load(sb_ptr + kb0 + 1, mask=nm, other=0.0)
+                else:
+                    sb1 = tl.load(sb_ptr + kb0 + 1)
+                d0 = tl.dot(qa0, qb0)
+                d1 = tl.dot(qa1, qb1)
+                acc += d0 * ((sa0 * HALF)[:, None] * sb0)
+                acc += d1 * ((sa1 * HALF)[:, None] * sb1)
+            else:
+                acc += tl.dot(qa0, qb0) * ((sa0 * HALF)[:, None] * sb0)
+            a_rows += 128 * KPI
+            b_cols += 128 * KPI
         tl.store(c + offs_m[:, None].to(tl.int64) * scm + offs_n[None, :], acc.to(c.dtype.element_ty),
                  mask=mm[:, None] & nm[None, :])
+
+    @triton.jit
+    def _small_m_kernel(
+        a, sa, b, sb, c, ws, lock, qa_out, sa_out, M, N, K, KB_PER,
+        sam, ssam, sbn, ssbn, scm, sqm, ssqm,
+        BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE: tl.constexpr,
+        QUANT_A: tl.constexpr, STORE_A: tl.constexpr, FMAX: tl.constexpr, A_FNUZ: tl.constexpr,
+        HALF: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr,
+    ):
+        # Decode (small M), swap-AB: each program computes out^T tile [BN, BM] = W[BN, K range] @ A[BM, K range]^T
+        # so the weight rows fill the wgmma's M (>= 64) and the few tokens its N (>= 16): on sm_90 an fp8 dot
+        # with a 16-row A would fall back to mma.sync with both operands upcast to fp16.
+        # grid: (cdiv(N, BN), SPLIT_K, cdiv(M, BM)); split pid_k owns K-blocks [pid_k KB_PER, +KB_PER).
+        # REDUCE 0: SPLIT_K == 1, store out directly. 1: store the fp32 partial in ws [SPLIT_K, M, N]
+        # (_splitk_reduce_kernel sums it). 2: same, then the last-arriving split of a tile (an acq_rel counter
+        # per tile in lock, reset by that program) sums ws in split order 0..SPLIT_K-1 itself: one launch,
+        # deterministic; lock must start zeroed and not be shared by concurrent launches.
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        pid_m = tl.program_id(2)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        offs_k = tl.arange(0, 128)
+        nm = offs_n < N
+        mm = offs_m < M
+        kb_lo = pid_k * KB_PER
+        kb_hi = tl.minimum(kb_lo + KB_PER, K // 128)
+        a_rows = a + offs_m[:, None].to(tl.int64) * sam + kb_lo * 128 + offs_k[None, :]
+        w_rows = b + offs_n[:, None].to(tl.int64) * sbn + kb_lo * 128 + offs_k[None, :]
+        if BN <= 128:
+            sb_ptr = sb + ((pid_n * BN) // 128) * ssbn
+        else:
+            sb_ptr = sb + (offs_n // 128) * ssbn
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        for kb in range(kb_lo, kb_hi):
+            qa, sca = _load_a(a, sa, qa_out, sa_out, offs_m, mm, offs_k, kb, a_rows, ssam, sqm, ssqm,
+                              pid_n == 0, QUANT_A, STORE_A, FMAX, A_FNUZ, RNE_FIX, FAST_DIV)
+            w = tl.load(w_rows, mask=nm[:, None], other=0).to(tl.float8e4nv, bitcast=True)
+            if BN <= 128:
+                scb = tl.load(sb_ptr + kb)
+                acc += tl.dot(w, tl.trans(qa)) * (scb * (sca * HALF)[None, :])
+            else:
+                scb = tl.load(sb_ptr + kb, mask=nm, other=0.0)
+                acc += tl.dot(w, tl.trans(qa)) * (scb[:, None] * (sca * HALF)[None, :])
+            a_rows += 128
+            w_rows += 128
+        omask = nm[:, None] & mm[None, :]
+        if REDUCE == 0:
+            tl.store(c + offs_m[None, :].to(tl.int64) * scm + offs_n[:, None], acc.to(c.dtype.element_ty), mask=omask)
+        else:
+            MN = M * N
+            tile = offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
+            tl.store(ws + pid_k * MN + tile, acc, mask=omask)
+            if REDUCE == 2:
+                tl.debug_barrier()  # every thread's partial is issued before the (one-thread) release below
+                tid = pid_m * tl.num_programs(0) + pid_n
+                prev = tl.atomic_add(lock + tid, 1, sem="acq_rel", scope="gpu")
+                if prev == SPLIT_K - 1:
+                    tot = tl.load(ws + tile, mask=omask, other=0.0, cache_modifier=".cg")  # .cg: from L2, not L1
+                    for s in range(1, SPLIT_K):
+                        tot += tl.load(ws + s * MN + tile, mask=omask, other=0.0, cache_modifier=".cg")
+                    tl.store(c + offs_m[None, :].to(tl.int64) * scm + offs_n[:, None], tot.to(c.dtype.element_ty),
+                             mask=omask)
+                    tl.atomic_xchg(lock + tid, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+    @triton.jit
+    def _splitk_reduce_kernel(ws, c, M, N, scm, SPLIT_K, BLOCK: tl.constexpr):
+        # out[m, n] = sum_{s = 0..SPLIT_K-1} ws[s, m, n] in that order (deterministic), cast to out's dtype.
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        MN = M * N
+        msk = offs < MN
+        tot = tl.load(ws + offs, mask=msk, other=0.0)
+        for s in range(1, SPLIT_K):
+            tot += tl.load(ws + s * MN + offs, mask=msk, other=0.0)
+        tl.store(c + (offs // N) * scm + offs % N, tot.to(c.dtype.element_ty), mask=msk)
 
 
 def _check_x(x: torch.Tensor, name: str = "x") -> tuple[int, int]:
@@ -216,21 +354,39 @@ def _check_x(x: torch.Tensor, name: str = "x") -> tuple[int, int]:
     return M, K
 
 
-def fp8_quant_group(x: torch.Tensor, fmt: str = "e4m3fn", BM: int | None = None):
+def fp8_quant_group(x: torch.Tensor, fmt: str = "e4m3fn", BM: int | None = None, GPP: int | None = None,
+                    fast_div: bool = True):
     """Per-token-group-128 quant of ``x`` ``[M, K]`` (bf16/fp16/fp32). Returns ``(q [M, K] fp8 of fmt,
-    s [M, K/128] fp32)``; bit-identical to :func:`fp8_quant_group_ref`."""
+    s [M, K/128] fp32)``; bit-identical to :func:`fp8_quant_group_ref` (either ``fast_div``). Each program
+    quantises ``BM`` rows by ``GPP`` groups. Raises ValueError for a bad shape, stride or format."""
     fmt = _fmt(fmt)
     M, K = _check_x(x)
     q = torch.empty(M, K, dtype=torch.uint8, device=x.device)
     s = torch.empty(M, K // GROUP, dtype=torch.float32, device=x.device)
     if M == 0:
         return q.view(FP8_DTYPE[fmt]), s
-    BM = BM or (4 if _interpreting() else 8)
-    _quant_group_kernel[(triton.cdiv(M, BM), K // GROUP)](
+    BM = BM or (4 if _interpreting() else 16)
+    GPP = GPP or (1 if _interpreting() else 2)
+    while (K // GROUP) % GPP:
+        GPP -= 1
+    _quant_group_kernel[(triton.cdiv(M, BM), K // GROUP // GPP)](
         x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0),
-        BM=BM, FMAX=FP8_MAX[fmt], FNUZ=fmt == "e4m3fnuz", RNE_FIX=_interpreting(), num_warps=4,
+        BM=BM, GPP=GPP, FMAX=FP8_MAX[fmt], FNUZ=fmt == "e4m3fnuz", RNE_FIX=_interpreting(), FAST_DIV=fast_div,
+        num_warps=4,
     )
     return q.view(FP8_DTYPE[fmt]), s
+
+
+def fast_div_probe(x: torch.Tensor, s: torch.Tensor, BLOCK: int = 1024) -> torch.Tensor:
+    """The fused quant's division on its own: ``RN(x / s)`` by :func:`_div_exact` for fp32 ``x >= 0`` and
+    ``s > 0`` (same shape, any shape). For the gates: must equal ``x / s`` bit for bit."""
+    if x.dtype != torch.float32 or s.dtype != torch.float32 or x.shape != s.shape:
+        raise ValueError("x and s must be float32 tensors of one shape")
+    xf, sf = x.contiguous().reshape(-1), s.contiguous().reshape(-1)
+    out = torch.empty_like(xf)
+    if xf.numel():
+        _div_probe_kernel[(triton.cdiv(xf.numel(), BLOCK),)](xf, sf, out, xf.numel(), BLOCK=BLOCK)
+    return out.reshape(x.shape)
 
 
 def _fmt_of(t: torch.Tensor) -> str:
@@ -240,16 +396,50 @@ def _fmt_of(t: torch.Tensor) -> str:
     raise ValueError(f"expected an fp8 tensor (e4m3fn or e4m3fnuz), got {t.dtype}")
 
 
-def default_gemm_config(M: int, N: int, quant_a: bool) -> dict:
-    """Tile config by shape: small tiles under the interpreter; on the GPU, decode shapes get narrow N tiles
-    (enough programs to stream the weight), prefill shapes 128x128 tiles (first H200 sweep: NOTES_II.md)."""
+# Config table (H200, 132 SMs). "small_m": the swap-AB split-K kernel, "tile": the [BM, BN] prefill kernel.
+# Keys of a config: kernel; BM, BN, num_warps, num_stages; tile: GROUP_M, KPI (K-blocks per iteration);
+# small_m: SPLIT_K ("auto": enough programs for WAVES waves of the SMs), REDUCE (1: second kernel, 2: last
+# split reduces; see _small_m_kernel); both: FAST_DIV (fused quant's division, bit-identical either way).
+SMALL_M_MAX = 64
+NUM_SMS = 132
+WAVES = 4
+TILE_DEFAULT = dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=3, FAST_DIV=True)
+
+
+def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, sms: int = NUM_SMS) -> int:
+    """Splits of K for the small-M kernel: about ``waves * sms`` programs, never an empty split."""
+    kb = K // GROUP
+    tiles = triton.cdiv(N, BN) * triton.cdiv(M, BM)
+    split = max(1, min(kb, round(waves * sms / max(tiles, 1))))
+    return triton.cdiv(kb, triton.cdiv(kb, split))
+
+
+def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
+    """Tile config by shape. Under the interpreter small tiles. On the GPU: M <= 64 takes the small-M kernel
+    (BM the next of 16/32/64 over M, BN 64 weight rows: one m64 wgmma per warpgroup, split-K to ~4 waves);
+    larger M the tile kernel. The H200 sweep (kernels/bench/fp8_bench.py) is what these should follow."""
     if _interpreting():
-        return dict(BM=16, BN=32, GROUP_M=2, num_warps=4, num_stages=1)
-    if M <= 16:
-        return dict(BM=16, BN=32, GROUP_M=1, num_warps=4, num_stages=4)
-    if M <= 64:
-        return dict(BM=64, BN=64, GROUP_M=1, num_warps=4, num_stages=4)
-    return dict(BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=3)
+        if M <= SMALL_M_MAX:
+            return dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=1,
+                        FAST_DIV=True)
+        return dict(kernel="tile", BM=16, BN=32, GROUP_M=2, KPI=1, num_warps=4, num_stages=1, FAST_DIV=True)
+    if M <= SMALL_M_MAX:
+        BM = 16 if M <= 16 else (32 if M <= 32 else 64)
+        return dict(kernel="small_m", BM=BM, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=4,
+                    FAST_DIV=True)
+    return dict(TILE_DEFAULT)
+
+
+_LOCKS: dict = {}
+
+
+def _lock_buffer(device, n: int) -> torch.Tensor:
+    """Zeroed int32 tile counters for REDUCE=2, one buffer per device, grown on demand (kernels reset theirs)."""
+    buf = _LOCKS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        _LOCKS[device] = buf
+    return buf
 
 
 def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
@@ -262,35 +452,68 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     if sb.shape != (triton.cdiv(N, GROUP), K // GROUP):
         raise ValueError(f"sb must be [{triton.cdiv(N, GROUP)}, {K // GROUP}], got {tuple(sb.shape)}")
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
-    cfg = dict(default_gemm_config(M, N, quant_a))
+    cfg = dict(default_gemm_config(M, N, K, quant_a))
+    if config and config.get("kernel", cfg["kernel"]) != cfg["kernel"]:
+        cfg = dict(TILE_DEFAULT) if config["kernel"] == "tile" else dict(default_gemm_config(1, N, K, quant_a))
     cfg.update(config or {})
-    if 128 % cfg["BN"]:
-        raise ValueError("BN must divide 128 (one weight block row per program)")
+    BN = cfg["BN"]
+    if 128 % BN and BN % 128:
+        raise ValueError(f"BN={BN} must divide 128 or be a multiple of it")
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
     qa_out = sa_out = None
     if store_a:
         qa_out = torch.empty(M, K, dtype=torch.uint8, device=a.device)
         sa_out = torch.empty(M, K // GROUP, dtype=torch.float32, device=a.device)
     if M == 0 or N == 0:
-        return (c, qa_out, sa_out) if store_a else c
+        return (c, qa_out.view(FP8_DTYPE[fmt]), sa_out) if store_a else c
     if quant_a:
         a_fnuz = fmt == "e4m3fnuz"
-        a_arg, sa_arg = a, sb
+        a_arg, sa_arg = a, sb  # sa unused: any fp32 tensor
     else:
         a_fnuz = _fmt_of(a) == "e4m3fnuz"
         if sa.shape != (M, K // GROUP):
             raise ValueError(f"sa must be [{M}, {K // GROUP}], got {tuple(sa.shape)}")
         a_arg, sa_arg = a.view(torch.uint8), sa
-    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]),)
-    _block_gemm_kernel[grid](
-        a_arg, sa_arg, b.view(torch.uint8), sb, c,
-        qa_out if store_a else c, sa_out if store_a else c, M, N, K,
-        a_arg.stride(0), sa_arg.stride(0), b.stride(0), sb.stride(0), c.stride(0),
-        qa_out.stride(0) if store_a else 0, sa_out.stride(0) if store_a else 0,
-        BM=cfg["BM"], BN=cfg["BN"], GROUP_M=cfg["GROUP_M"], QUANT_A=quant_a, STORE_A=store_a,
-        FMAX=FP8_MAX[fmt] if quant_a else 448.0, A_FNUZ=a_fnuz, B_FNUZ=b_fnuz, RNE_FIX=_interpreting(),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    # fnuz bits read as e4m3fn are twice the fnuz value: HALF undoes it per operand
+    half = (0.5 if a_fnuz else 1.0) * (0.5 if b_fnuz else 1.0)
+    common = dict(QUANT_A=quant_a, STORE_A=store_a, FMAX=FP8_MAX[fmt] if quant_a else 448.0, A_FNUZ=a_fnuz,
+                  HALF=half, RNE_FIX=_interpreting(), FAST_DIV=bool(cfg.get("FAST_DIV", True)),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    qo, so = (qa_out, sa_out) if store_a else (c, c)
+    sqm, ssqm = (qa_out.stride(0), sa_out.stride(0)) if store_a else (0, 0)
+    if cfg["kernel"] == "tile":
+        kpi = cfg.get("KPI", 1)
+        if (K // GROUP) % kpi:
+            kpi = 1
+        grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, BN),)
+        _block_gemm_kernel[grid](
+            a_arg, sa_arg, b.view(torch.uint8), sb, c, qo, so, M, N, K,
+            a_arg.stride(0), sa_arg.stride(0), b.stride(0), sb.stride(0), c.stride(0), sqm, ssqm,
+            BM=cfg["BM"], BN=BN, GROUP_M=cfg["GROUP_M"], KPI=kpi, **common,
+        )
+    elif cfg["kernel"] == "small_m":
+        kb = K // GROUP
+        split = cfg["SPLIT_K"]
+        split = pick_split_k(M, N, K, cfg["BM"], BN) if split == "auto" else max(1, min(int(split), kb))
+        kb_per = triton.cdiv(kb, split)
+        split = triton.cdiv(kb, kb_per)  # no empty split
+        if split * M * N >= 2**31:  # the workspace is indexed in int32
+            split, kb_per = 1, kb
+        reduce = 0 if split == 1 else int(cfg.get("REDUCE", 1))
+        grid = (triton.cdiv(N, BN), split, triton.cdiv(M, cfg["BM"]))
+        ws = torch.empty(split, M, N, dtype=torch.float32, device=a.device) if reduce else c
+        lock = _lock_buffer(a.device, grid[0] * grid[2]) if reduce == 2 else c
+        _small_m_kernel[grid](
+            a_arg, sa_arg, b.view(torch.uint8), sb, c, ws, lock, qo, so, M, N, K, kb_per,
+            a_arg.stride(0), sa_arg.stride(0), b.stride(0), sb.stride(0), c.stride(0), sqm, ssqm,
+            BM=cfg["BM"], BN=BN, SPLIT_K=split, REDUCE=reduce, **common,
+        )
+        if reduce == 1:
+            BLOCK = 1024
+            _splitk_reduce_kernel[(triton.cdiv(M * N, BLOCK),)](ws, c, M, N, c.stride(0), split, BLOCK=BLOCK,
+                                                                 num_warps=4)
+    else:
+        raise ValueError(f"unknown kernel {cfg['kernel']!r} (tile or small_m)")
     if store_a:
         return c, qa_out.view(FP8_DTYPE[fmt]), sa_out
     return c
@@ -298,7 +521,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
 
 def fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
     """``[M, N]`` = (qa, sa) @ (qb, sb)^T, block-scaled (see the module docstring). qa ``[M, K]`` fp8 with
-    sa ``[M, K/128]`` fp32; qb ``[N, K]`` fp8 with sb ``[ceil(N/128), K/128]`` fp32; either fp8 format."""
+    sa ``[M, K/128]`` fp32; qb ``[N, K]`` fp8 with sb ``[ceil(N/128), K/128]`` fp32; either fp8 format.
+    ``config`` overrides :func:`default_gemm_config`'s keys. Raises ValueError for mismatched shapes/dtypes."""
     return _gemm(qa, sa, qb, sb, out_dtype, False, _fmt_of(qa), False, config)
 
 
@@ -308,3 +532,11 @@ def fp8_block_gemm_qa(x, qb, sb, fmt: str = "e4m3fn", out_dtype=torch.bfloat16, 
     A-load. With ``store_a`` returns ``(out, qa, sa)``: the operands it fed the MMA (written by the programs of
     the first column tile), bit-identical to ``fp8_quant_group(x, fmt)``."""
     return _gemm(x, None, qb, sb, out_dtype, True, _fmt(fmt), store_a, config)
+
+
+def fp8_quant_then_gemm(x, qb, sb, fmt: str = "e4m3fn", out_dtype=torch.bfloat16, config: dict | None = None,
+                        quant_cfg: dict | None = None) -> torch.Tensor:
+    """Two launches: :func:`fp8_quant_group` then :func:`fp8_block_gemm` (the baseline the fused path must
+    beat). Same operands, so the same result as :func:`fp8_block_gemm_qa` up to the MMA's sum order."""
+    qa, sa = fp8_quant_group(x, fmt, **(quant_cfg or {}))
+    return fp8_block_gemm(qa, sa, qb, sb, out_dtype, config)
