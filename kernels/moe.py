@@ -439,7 +439,11 @@ class ExpertCache:
                 raise ValueError(f"an expert needs {nchunks} copy programs (grid dim 1 max 65535)")
             self._copy_launches.append((nchunks, args, meta))
         try:  # probe: count 0, so every program exits; compiles the copy kernel and checks the host pointers
-            self._launch_copies(1)
+            if self.device.type == "cuda":
+                with torch.cuda.device(self.device):
+                    self._launch_copies(1)
+            else:
+                self._launch_copies(1)
         except ValueError as exc:  # Triton's launcher refused a pointer (e.g. a host store it cannot map)
             if want:
                 raise ValueError(f"device_plan=True but the copy kernel was refused: {exc}") from exc

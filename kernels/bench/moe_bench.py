@@ -1,11 +1,18 @@
 """H200 benchmark: the expert cache's insert copy rate against pinned host-to-device bandwidth, and the fused
 top-k sum.
 
-Insert rate: a step whose routed experts are all misses (under the insert threshold), timed end to end
-(prepare(): bookkeeping, the copies, the slot map), bytes inserted / time. Floor: one pinned H2D copy of the
-same total size (torch copy_, non_blocking) -- the link rate for that copy size. Expert size 1.245 MiB (the
-seeds' Flash-Next expert per card); cases: one expert per step, and 205 experts (255 MiB) per step against a
-256 MiB copy. Target: inserts >= 90% of the pinned rate for the same copy size.
+Insert rate: steps whose routed experts are all misses (under the insert threshold, so every one is inserted),
+issued back to back with one sync at the end, timed end to end (prepare(): bookkeeping, the copies, the slot
+ids); bytes inserted / time. Both paths of ExpertCache are timed: the device path (two Triton launches per
+step, no sync, the copy a zero-copy gather from the pinned store) and the host path (device_plan=False, the
+old one: syncs every step). Floor: pinned H2D copies of the same size issued back to back (torch copy_,
+non_blocking) -- the link rate for that copy size. Each figure is the median of 3 runs (a fresh cache each,
+so every timed step misses). Expert size 1.245 MiB (the seeds' Flash-Next expert per card) rounded down to a
+multiple of 128 B (1,305,472 B: real experts are bf16 matrices, 128-B multiples; the zero-copy reads go by
+128-B lines); cases: one expert per step, and 205 experts (255 MiB) per step. Target: inserts >= 90% of the
+pinned rate for the same copy size. Also printed per path: the CPU time to issue one step (if it exceeds the
+copy time the path is host-bound), the synchronising torch calls per step (torch's sync debug mode, counted on
+a separate warm-up cache), and a byte check of the last step's slots against the host store.
 
 Usage (device): python -m kernels.bench.moe_bench [--json OUT.json]
 """
@@ -13,43 +20,88 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+import warnings
 
 import torch
 import triton.testing
 
 from kernels.moe import ExpertCache, moe_topk_sum
 
-EXPERT_BYTES = int(1.245 * 2**20)
+EXPERT_BYTES = int(1.245 * 2**20) // 128 * 128
+RUNS = 3
 
 
 def h2d_rate(nbytes: int, reps: int = 20) -> float:
+    """GB/s of ``reps`` pinned host -> device copies of ``nbytes`` issued back to back (median of RUNS)."""
     src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst.copy_(src, non_blocking=True)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    return nbytes * reps / (time.perf_counter() - t0) / 1e9
+    rates = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        rates.append(nbytes * reps / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)
 
 
-def insert_rate(per_step: int, steps: int = 12) -> tuple[float, dict]:
-    E = per_step * (steps + 2)
-    host = torch.empty(E, EXPERT_BYTES, dtype=torch.uint8)
-    cache = ExpertCache([host], n_slots=per_step, max_tokens=per_step, top_k=1, device="cuda",
-                        insert_thresh=1.0, stage_slots=1)
+def make_host(E: int) -> torch.Tensor:
+    """[E, EXPERT_BYTES] uint8, pinned; every 8-byte word distinct (word i of expert e holds i + e << 32), so
+    the byte check catches a wrong expert or offset."""
+    host = torch.empty(E, EXPERT_BYTES, dtype=torch.uint8, pin_memory=True)
+    base = torch.arange(EXPERT_BYTES // 8, dtype=torch.int64)
+    for e in range(E):
+        host[e].view(torch.int64).copy_(base + (e << 32))
+    return host
+
+
+def insert_rate(host: torch.Tensor, per_step: int, steps: int, device_plan: bool) -> dict:
+    """Insert rate of one path: RUNS fresh caches, each warmed by one step, then ``steps`` all-miss steps of
+    ``per_step`` experts issued back to back, one sync. Returns the median GB/s and diagnostics."""
+    def make():
+        return ExpertCache([host], n_slots=per_step, max_tokens=per_step, top_k=1, device="cuda",
+                           insert_thresh=1.0, stage_slots=per_step, device_plan=device_plan)
+
     ids = [torch.arange(s * per_step, (s + 1) * per_step, device="cuda").view(-1, 1) for s in range(steps + 1)]
-    cache.prepare(ids[0])
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for s in range(1, steps + 1):
+    # warm-up cache: compiles the kernels, then counts the synchronising torch calls of 3 steps
+    cache = make()
+    for s in range(3):
         cache.prepare(ids[s])
     torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for s in range(3, 6):
+                cache.prepare(ids[s])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = sum("synchroniz" in str(w.message) for w in caught) / 3
+    del cache
+    rates, issue = [], []
+    for _ in range(RUNS):
+        cache = make()
+        cache.prepare(ids[0])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s in range(1, steps + 1):
+            plan = cache.prepare(ids[s])
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        rates.append(per_step * EXPERT_BYTES * steps / dt / 1e9)
+        issue.append((t1 - t0) / steps * 1e6)
+    # byte check of the last run's last step: every routed expert's slot holds the host bytes
+    got = cache.weights[0][plan.slot_ids.view(-1).long()]
+    want = host[ids[steps].view(-1).cpu()].to("cuda")
     st = cache.stats
-    return per_step * EXPERT_BYTES * steps / dt / 1e9, dict(inserts=st.inserts, misses=st.misses)
+    return dict(GBps=statistics.median(rates), runs_GBps=rates, issue_us_per_step=statistics.median(issue),
+                syncs_per_step=syncs, bytes_ok=bool(torch.equal(got, want)), device_plan=cache.device_plan,
+                path_steps=dict(cache.path_steps), inserts=st.inserts, misses=st.misses, evictions=st.evictions)
 
 
 def main() -> None:
@@ -57,14 +109,23 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
-    for per_step in (1, 205):
+    for per_step, steps in ((1, 100), (205, 12)):
         nbytes = per_step * EXPERT_BYTES
         pinned = h2d_rate(nbytes)
-        ins, st = insert_rate(per_step)
-        rows.append(dict(experts_per_step=per_step, bytes=nbytes, h2d_pinned_GBps=pinned, insert_GBps=ins,
-                         ratio=ins / pinned, **st))
-        print(f"inserts of {per_step} x 1.245 MiB: {ins:.1f} GB/s vs pinned H2D of {nbytes / 2**20:.1f} MiB "
-              f"{pinned:.1f} GB/s: {100 * ins / pinned:.0f}%  {st}", flush=True)
+        host = make_host(per_step * (steps + 1))  # distinct experts for every step of a run
+        dev = insert_rate(host, per_step, steps, device_plan=True)
+        old = insert_rate(host, per_step, steps, device_plan=False)
+        del host
+        rows.append(dict(experts_per_step=per_step, bytes=nbytes, steps=steps, h2d_pinned_GBps=pinned,
+                         insert_GBps=dev["GBps"], ratio=dev["GBps"] / pinned, insert_host_path_GBps=old["GBps"],
+                         host_path_ratio=old["GBps"] / pinned, device_path=dev, host_path=old))
+        for name, r in (("device path", dev), ("host path", old)):
+            print(f"inserts of {per_step} x {EXPERT_BYTES / 2**20:.3f} MiB per step, {name}: {r['GBps']:.1f} GB/s "
+                  f"vs pinned H2D of {nbytes / 2**20:.1f} MiB {pinned:.1f} GB/s: {100 * r['GBps'] / pinned:.0f}%  "
+                  f"(runs {', '.join(f'{x:.1f}' for x in r['runs_GBps'])}; issue {r['issue_us_per_step']:.1f} us/step "
+                  f"vs copy {nbytes / pinned / 1e3:.1f} us; syncs/step {r['syncs_per_step']:.1f}; bytes ok "
+                  f"{r['bytes_ok']}; device_plan {r['device_plan']} {r['path_steps']}; inserts {r['inserts']}, "
+                  f"misses {r['misses']}, evictions {r['evictions']})", flush=True)
     big = h2d_rate(256 * 2**20)
     print(f"pinned H2D 256 MiB: {big:.1f} GB/s", flush=True)
     rows.append(dict(h2d_256MiB_GBps=big))
