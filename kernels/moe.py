@@ -18,11 +18,12 @@ store) and the fused top-k weighted sum with the shared expert.
 
     Two implementations of that one policy (identical slot assignments, counters and slot contents):
 
-    * the device path (``device_plan=True``, the default where it can run): two Triton launches per step and
-      no host <-> device synchronisation. ``_plan_kernel`` (one program) does the bookkeeping on device-resident
-      state of fixed shapes (``slot_of [E]``, ``expert_of / last_used [n_slots]``, counters): presence of the
-      step's experts by a scatter, hits stamped, free slots ranked by a sort of (stamp, slot), misses ranked by
-      a cumsum, the threshold as a device-side predicate, evictions, the copy list and the slot ids.
+    * the device path (``device_plan=True``, the default where it can run): two Triton launches per step
+      (one more per further 4 weight tensors) and no host <-> device synchronisation. ``_plan_kernel`` (one
+      program) does the bookkeeping on device-resident state of fixed shapes (``slot_of [E]``,
+      ``expert_of / last_used [n_slots]``, counters): presence of the step's experts by a scatter, hits
+      stamped, free slots ranked by a sort of (stamp, slot), misses ranked by a cumsum, the threshold as a
+      device-side predicate, evictions, the copy list and the slot ids.
       ``_gather_copy_kernel`` then copies every listed expert, all weight tensors, in one launch of grid
       ``(min(E, T*k), chunks per expert)``; programs beyond the device-side miss count exit at once. It reads
       the pinned host store directly (zero-copy over PCIe): Triton's CUDA launcher turns every pointer argument
@@ -33,7 +34,10 @@ store) and the fused top-k weighted sum with the shared expert.
       as flat words (int64 / int32 / int16 / uint8: the widest that divides its per-expert bytes and both base
       addresses), 16 KiB per program, so experts whose byte size is a multiple of 128 move as aligned 16-byte
       vector loads. Counters live in a device tensor and become :class:`CacheStats` when :attr:`stats` is
-      read (that read syncs).
+      read (that read syncs, as does :meth:`resident`). Everything is ordered on the current stream: the
+      consumer of step s must be enqueued there before step s + 1's prepare() (which rewrites the slot ids,
+      the staging slots and may evict). The step index is a launch argument, so a captured CUDA graph of
+      prepare() would replay stale LRU stamps: not graph-safe.
 
       A step takes the device path when its read-through misses are sure to fit the staging slots:
       ``min(E, T*k) <= stage_slots``. Any other step (a large prefill with a small staging area) takes the host
@@ -43,7 +47,7 @@ store) and the fused top-k weighted sum with the shared expert.
     * the host path (``device_plan=False``; the reference): the ids are copied to the host (sync), the
       bookkeeping runs in Python lists, one ``copy_`` per weight tensor per expert, a blocking copy of the
       expert -> slot map. When a step's read-through misses exceed ``stage_slots``, it splits the step into
-      token chunks whose misses fit (:meth:`plan`; a token has at most k experts, so ``stage_slots >= k``
+      token chunks whose misses fit (a token has at most k experts, so ``stage_slots >= k``
       always progresses) and :meth:`stage` is called before each chunk.
 
     Every buffer -- the slots, the staging slots, the slot map, the bookkeeping state, the copy list, the
