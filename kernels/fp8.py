@@ -269,16 +269,17 @@ if triton is not None:
 
     @triton.jit
     def _small_m_kernel(
-        a, sa, b, sb, c, ws, lock, qa_out, sa_out, M, N, K, KB_PER,
+        a, sa, b, sb, c, ws, lock, qa_out, sa_out, M, N, K, KB_PER, SPLIT_K,
         sam, ssam, sbn, ssbn, scm, sqm, ssqm,
-        BM: tl.constexpr, BN: tl.constexpr, SPLIT_K: tl.constexpr, REDUCE: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, REDUCE: tl.constexpr,
         QUANT_A: tl.constexpr, STORE_A: tl.constexpr, FMAX: tl.constexpr, A_FNUZ: tl.constexpr,
         HALF: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr,
     ):
         # Decode (small M), swap-AB: each program computes out^T tile [BN, BM] = W[BN, K range] @ A[BM, K range]^T
         # so the weight rows fill the wgmma's M (>= 64) and the few tokens its N (>= 16): on sm_90 an fp8 dot
         # with a 16-row A would fall back to mma.sync with both operands upcast to fp16.
-        # grid: (cdiv(N, BN), SPLIT_K, cdiv(M, BM)); split pid_k owns K-blocks [pid_k KB_PER, +KB_PER).
+        # grid: (cdiv(N, BN), SPLIT_K, cdiv(M, BM)); split pid_k owns K-blocks [pid_k KB_PER, +KB_PER). SPLIT_K
+        # is a runtime int (no recompile per split count).
         # REDUCE 0: SPLIT_K == 1, store out directly. 1: store the fp32 partial in ws [SPLIT_K, M, N]
         # (_splitk_reduce_kernel sums it). 2: same, then the last-arriving split of a tile (an acq_rel counter
         # per tile in lock, reset by that program) sums ws in split order 0..SPLIT_K-1 itself: one launch,
@@ -504,9 +505,9 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         ws = torch.empty(split, M, N, dtype=torch.float32, device=a.device) if reduce else c
         lock = _lock_buffer(a.device, grid[0] * grid[2]) if reduce == 2 else c
         _small_m_kernel[grid](
-            a_arg, sa_arg, b.view(torch.uint8), sb, c, ws, lock, qo, so, M, N, K, kb_per,
+            a_arg, sa_arg, b.view(torch.uint8), sb, c, ws, lock, qo, so, M, N, K, kb_per, split,
             a_arg.stride(0), sa_arg.stride(0), b.stride(0), sb.stride(0), c.stride(0), sqm, ssqm,
-            BM=cfg["BM"], BN=BN, SPLIT_K=split, REDUCE=reduce, **common,
+            BM=cfg["BM"], BN=BN, REDUCE=reduce, **common,
         )
         if reduce == 1:
             BLOCK = 1024
