@@ -234,9 +234,9 @@ def race_test(world_size: int, iterations: int, grid: str = "fixed", seed: int =
 if triton is not None:
 
     @triton.jit
-    def _oneshot_ar_kernel(inp, out, data_ptrs, flag_ptrs, counters, err, n, cap, rank,
+    def _oneshot_ar_kernel(inp, out, data_ptrs, flag_ptrs, counters, err, delay, n, cap, rank,
                            W: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr, FOLLOW: tl.constexpr,
-                           CHUNK: tl.constexpr, MAX_SPIN: tl.constexpr):
+                           CHUNK: tl.constexpr, MAX_SPIN: tl.constexpr, DELAY: tl.constexpr):
         # grid: (G,) fixed; with FOLLOW (test only) the host launches min(G, cdiv(n, CHUNK)) programs.
         b = tl.program_id(0)
         if FOLLOW:
@@ -255,6 +255,7 @@ if triton is not None:
                 o = off + tl.arange(0, BLOCK)
                 m = o < hi
                 tl.store(own + o, tl.load(inp + o, mask=m), mask=m)
+            # every thread's stores happen-before thread 0's release (bar.sync, then a cumulative release)
             tl.debug_barrier()
             my_flag = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32)) + b * 2 + h
             tl.atomic_xchg(my_flag, c, sem="release", scope="sys")
@@ -265,6 +266,14 @@ if triton is not None:
                     spins += 1
                 if spins >= MAX_SPIN:
                     tl.atomic_add(err, 1)
+            if DELAY:  # test only: hold this rank between the flag waits and the reads (ranks out of step)
+                d = tl.load(delay)
+                t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                               is_pure=False, pack=1)
+                t1 = t0
+                while t1 - t0 < d:
+                    t1 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                                   is_pure=False, pack=1)
             tl.debug_barrier()
             for off in range(lo, hi, BLOCK):
                 o = off + tl.arange(0, BLOCK)
@@ -272,12 +281,14 @@ if triton is not None:
                 acc = tl.zeros((BLOCK,), dtype=tl.float32)
                 for p in tl.static_range(W):
                     src = tl.load(data_ptrs + p).to(tl.pointer_type(tl.float32)) + h * cap
+                    # volatile: never an L1 line cached from the previous use of this half
                     acc += tl.load(src + o, mask=m, other=0.0, volatile=True)
                 tl.store(out + o, acc, mask=m)
 
 
 class _RankState:
-    """One rank's view for the CUDA kernel: peer data/flag pointer tables, its counters and error count."""
+    """One rank's view for the CUDA kernel: peer data/flag pointer tables (int64 [W] on the device), its block
+    counters (int32 [G]) and its count of flag waits that gave up (int32 [1])."""
 
     def __init__(self, rank, data_ptrs, flag_ptrs, G, device):
         self.rank = rank
@@ -287,52 +298,118 @@ class _RankState:
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
 
 
-def _launch(st: _RankState, inp, out, W, G, cap, grid="fixed", chunk=DEFAULT_CHUNK, BLOCK=256,
-            max_spin=1 << 22):
+def _launch(st: _RankState, inp, out, W, G, cap, grid="fixed", chunk=DEFAULT_CHUNK, BLOCK=1024,
+            max_spin=1 << 22, delay=None, num_warps=4):
     n = inp.numel()
     if n > cap:
         raise ValueError(f"message of {n} elements over the one-shot capacity {cap}")
+    if n == 0:
+        return
     follow = grid == "size-following"
     nprog = _blocks(n, grid, G, chunk)
-    _oneshot_ar_kernel[(nprog,)](inp, out, st.data_ptrs, st.flag_ptrs, st.counters, st.err, n, cap, st.rank,
+    _oneshot_ar_kernel[(nprog,)](inp, out, st.data_ptrs, st.flag_ptrs, st.counters, st.err,
+                                 delay if delay is not None else st.err, n, cap, st.rank,
                                  W=W, G=G, BLOCK=BLOCK, FOLLOW=follow, CHUNK=chunk, MAX_SPIN=max_spin,
-                                 num_warps=4)
+                                 DELAY=delay is not None, num_warps=num_warps)
+
+
+def _peer_buffers_symm_mem(nelem: int, group, device):
+    """``nelem`` float32 words per rank in torch symmetric memory; returns (local tensor, peer base pointers,
+    handle). Only plain peer pointers are used (no multicast object is asked for or touched)."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    name = group.group_name
+    try:  # needed before torch 2.9, deprecated after
+        symm_mem.enable_symm_mem_for_group(name)
+    except Exception:  # noqa: BLE001
+        pass
+    buf = symm_mem.empty(nelem, dtype=torch.float32, device=device)
+    buf.zero_()
+    torch.cuda.synchronize(device)
+    hdl = symm_mem.rendezvous(buf, name)
+    ptrs = [int(p) for p in hdl.buffer_ptrs]
+    dist.barrier(group)
+    return buf, ptrs, hdl
+
+
+def _peer_buffers_ipc(nelem: int, group, device):
+    """The same over CUDA IPC handles (torch's tensor sharing), exchanged with ``all_gather_object``."""
+    import torch.distributed as dist
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    buf = torch.zeros(nelem, dtype=torch.float32, device=device)
+    torch.cuda.synchronize(device)
+    fn, args = reduce_tensor(buf)
+    allargs = [None] * dist.get_world_size(group)
+    dist.all_gather_object(allargs, (fn, args), group=group)
+    me = dist.get_rank(group)
+    peers = [buf if p == me else f(*a) for p, (f, a) in enumerate(allargs)]
+    dist.barrier(group)
+    return buf, [t.data_ptr() for t in peers], peers
 
 
 class OneShotAllReduce:
-    """The one-shot all-reduce on CUDA over torch symmetric memory (one process per GPU, a process group).
+    """The one-shot all-reduce on CUDA over peer buffers (one process per GPU, an initialised process group).
 
-    ``allreduce(x)`` sums a float32 tensor of at most ``cap`` elements over the group; every rank gets the
-    fixed-rank-order sum (identical bits). Peer buffers come from ``torch.distributed._symmetric_memory``
-    (``empty`` + ``rendezvous`` + ``get_buffer``); only peer loads/stores and flag atomics are used, never
-    multicast or multimem. Needs several GPUs of one host: not run in this tree's gates (one GPU lent);
-    :func:`simulate_ranks_cuda` tests the kernel's protocol on one GPU.
+    ``allreduce(x)`` sums a contiguous float32 tensor of at most ``cap`` elements over the group; every rank
+    gets the fixed-rank-order sum (identical bits on every rank). Peer buffers: torch symmetric memory
+    (``torch.distributed._symmetric_memory``: ``empty`` + ``rendezvous``, peer base pointers from the handle),
+    or CUDA IPC handles when symmetric memory is unavailable (``peer_memory="ipc"``, or ``"auto"`` falls back).
+    Only peer loads/stores and flag atomics are used: never multicast or multimem, so the kernel is safe with
+    NVLink multicast disabled (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+
+    Layout per rank: ``2 * cap`` float32 data words (two halves), then ``2 * blocks`` int32 flags.
+    ``blocks`` is the fixed launch grid G. Works under CUDA graph capture (the counters live on the device).
+
+    Raises:
+        ValueError: a message over ``cap`` or not float32. RuntimeError: no peer memory could be set up.
     """
 
-    def __init__(self, group=None, cap: int = 1 << 16, blocks: int = DEFAULT_BLOCKS, device=None):
+    def __init__(self, group=None, cap: int = 1 << 17, blocks: int = 32, device=None, peer_memory: str = "auto",
+                 chunk: int | None = None):
         import torch.distributed as dist
-        import torch.distributed._symmetric_memory as symm_mem
 
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         group = group or dist.group.WORLD
+        self.group = group
         self.W = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.G, self.cap = blocks, cap
+        self.chunk = chunk or max(1, cap // blocks)  # size-following (test only): elements per block
         device = device or torch.device("cuda", torch.cuda.current_device())
-        # one symmetric allocation: [2 * cap] float32 data, then [G * 2] int32 flags (as float32-sized words)
-        buf = symm_mem.empty(2 * cap + 2 * blocks, dtype=torch.float32, device=device)
-        buf.zero_()
-        hdl = symm_mem.rendezvous(buf, group.group_name if hasattr(group, "group_name") else group)
-        dist.barrier(group)
-        peers = [hdl.get_buffer(p, (2 * cap + 2 * blocks,), torch.float32) for p in range(self.W)]
-        self._peers = peers
-        data = torch.tensor([t.data_ptr() for t in peers], dtype=torch.int64, device=device)
-        flags = torch.tensor([t[2 * cap:].data_ptr() for t in peers], dtype=torch.int64, device=device)
+        nelem = 2 * cap + 2 * blocks
+        errors = []
+        self.peer_memory = None
+        for how in (("symm_mem", "ipc") if peer_memory == "auto" else (peer_memory,)):
+            try:
+                fn = _peer_buffers_symm_mem if how == "symm_mem" else _peer_buffers_ipc
+                self._buf, ptrs, self._keep = fn(nelem, group, device)
+                self.peer_memory = how
+                break
+            except Exception as e:  # noqa: BLE001 -- try the next way, report all if none works
+                errors.append(f"{how}: {type(e).__name__}: {e}")
+        if self.peer_memory is None:
+            raise RuntimeError("no peer memory for the one-shot all-reduce: " + "; ".join(errors))
+        self.setup_errors = errors
+        data = torch.tensor(ptrs, dtype=torch.int64, device=device)
+        flags = torch.tensor([p + 2 * cap * 4 for p in ptrs], dtype=torch.int64, device=device)
         self._st = _RankState(self.rank, data, flags, blocks, device)
 
-    def allreduce(self, x, out=None, grid: str = "fixed"):
+    @property
+    def timeouts(self) -> int:
+        """Flag waits that gave up (syncs): nonzero means a peer never arrived or a protocol defect."""
+        return int(self._st.err.item())
+
+    def allreduce(self, x, out=None, grid: str = "fixed", delay=None, **kw):
+        """Sum ``x`` (float32, contiguous, ``numel <= cap``) over the group into ``out`` (new if None).
+        ``grid="size-following"`` is the seeds' racy grid (tests only); ``delay`` (int64 [1] device tensor,
+        nanoseconds, tests only) holds this rank between its flag waits and its reads."""
+        if x.dtype != torch.float32:
+            raise ValueError(f"the one-shot all-reduce takes float32, got {x.dtype}")
         x = x.contiguous().view(-1)
         out = torch.empty_like(x) if out is None else out
-        _launch(self._st, x, out, self.W, self.G, self.cap, grid=grid)
+        _launch(self._st, x, out, self.W, self.G, self.cap, grid=grid, chunk=self.chunk, delay=delay, **kw)
         return out
 
 
@@ -340,7 +417,11 @@ def simulate_ranks_cuda(world_size: int, iterations: int, grid: str = "fixed", c
                         blocks: int = DEFAULT_BLOCKS, seed: int = 0, skew: bool = True) -> RaceResult:
     """W ranks as W CUDA streams on one GPU over W buffers: the kernel's protocol (halves, counters, flags,
     fixed-order sum) on hardware. With ``skew`` a random rank gets a busy kernel queued before its call now
-    and then, so ranks run out of step. Counts outputs that differ from the exact fixed-order sum."""
+    and then, so ranks run out of step. Counts outputs that differ from the exact fixed-order sum.
+
+    Caveat: the W streams' kernels must run concurrently; when the GPU serialises two of them (e.g. streams
+    aliased onto one hardware queue, CUDA_DEVICE_MAX_CONNECTIONS), flag waits give up and RuntimeError is
+    raised. The multi-GPU test (kernels/bench/allreduce_multigpu.py) has no such caveat."""
     dev = torch.device("cuda")
     W, G = world_size, blocks
     data = [torch.zeros(2 * cap, dtype=torch.float32, device=dev) for _ in range(W)]
@@ -363,7 +444,7 @@ def simulate_ranks_cuda(world_size: int, iterations: int, grid: str = "fixed", c
                 if skew and rng.random() < 0.2:
                     for _ in range(int(rng.integers(1, 4))):
                         busy.mul_(1.0000001)
-                _launch(sts[r], ins[r][i], outs[r][i], W, G, cap, grid=grid)
+                _launch(sts[r], ins[r][i], outs[r][i], W, G, cap, grid=grid, max_spin=1 << 16)
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     wrong = mism = 0
