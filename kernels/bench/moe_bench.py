@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import time
+import traceback
 import warnings
 
 import torch
@@ -104,6 +105,19 @@ def insert_rate(host: torch.Tensor, per_step: int, steps: int, device_plan: bool
                 path_steps=dict(cache.path_steps), inserts=st.inserts, misses=st.misses, evictions=st.evictions)
 
 
+def guarded(fn, *args, **kwargs) -> dict:
+    """fn's result, or {"error": ...} with the traceback printed: one failing case must not cost the others."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 -- a one-shot device run reports every case it can
+        traceback.print_exc()
+        try:
+            torch.cuda.synchronize()
+        except Exception:  # noqa: BLE001 -- a sticky CUDA error: the remaining cases will report it
+            pass
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -113,13 +127,18 @@ def main() -> None:
         nbytes = per_step * EXPERT_BYTES
         pinned = h2d_rate(nbytes)
         host = make_host(per_step * (steps + 1))  # distinct experts for every step of a run
-        dev = insert_rate(host, per_step, steps, device_plan=True)
-        old = insert_rate(host, per_step, steps, device_plan=False)
+        dev = guarded(insert_rate, host, per_step, steps, device_plan=True)
+        old = guarded(insert_rate, host, per_step, steps, device_plan=False)
         del host
         rows.append(dict(experts_per_step=per_step, bytes=nbytes, steps=steps, h2d_pinned_GBps=pinned,
-                         insert_GBps=dev["GBps"], ratio=dev["GBps"] / pinned, insert_host_path_GBps=old["GBps"],
-                         host_path_ratio=old["GBps"] / pinned, device_path=dev, host_path=old))
+                         insert_GBps=dev.get("GBps"), ratio=dev["GBps"] / pinned if "GBps" in dev else None,
+                         insert_host_path_GBps=old.get("GBps"),
+                         host_path_ratio=old["GBps"] / pinned if "GBps" in old else None,
+                         device_path=dev, host_path=old))
         for name, r in (("device path", dev), ("host path", old)):
+            if "error" in r:
+                print(f"inserts of {per_step} per step, {name}: FAILED {r['error']}", flush=True)
+                continue
             print(f"inserts of {per_step} x {EXPERT_BYTES / 2**20:.3f} MiB per step, {name}: {r['GBps']:.1f} GB/s "
                   f"vs pinned H2D of {nbytes / 2**20:.1f} MiB {pinned:.1f} GB/s: {100 * r['GBps'] / pinned:.0f}%  "
                   f"(runs {', '.join(f'{x:.1f}' for x in r['runs_GBps'])}; issue {r['issue_us_per_step']:.1f} us/step "
