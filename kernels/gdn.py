@@ -55,6 +55,8 @@ import os
 
 import torch
 
+from kernels._launch import Launcher
+
 try:  # the references and argument checks work without Triton
     import triton
     import triton.language as tl
@@ -63,6 +65,17 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     tl = None
 
 PAD_SLOT_ID = -1
+
+
+_LAUNCHERS: dict = {}
+
+
+def _launch(kernel, grid, args: tuple, **opts):
+    """Launch through one cached :class:`kernels._launch.Launcher` per kernel (args in signature order)."""
+    lau = _LAUNCHERS.get(kernel)
+    if lau is None:
+        lau = _LAUNCHERS[kernel] = Launcher(kernel)
+    return lau(grid, args, **opts)
 
 
 def _interpreting() -> bool:
@@ -127,6 +140,34 @@ if triton is not None:
         return S, o
 
     @triton.jit
+    def _seq_step_la(S, u_p, e_p, k_p, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
+        """One token with a one-token lookahead. S holds S_{t-2}; the pending rank-1 update (e_p, u_p, k_p)
+        turns it into S_{t-1} = e_p S_{t-2} + u_p k_p^T. The state reductions read S_{t-2}, so they do not wait
+        for u_{t-1}: a_t = S_{t-1} k_t = e_p (S_{t-2} k_t) + u_p (k_p . k_t), and likewise S_{t-1} q_t. Returns
+        (S_{t-1}, u_t, e_t, k_t, o_t); the same algebra as :func:`_seq_step`, in another rounding order."""
+        b_q = b_q.to(tl.float32)
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+        b_g = b_g.to(tl.float32)
+        b_b = b_b.to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        e = tl.exp(b_g)
+        p = tl.sum(S * b_k[None, :], 1)          # S_{t-2} k_t  (off the u chain)
+        r = tl.sum(S * b_q[None, :], 1)          # S_{t-2} q_t
+        kk = tl.sum(k_p * b_k)
+        kq_p = tl.sum(k_p * b_q)
+        kq = tl.sum(b_k * b_q)
+        a = e_p * p + u_p * kk                   # S_{t-1} k_t
+        bq = e_p * r + u_p * kq_p                # S_{t-1} q_t
+        u = b_b * (b_v - e * a)
+        o = e * bq + u * kq
+        S = S * e_p + u_p[:, None] * k_p[None, :]
+        return S, u, e, b_k, o
+
+    @triton.jit
     def _gdn_seq_kernel(
         q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
@@ -135,6 +176,7 @@ if triton is not None:
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
+        LOOKAHEAD: tl.constexpr = False,
     ):
         # grid: (cdiv(V, BV), N * HV). One program owns one [BV, K] block of one sequence's state.
         i_v = tl.program_id(0)
@@ -170,6 +212,10 @@ if triton is not None:
             if load_state:
                 S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
 
+            # lookahead: the pending update starts as a no-op (S * 1 + 0 k^T is exact)
+            u_p = tl.zeros([BV], dtype=tl.float32)
+            e_p = tl.full([], 1.0, tl.float32)
+            k_p = tl.zeros([BK], dtype=tl.float32)
             # Software pipeline: the U tokens of the next group are loaded while this group is computed.
             buf = ()
             for i in tl.static_range(U):
@@ -187,11 +233,133 @@ if triton is not None:
                 if t0 < T:
                     for i in tl.static_range(U):
                         b_q, b_k, b_v, b_g, b_b = buf[i]
-                        S, b_o = _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
+                        if LOOKAHEAD:
+                            S, u_p, e_p, k_p, b_o = _seq_step_la(S, u_p, e_p, k_p, b_q, b_k, b_v, b_g, b_b,
+                                                                 scale, L2NORM)
+                        else:
+                            S, b_o = _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
                         tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
                                  mask=mask_v & ((offs_v * 0 + t0 + i) < T))
                 buf = nxt
+            if LOOKAHEAD:  # apply the last pending update
+                S = S * e_p + u_p[:, None] * k_p[None, :]
             tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
+
+
+    @triton.jit
+    def _seq_load_kc(q, k, v, g, beta, t, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
+                     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h):
+        """_seq_load for the [KC, BV, KK] layout: q, k as [KC, BV, KK] (broadcast over BV), v as [KC, BV, 1]."""
+        ok = t < T
+        row = bos + t
+        b_q = tl.load(q + row * sq_t + i_h * sq_h + ok3, mask=mask_k3 & ((ok3 * 0 + t) < T), other=0.0)
+        b_k = tl.load(k + row * sk_t + i_h * sk_h + ok3, mask=mask_k3 & ((ok3 * 0 + t) < T), other=0.0)
+        b_v = tl.load(v + row * sv_t + i_hv * sv_h + ov3, mask=mask_v3 & ((ov3 * 0 + t) < T), other=0.0)
+        b_g = tl.load(g + row * sg_t + i_hv * sg_h, mask=ok, other=0.0)
+        b_b = tl.load(beta + row * sb_t + i_hv * sb_h, mask=ok, other=0.0)
+        return b_q, b_k, b_v, b_g, b_b
+
+    @triton.jit
+    def _ksum(x):
+        """Sum of a [KC, BV, KK] block over K (axes 0 and 2), kept as [1, BV, 1]."""
+        return tl.sum(tl.sum(x, 2, keep_dims=True), 0, keep_dims=True)
+
+    @triton.jit
+    def _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
+        """_seq_step on the [KC, BV, KK] state block; returns (S_t, o_t [KC, BV, 1])."""
+        b_q = b_q.to(tl.float32)
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+        b_g = b_g.to(tl.float32)
+        b_b = b_b.to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(_ksum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(_ksum(b_k * b_k) + 1e-6)
+        e = tl.exp(b_g)
+        a = _ksum(S * b_k)                        # [1, BV, 1]
+        # q's scale on the two sums, not on q: each lane holds K/KK elements of q, its row's copy of it
+        b = _ksum(S * b_q) * scale
+        kq = _ksum(b_k * b_q) * scale
+        u = b_b * (b_v - e * a)                   # [KC, BV, 1]
+        o = e * b + u * kq
+        S = S * e + u * b_k
+        return S, o
+
+    @triton.jit
+    def _gdn_seq_kc_kernel(
+        q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
+        ss_n, ss_h, ss_v,
+        pad_slot_id,
+        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr, KC: tl.constexpr,
+        L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
+    ):
+        """gdn_seq with the state block held as [KC, BV, KK] (element (c, v, j) = S[v, c * KK + j]).
+        Why: with K on one axis Triton puts all 32 lanes of a warp along K, so each K-reduction on the
+        token-to-token chain takes 5 shuffle levels; splitting K into KC in-thread chunks and KK lanes lets
+        the lanes spread over V too (e.g. 8 lanes on K, 4 on V: 3 levels). Same math and order of tokens as
+        _gdn_seq_kernel; grid (cdiv(V, BV), N * HV)."""
+        KK: tl.constexpr = BK // KC
+        i_v = tl.program_id(0)
+        i_nh = tl.program_id(1)
+        i_n = i_nh // HV
+        i_hv = i_nh % HV
+        i_h = i_hv // (HV // H)
+        if IS_VARLEN:
+            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+            T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        else:
+            bos = i_n.to(tl.int64) * max_T
+            T = max_T
+        slot = tl.load(state_idx + i_n).to(tl.int64)
+
+        oc = tl.arange(0, KC)[:, None, None]
+        ov = i_v * BV + tl.arange(0, BV)[None, :, None]
+        oj = tl.arange(0, KK)[None, None, :]
+        okk = oc * KK + oj                       # [KC, 1, KK]: the K index
+        ok3 = okk + ov * 0                       # [KC, BV, KK]: loaded whole so that it shares S's layout
+        ov3 = ov + oc * 0                        # [KC, BV, 1]
+        mask_k3 = ok3 < K
+        mask_v3 = ov3 < V
+        mask_s = mask_k3 & (ov < V)
+        p_o = o + i_hv * so_h + ov3
+        first = oc == 0                          # o is stored by the KC = 0 copy of each row
+
+        if slot == pad_slot_id:
+            zero = tl.zeros([KC, BV, 1], dtype=tl.float32)
+            for t in tl.range(0, max_T):
+                tl.store(p_o + (bos + t) * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX),
+                         mask=mask_v3 & first & ((ov3 * 0 + t) < T))
+        else:
+            p_s = state + slot * ss_n + i_hv * ss_h + ov * ss_v + okk
+            S = tl.zeros([KC, BV, KK], dtype=tl.float32)
+            load_state = True
+            if HAS_INIT:
+                load_state = tl.load(has_init + i_n) != 0
+            if load_state:
+                S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+            buf = ()
+            for i in tl.static_range(U):
+                buf = buf + (_seq_load_kc(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
+                                          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
+            for t0 in tl.range(0, max_T, U):
+                nxt = ()
+                for i in tl.static_range(U):
+                    nxt = nxt + (_seq_load_kc(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, ok3, ov3, mask_k3,
+                                              mask_v3, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
+                if t0 < T:
+                    for i in tl.static_range(U):
+                        b_q, b_k, b_v, b_g, b_b = buf[i]
+                        S, b_o = _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
+                        tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                 mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
+                buf = nxt
+            tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
+
+
+LOOKAHEAD_DEFAULT = False  # set from the H200 sweep (kernels/NOTES.md)
+KC_DEFAULT = 0
 
 
 def _default_seq_config(n_heads_total: int, V: int) -> tuple[int, int, int]:
@@ -255,6 +423,8 @@ def gdn_seq(
     BV: int | None = None,
     num_warps: int | None = None,
     U: int | None = None,
+    lookahead: bool | None = None,
+    KC: int | None = None,
 ) -> torch.Tensor:
     """The gated delta rule over every token of every sequence, in one launch; the state updated in place.
 
@@ -274,6 +444,11 @@ def gdn_seq(
         out: optional output ``[B, T, HV, V]`` (any strides, last dim contiguous); default a new tensor in
             v's dtype.
         BV, num_warps, U: tuning (V-block per program, warps per program, tokens per prefetched group).
+        lookahead: compute token t's state products from S_{t-2} plus the pending rank-1 update of token
+            t-1 (:func:`_seq_step_la`), which takes the K-reductions off the token-to-token dependency chain;
+            default: :data:`LOOKAHEAD_DEFAULT`.
+        KC: hold the state block as [KC, BV, K / KC] (:func:`_gdn_seq_kc_kernel`), a power of two dividing
+            the padded K; 0 = the [BV, K] kernel; default: :data:`KC_DEFAULT`. Not combined with lookahead.
 
     Returns:
         o: ``[B, T, HV, V]``, ``o_t = S_t q_t`` per head.
@@ -297,19 +472,36 @@ def gdn_seq(
     qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
     gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
     grid = (triton.cdiv(V, BV), N * HV)
-    _gdn_seq_kernel[grid](
-        qf, kf, vf, gf, bf, of, state, state_idx,
-        has_initial_state if has_initial_state is not None else state_idx,
-        cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
-        qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-        gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
-        state.stride(0), state.stride(1), state.stride(2),
-        pad_slot_id,
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, U=U,
-        L2NORM=bool(use_qk_l2norm), HAS_INIT=has_initial_state is not None, IS_VARLEN=cu_seqlens is not None,
-        RNE_FIX=_interpreting(),
-        num_warps=num_warps,
-    )
+    KC = KC_DEFAULT if KC is None else KC
+    lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
+    if KC:
+        if KC & (KC - 1) or BK % KC:
+            raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
+        if lookahead:
+            raise ValueError("KC and lookahead are not combined")
+        _launch(_gdn_seq_kc_kernel, grid, (
+            qf, kf, vf, gf, bf, of, state, state_idx,
+            has_initial_state if has_initial_state is not None else state_idx,
+            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
+            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
+            state.stride(0), state.stride(1), state.stride(2),
+            pad_slot_id,
+            H, HV, K, V, BK, BV, U, KC,
+            bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting(),
+        ), num_warps=num_warps)
+    else:
+        _launch(_gdn_seq_kernel, grid, (
+            qf, kf, vf, gf, bf, of, state, state_idx,
+            has_initial_state if has_initial_state is not None else state_idx,
+            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
+            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
+            state.stride(0), state.stride(1), state.stride(2),
+            pad_slot_id,
+            H, HV, K, V, BK, BV, U,
+            bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting(), lookahead,
+        ), num_warps=num_warps)
     if B > 1 and of.data_ptr() != out.data_ptr():  # pragma: no cover - reshape of a strided out copied
         out.copy_(of.view_as(out))
     return out
@@ -503,7 +695,7 @@ def gdn_conv(
         return out
     BT = max(BT, triton.next_power_of_2(W - 1))
     grid = (triton.cdiv(dim, BD), triton.cdiv(n_tok, BT) + N)
-    _gdn_conv_kernel[grid](
+    _launch(_gdn_conv_kernel, grid, (
         x, weight, bias if bias is not None else weight, conv_states,
         cache_indices if cache_indices is not None else query_start_loc,
         has_initial_state if has_initial_state is not None else query_start_loc,
@@ -512,11 +704,10 @@ def gdn_conv(
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
         pad_slot_id, null_block_id if null_block_id is not None else pad_slot_id,
-        W=W, CP=max(2, triton.next_power_of_2(W - 1)), NP=max(2, triton.next_power_of_2(N)), BD=BD, BT=BT,
-        HAS_BIAS=bias is not None, SILU=silu, HAS_INIT=has_initial_state is not None,
-        HAS_CACHE_IDX=cache_indices is not None, HAS_NULL_BLOCK=null_block_id is not None, RNE_FIX=_interpreting(),
-        num_warps=num_warps, enable_fp_fusion=False,
-    )
+        W, max(2, triton.next_power_of_2(W - 1)), max(2, triton.next_power_of_2(N)), BD, BT,
+        bias is not None, silu, has_initial_state is not None,
+        cache_indices is not None, null_block_id is not None, _interpreting(),
+    ), num_warps=num_warps, enable_fp_fusion=False)
     return out
 
 

@@ -26,9 +26,18 @@ from kernels.gdn import gdn_conv, gdn_seq
 
 TS = (16, 45, 128, 256, 512, 1024)
 B, H, HV, K, V = 1, 16, 32, 128, 128
-SWEEP = [  # (BV, U, num_warps); the first is gdn_seq's default
-    (4, 4, 1), (4, 2, 1), (4, 8, 1), (2, 4, 1), (8, 4, 1), (8, 2, 1), (16, 1, 1), (16, 4, 2),
+SWEEP = [  # gdn_seq tuning: BV, U (tokens per prefetched group), num_warps, lookahead, KC ([KC, BV, K/KC] state)
+    dict(BV=4, U=4, num_warps=1), dict(BV=4, U=8, num_warps=1), dict(BV=2, U=8, num_warps=1),
+    dict(BV=4, U=8, num_warps=1, lookahead=True),
+    dict(BV=4, U=4, num_warps=1, KC=4), dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=8, num_warps=1, KC=2),
+    dict(BV=2, U=8, num_warps=1, KC=4), dict(BV=2, U=4, num_warps=1, KC=4), dict(BV=8, U=4, num_warps=2, KC=4),
+    dict(BV=4, U=16, num_warps=1, KC=4),
 ]
+
+
+def cfg_name(c: dict) -> str:
+    return ("gdn_seq_bv%d_u%d_w%d" % (c["BV"], c["U"], c["num_warps"]) + ("_la" if c.get("lookahead") else "")
+            + (f"_kc{c['KC']}" if c.get("KC") else ""))
 _SPIN: list = []
 
 
@@ -77,6 +86,40 @@ def bench_graph(fn) -> float:
     except Exception as e:  # e.g. a host sync inside fn
         print(f"graph capture failed: {e!r}"[:300], file=sys.stderr)
         return float("nan")
+
+
+def per_call_loop(fn, n: int = 300) -> float:
+    """ms per call of n back-to-back calls, one sync at the end (no L2 flush between calls): the rate a caller
+    issuing layer after layer sees; bound by the host's time per call when that exceeds the GPU's."""
+    import time
+
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def host_profile(fn, n: int = 300) -> str:
+    """cProfile of n calls: where the host's time per call goes (top entries by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    fn()
+    torch.cuda.synchronize()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(12)
+    return out.getvalue()
 
 
 def copy_bandwidth() -> float:
@@ -133,6 +176,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="time every (BV, U, num_warps) in SWEEP")
     ap.add_argument("--json", help="write all numbers here")
+    ap.add_argument("--profile", action="store_true", help="cProfile gdn_seq's host path at the first T")
     args = ap.parse_args(argv)
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
@@ -175,12 +219,18 @@ def main(argv=None) -> int:
         row["fla_chunk_graph"] = bench_graph(lambda: chunk_gated_delta_rule(
             q=q, k=k, v=v, g=g, beta=beta, initial_state=h_c, output_final_state=True, state_v_first=True))
         st = h0.clone()
+        row["gdn_seq_loop"] = per_call_loop(lambda: gdn_seq(q, k, v, g, beta, st, idx))
+        row["fla_recurrent_loop"] = per_call_loop(lambda: fused_recurrent_gated_delta_rule(
+            q=q, k=k, v=v, g=g, beta=beta, initial_state=h_r, output_final_state=True, state_v_first=True))
+        if args.profile and T == TS[0]:
+            print(host_profile(lambda: gdn_seq(q, k, v, g, beta, st, idx)), flush=True)
+        st = h0.clone()
         row["gdn_seq"] = bench(lambda: gdn_seq(q, k, v, g, beta, st, idx))
         row["gdn_seq_graph"] = bench_graph(lambda: gdn_seq(q, k, v, g, beta, st, idx))
         for cfg in configs:
             st = h0.clone()
-            kw = dict(BV=cfg[0], U=cfg[1], num_warps=cfg[2])
-            name = "gdn_seq_bv%d_u%d_w%d" % cfg
+            kw = cfg
+            name = cfg_name(cfg)
             try:
                 row[name] = bench(lambda: gdn_seq(q, k, v, g, beta, st, idx, **kw))
             except Exception as e:  # e.g. out of registers for one config: keep the others
@@ -188,6 +238,9 @@ def main(argv=None) -> int:
                 row[name] = float("inf")
         if args.sweep:
             row["best"] = min((n for n in row if n.startswith("gdn_seq_bv")), key=lambda n: row[n])
+            bk = configs[[cfg_name(c) for c in configs].index(row["best"])]
+            st = h0.clone()
+            row["best_graph"] = bench_graph(lambda: gdn_seq(q, k, v, g, beta, st, idx, **bk))
         # the conv before it: dim = 2*H*K + HV*V channels, channel-last x, one sequence with state
         dim = 2 * H * K + HV * V
         x = torch.randn(T, dim, device="cuda", dtype=torch.bfloat16).t()
@@ -223,6 +276,11 @@ def main(argv=None) -> int:
         print("\nsweep, eager (ms):", " ".join(f"{T:>7}" for T in TS))
         for n in names:
             print(f"{n:>22}", " ".join(f"{res['rows'][T][n]:7.4f}" for T in TS))
+        print(f"{'best, graph':>22}", " ".join(f"{res['rows'][T]['best_graph']:7.4f}" for T in TS))
+        print(f"{'loop: seq, rec (ms)':>22}", " ".join(
+            f"{res['rows'][T]['gdn_seq_loop']:.4f},{res['rows'][T]['fla_recurrent_loop']:.4f}" for T in TS))
+        print(f"{'fla rec / best':>22}", " ".join(
+            f"{res['rows'][T]['fla_recurrent'] / res['rows'][T][res['rows'][T]['best']]:7.2f}" for T in TS))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

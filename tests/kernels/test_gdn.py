@@ -14,6 +14,8 @@ and in bf16 its fp32 result rounded once to bf16.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -72,15 +74,21 @@ def make_seq_inputs(gen, device, c, dtype, state_dtype=torch.float32, l2norm_in_
     return q, k, v, g.to(dtype), beta.to(dtype), state, idx, cu
 
 
+# the kernel variants of gdn_seq: the [BV, K] state block, with the one-token lookahead, the [KC, BV, K/KC] block
+LOOKAHEAD = pytest.mark.parametrize("variant", [dict(lookahead=False, KC=0), dict(lookahead=True, KC=0),
+                                                dict(lookahead=False, KC=4)], ids=["serial", "lookahead", "kc4"])
+
+
+@LOOKAHEAD
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("l2norm", [True, False], ids=["l2norm", "prenorm"])
-def test_seq_matches_float64_reference(mode, device, gen, dtype, l2norm):
+def test_seq_matches_float64_reference(mode, device, gen, dtype, l2norm, variant):
     for c in seq_shapes(mode):
         q, k, v, g, beta, state, idx, cu = make_seq_inputs(gen, device, c, dtype, l2norm_in_kernel=l2norm)
         o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, state, idx, cu, use_qk_l2norm=l2norm)
         before = state.clone()
         out = torch.full_like(v, float("nan"))
-        gdn_seq(q, k, v, g, beta, state, idx, cu_seqlens=cu, use_qk_l2norm=l2norm, out=out)
+        gdn_seq(q, k, v, g, beta, state, idx, cu_seqlens=cu, use_qk_l2norm=l2norm, out=out, **variant)
         assert torch.isfinite(out).all(), "an output element was not written"
         e_o, e_s = rel(out, o_ref), rel(state[idx.long()], s_ref[idx.long()])
         print(f"{c} {dtype} l2norm={l2norm}: rel err o {e_o:.2e} state {e_s:.2e}")
@@ -112,24 +120,26 @@ def test_seq_bf16_state_and_fixed_length_batch(mode, device, gen):
     assert torch.equal(state[1], s_ref[1].to(torch.bfloat16))  # slot 1 untouched
 
 
-def test_seq_one_call_equals_token_by_token(mode, device, gen):
+@LOOKAHEAD
+def test_seq_one_call_equals_token_by_token(mode, device, gen, variant):
     """One call over T tokens equals T calls of one token each, the state carried in the state tensor."""
     c = dict(seq_shapes(mode)[1])
     c["lens"] = [13] if mode == "interp" else [64]
     q, k, v, g, beta, state, idx, cu = make_seq_inputs(gen, device, c, torch.float32)
     s_one, s_many = state.clone(), state.clone()
-    o_one = gdn_seq(q, k, v, g, beta, s_one, idx, cu_seqlens=cu, use_qk_l2norm=True)
+    o_one = gdn_seq(q, k, v, g, beta, s_one, idx, cu_seqlens=cu, use_qk_l2norm=True, **variant)
     o_many = torch.full_like(v, float("nan"))
     for t in range(q.shape[1]):
         sl = slice(t, t + 1)
         o_many[:, sl] = gdn_seq(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], s_many, idx,
-                                use_qk_l2norm=True)
+                                use_qk_l2norm=True, **variant)
     e_o, e_s = rel(o_many, o_one), rel(s_many, s_one)
     print(f"one call vs token by token: o {e_o:.2e} state {e_s:.2e}")
     assert e_o <= 1e-6 and e_s <= 1e-6
 
 
-def test_seq_null_slots_and_initial_state(mode, device, gen):
+@LOOKAHEAD
+def test_seq_null_slots_and_initial_state(mode, device, gen, variant):
     c = seq_shapes(mode)[1]
     q, k, v, g, beta, state, idx, cu = make_seq_inputs(gen, device, c, torch.float32)
     idx[1] = -1                                  # PAD_SLOT_ID: skipped
@@ -139,7 +149,7 @@ def test_seq_null_slots_and_initial_state(mode, device, gen):
     out = torch.full_like(v, float("nan"))
     # BV=8: several V-blocks per head also under the interpreter (whose default takes V whole)
     gdn_seq(q, k, v, g, beta, state, idx, cu_seqlens=cu, use_qk_l2norm=True, has_initial_state=has_init, out=out,
-            BV=8)
+            BV=8, **variant)
     assert torch.isfinite(out).all()
     bos, eos = int(cu[1]), int(cu[2])
     assert (out[:, bos:eos] == 0).all(), "a skipped sequence's outputs must be zero"
@@ -207,3 +217,28 @@ def test_conv_split_calls_equal_one_call(mode, device, gen):
     yb = gdn_conv(x[:, L1:], w, b, two, torch.tensor([0, L2], dtype=torch.int32, device=device), idx, init)
     assert torch.equal(torch.cat([ya, yb], 1), y1)
     assert torch.equal(one, two)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                    reason="the cached launch path exists only for compiled kernels")
+def test_cached_launch_equals_jit_launch(gen):
+    """kernels._launch: the second and later calls launch the cached CompiledKernel directly; its outputs must be
+    bit-identical to launches through Triton's JIT dispatcher (same kernel, same arguments)."""
+    import kernels._launch as L
+
+    c = dict(H=16, HV=32, K=128, V=128, lens=[45, 3, 128])
+    q, k, v, g, beta, state, idx, cu = make_seq_inputs(gen, "cuda", c, torch.bfloat16)
+    runs = []
+    for fast in (False, True, True, True):
+        L.FAST = fast
+        try:
+            st = state.clone()
+            for kw in (dict(), dict(KC=4), dict(lookahead=True)):
+                o = gdn_seq(q, k, v, g, beta, st, idx, cu_seqlens=cu, use_qk_l2norm=True, **kw)
+                runs.append((fast, str(kw), o.clone(), st.clone()))
+        finally:
+            L.FAST = True
+    ref = {kw: (o, s) for fast, kw, o, s in runs if not fast}
+    for fast, kw, o, s in runs:
+        assert torch.equal(o, ref[kw][0]) and torch.equal(s, ref[kw][1]), (fast, kw)
