@@ -226,6 +226,14 @@ def main(argv=None) -> int:
             print(host_profile(lambda: gdn_seq(q, k, v, g, beta, st, idx)), flush=True)
         st = h0.clone()
         row["gdn_seq"] = bench(lambda: gdn_seq(q, k, v, g, beta, st, idx))
+        import kernels._launch as launch  # the same call through Triton's JIT dispatcher every time
+
+        launch.FAST = False
+        try:
+            row["gdn_seq_jit"] = bench(lambda: gdn_seq(q, k, v, g, beta, st, idx))
+            row["gdn_seq_jit_loop"] = per_call_loop(lambda: gdn_seq(q, k, v, g, beta, st, idx))
+        finally:
+            launch.FAST = True
         row["gdn_seq_graph"] = bench_graph(lambda: gdn_seq(q, k, v, g, beta, st, idx))
         for cfg in configs:
             st = h0.clone()
@@ -277,8 +285,11 @@ def main(argv=None) -> int:
         for n in names:
             print(f"{n:>22}", " ".join(f"{res['rows'][T][n]:7.4f}" for T in TS))
         print(f"{'best, graph':>22}", " ".join(f"{res['rows'][T]['best_graph']:7.4f}" for T in TS))
-        print(f"{'loop: seq, rec (ms)':>22}", " ".join(
-            f"{res['rows'][T]['gdn_seq_loop']:.4f},{res['rows'][T]['fla_recurrent_loop']:.4f}" for T in TS))
+        print(f"{'loop: seq,jit,rec (ms)':>22}", " ".join(
+            f"{res['rows'][T]['gdn_seq_loop']:.4f},{res['rows'][T]['gdn_seq_jit_loop']:.4f},"
+            f"{res['rows'][T]['fla_recurrent_loop']:.4f}" for T in TS))
+        print(f"{'do_bench: seq, jit':>22}", " ".join(
+            f"{res['rows'][T]['gdn_seq']:.4f},{res['rows'][T]['gdn_seq_jit']:.4f}" for T in TS))
         print(f"{'fla rec / best':>22}", " ".join(
             f"{res['rows'][T]['fla_recurrent'] / res['rows'][T][res['rows'][T]['best']]:7.2f}" for T in TS))
     if args.json:
