@@ -24,6 +24,15 @@ Two Triton kernels and their references:
     ``fp8_block_gemm`` reads a pre-quantised A; ``fp8_block_gemm_qa`` reads the bf16/fp16/fp32 activation and
     quantises each ``[BLOCK_M, 128]`` tile in its A-load (the same fp32 operations, so the operands fed to the
     MMA are bit-identical to ``fp8_quant_group``'s output: ``store_a=`` writes them out to prove it).
+    ``fp8_quant_then_gemm`` is the two-launch baseline (quant kernel, then the pre-quantised GEMM).
+
+Two GEMM kernels, chosen by :func:`default_gemm_config` (any key overridable through ``config=``):
+``_block_gemm_kernel`` (prefill: [BM, BN] output tiles, GROUP_M swizzle, BN dividing 128 or a multiple of
+it, KPI K-blocks per iteration) and ``_small_m_kernel`` (M <= 64: swap-AB so the weight rows fill the wgmma's
+64-row side, split-K over ~4 waves of programs, fp32 partials reduced in a fixed order either by
+``_splitk_reduce_kernel`` or by the tile's last-arriving split; deterministic either way).
+The fused quant divides by the row scale with :func:`_div_exact` (reciprocal once per row, then one
+multiply and two FMAs an element): the IEEE quotient bit for bit, so the operands stay identical.
 
 Layout: x ``[M, K]`` with K a multiple of 128 and the last dim contiguous; weights ``[N, K]`` contiguous.
 Under ``TRITON_INTERPRET=1`` the fp8 conversions and ``tl.dot`` on fp8 run (on numpy), so the CPU gates test

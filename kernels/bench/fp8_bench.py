@@ -69,6 +69,7 @@ DECODE = {
 }
 QUANT = {"bm16 gpp2": dict(BM=16, GPP=2), "bm8 gpp1": dict(BM=8, GPP=1), "bm32 gpp4": dict(BM=32, GPP=4)}
 BOUND = 4e-3
+DEV = "cuda"  # the dry run (tests) swaps in "cpu" under the interpreter
 
 
 def _resolve(cfg: dict, M: int, N: int, K: int) -> dict:
@@ -108,8 +109,8 @@ def main(args) -> None:
             print(f"{M}x{N}x{K}: skipped (time budget {args.budget} s spent)", flush=True)
             continue
         torch.manual_seed(0)
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
+        x = torch.randn(M, K, device=DEV, dtype=torch.bfloat16)
+        w = torch.randn(N, K, device=DEV, dtype=torch.bfloat16) * 0.05
         flop = 2.0 * M * N * K
         shape = f"{M}x{N}x{K}"
         qb, sb = F.fp8_quant_block_weight_ref(w)
@@ -153,11 +154,11 @@ def main(args) -> None:
 
         xa = x.to(torch.float8_e4m3fn)
         wt = w.to(torch.float8_e4m3fn)
-        one = torch.ones((), device="cuda")
+        one = torch.ones((), device=DEV)
         r = attempt("scaled_mm", "per-tensor fp8", lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one,
                                                                              out_dtype=torch.bfloat16), check=False)
         if r is None and M % 16:  # cuBLASLt may want 16-row multiples: time the padded call a server would make
-            xp = torch.zeros(-(-M // 16) * 16, K, device="cuda", dtype=torch.float8_e4m3fn)
+            xp = torch.zeros(-(-M // 16) * 16, K, device=DEV, dtype=torch.float8_e4m3fn)
             xp[:M] = xa
             attempt("scaled_mm", "per-tensor fp8, M pad 16", lambda: torch._scaled_mm(
                 xp, wt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), check=False)
