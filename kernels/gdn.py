@@ -370,7 +370,7 @@ def _default_seq_config(n_heads_total: int, V: int) -> tuple[int, int, int]:
     if _interpreting():
         return min(32, triton.next_power_of_2(V)), 1, 4
     BV = min(4, triton.next_power_of_2(V))
-    return BV, 1, 4
+    return BV, 1, 8
 
 
 def _cu_seqlens(T: int, B: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:

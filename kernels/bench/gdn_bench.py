@@ -27,11 +27,16 @@ from kernels.gdn import gdn_conv, gdn_seq
 TS = (16, 45, 128, 256, 512, 1024)
 B, H, HV, K, V = 1, 16, 32, 128, 128
 SWEEP = [  # gdn_seq tuning: BV, U (tokens per prefetched group), num_warps, lookahead, KC ([KC, BV, K/KC] state)
-    dict(BV=4, U=4, num_warps=1), dict(BV=4, U=8, num_warps=1), dict(BV=2, U=8, num_warps=1),
+    dict(BV=4, U=8, num_warps=1), dict(BV=4, U=4, num_warps=1), dict(BV=2, U=8, num_warps=1),
     dict(BV=4, U=8, num_warps=1, lookahead=True),
-    dict(BV=4, U=4, num_warps=1, KC=4), dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=8, num_warps=1, KC=2),
-    dict(BV=2, U=8, num_warps=1, KC=4), dict(BV=2, U=4, num_warps=1, KC=4), dict(BV=8, U=4, num_warps=2, KC=4),
-    dict(BV=4, U=16, num_warps=1, KC=4),
+    dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=8, num_warps=1, KC=2), dict(BV=2, U=8, num_warps=1, KC=4),
+    dict(BV=8, U=4, num_warps=2, KC=4),
+]
+
+SWEEP_KC = [  # the [KC, BV, K/KC] kernel around the first sweep's best (BV=8, U=4, 2 warps, KC=4)
+    dict(BV=8, U=4, num_warps=2, KC=4), dict(BV=8, U=8, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=2),
+    dict(BV=8, U=4, num_warps=2, KC=8), dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=16, U=4, num_warps=2, KC=4),
+    dict(BV=8, U=4, num_warps=4, KC=4), dict(BV=4, U=4, num_warps=2, KC=4), dict(BV=16, U=2, num_warps=4, KC=4),
 ]
 
 
@@ -174,7 +179,8 @@ def floors(T: int, bw: float, rate: float) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", action="store_true", help="time every (BV, U, num_warps) in SWEEP")
+    ap.add_argument("--sweep", action="store_true", help="time every gdn_seq config in SWEEP")
+    ap.add_argument("--sweep-kc", action="store_true", help="time the configs of SWEEP_KC instead")
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--profile", action="store_true", help="cProfile gdn_seq's host path at the first T")
     args = ap.parse_args(argv)
@@ -190,7 +196,9 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s (read+write); "
           f"fp32 FMA rate {rate / 1e12:.1f} TFLOP/s")
     res: dict = {"bw": bw, "fp32_rate": rate, "T": list(TS), "rows": {}}
-    configs = SWEEP if args.sweep else []
+    if args.sweep_kc:
+        args.sweep = True
+    configs = SWEEP_KC if args.sweep_kc else SWEEP if args.sweep else []
     idx = torch.zeros(1, dtype=torch.int32, device="cuda")
     for T in TS:
         q, k, v, g, beta, h0 = inputs(T, gen)
