@@ -59,7 +59,8 @@ class Launcher:
 
     def __call__(self, grid, args: tuple, **opts):
         if len(args) != len(self.names):
-            raise TypeError(f"{self.names and self.kernel}: {len(args)} arguments for {len(self.names)} parameters")
+            raise TypeError(f"{getattr(self.kernel, '__name__', self.kernel)}: {len(args)} arguments for "
+                            f"{len(self.names)} parameters ({', '.join(self.names)})")
         if not FAST or _interpreting():
             return self.kernel[grid](*args, **opts)
         key = self.key(args, tuple(sorted(opts.items())))
