@@ -425,19 +425,34 @@ def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, s
 
 
 def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
-    """Tile config by shape. Under the interpreter small tiles. On the GPU: M <= 64 takes the small-M kernel
-    (BM the next of 16/32/64 over M, BN 64 weight rows: one m64 wgmma per warpgroup, split-K to ~4 waves);
-    larger M the tile kernel. The H200 sweep (kernels/bench/fp8_bench.py) is what these should follow."""
+    """Tile config by shape. Under the interpreter small tiles. On the GPU, the winners of the H200 sweep of
+    2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096 and 8192):
+
+    * M <= 64: the tile kernel at 16 x 32 (mma.sync; 18.6 us pre-quantised / 27.6 us fused at M=16, N=K=4096),
+      faster there than every swap-AB split-K config tried (26.9-54.8 us): the small-M kernel stays available
+      (``config=dict(kernel="small_m", ...)``) but is not the default;
+    * larger M, pre-quantised A: 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s at
+      4096^3 / 8192^3);
+    * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s).
+    """
     if _interpreting():
         if M <= SMALL_M_MAX:
             return dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=1,
                         FAST_DIV=True)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=2, KPI=1, num_warps=4, num_stages=1, FAST_DIV=True)
     if M <= SMALL_M_MAX:
-        BM = 16 if M <= 16 else (32 if M <= 32 else 64)
-        return dict(kernel="small_m", BM=BM, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=4,
-                    FAST_DIV=True)
-    return dict(TILE_DEFAULT)
+        return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=1, num_warps=4, num_stages=4, FAST_DIV=True)
+    if quant_a:
+        return dict(kernel="tile", BM=64, BN=256, GROUP_M=8, KPI=1, num_warps=8, num_stages=4, FAST_DIV=True)
+    return dict(TILE_DEFAULT, KPI=2)
+
+
+def small_m_config(M: int) -> dict:
+    """The swap-AB split-K kernel's config for M <= 64: BM the next of 16 / 32 / 64 over M, 64 weight rows (one
+    m64 wgmma per warpgroup), split-K to ~4 waves, the reduce in a second launch."""
+    BM = 16 if M <= 16 else (32 if M <= 32 else 64)
+    return dict(kernel="small_m", BM=BM, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4,
+                num_stages=1 if _interpreting() else 4, FAST_DIV=True)
 
 
 _LOCKS: dict = {}
@@ -464,7 +479,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
     cfg = dict(default_gemm_config(M, N, K, quant_a))
     if config and config.get("kernel", cfg["kernel"]) != cfg["kernel"]:
-        cfg = dict(TILE_DEFAULT) if config["kernel"] == "tile" else dict(default_gemm_config(1, N, K, quant_a))
+        cfg = dict(TILE_DEFAULT) if config["kernel"] == "tile" else small_m_config(M)
     cfg.update(config or {})
     BN = cfg["BN"]
     if 128 % BN and BN % 128:

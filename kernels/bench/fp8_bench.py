@@ -76,7 +76,7 @@ def _resolve(cfg: dict, M: int, N: int, K: int) -> dict:
     """A sweep entry as fp8._gemm takes it: small_m's BM by M, "x2" split = twice the auto split."""
     cfg = dict(cfg)
     if cfg["kernel"] == "small_m":
-        cfg.setdefault("BM", F.default_gemm_config(M, N, K)["BM"] if M <= F.SMALL_M_MAX else 16)
+        cfg.setdefault("BM", F.small_m_config(M)["BM"] if M <= F.SMALL_M_MAX else 16)
         if cfg["SPLIT_K"] == "x2":
             cfg["SPLIT_K"] = 2 * F.pick_split_k(M, N, K, cfg["BM"], cfg["BN"])
     return cfg
