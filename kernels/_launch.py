@@ -10,13 +10,15 @@ The specialisation key mirrors what Triton specialises on (triton/runtime/jit.py
 constexpr by value; tensors by dtype and whether the data pointer is 16-byte aligned; integers by ``== 1``,
 divisibility by 16 and whether they fit in int32; floats and bools by type; and the launch options. A new key
 goes through the JIT (which compiles or finds the kernel) and is remembered. Under ``TRITON_INTERPRET=1``, or
-when ``FAST`` is False, every call goes through the JIT unchanged.
+when ``FAST`` is False (knob ``R9K_TRITON_FAST_LAUNCH=0``), every call goes through the JIT unchanged.
 """
 from __future__ import annotations
 
 import os
 
-FAST = os.environ.get("R9K_TRITON_FAST_LAUNCH", "1") not in ("0", "")
+from r9k import knobs
+
+FAST = bool(knobs.get("R9K_TRITON_FAST_LAUNCH"))  # read once at import; tests and benches flip it directly
 
 
 def _interpreting() -> bool:

@@ -119,6 +119,11 @@ PROVENANCE_LOG = _k(
     "R9K_PROVENANCE", bool, True, True,
     "log the plugin's provenance line at load (the validation engine refuses a server without it)",
 )
+TRITON_FAST_LAUNCH = _k(
+    "R9K_TRITON_FAST_LAUNCH", bool, True, True,
+    "launch r9k's Triton kernels through their cached compiled kernel (kernels/_launch.py) instead of Triton's JIT "
+    "dispatcher on every call; outputs are identical either way (gated), only the host's time per launch differs",
+)
 LRU_THRESH = _k(
     "R9K_LRU_THRESH", float, 0.99, 0.99,
     "expert cache: a step whose distinct routed experts exceed this fraction of the cache's slots inserts "
