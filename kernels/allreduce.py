@@ -259,10 +259,10 @@ if triton is not None:
                 tl.store(own + o, tl.load(inp + o, mask=m), mask=m)
             # every thread's stores happen-before thread 0's release (bar.sync, then a cumulative release)
             tl.debug_barrier()
-            my_flag = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int32)) + b * 2 + h
+            my_flag = tl.load(flag_ptrs + rank).to(tl.pointer_type(tl.int64)) + b * 2 + h
             tl.atomic_xchg(my_flag, c, sem="release", scope="sys")
             for p in tl.static_range(W):
-                pf = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int32)) + b * 2 + h
+                pf = tl.load(flag_ptrs + p).to(tl.pointer_type(tl.int64)) + b * 2 + h
                 spins = 0
                 while (tl.atomic_add(pf, 0, sem="acquire", scope="sys") < c) & (spins < MAX_SPIN):
                     spins += 1
@@ -290,13 +290,14 @@ if triton is not None:
 
 class _RankState:
     """One rank's view for the CUDA kernel: peer data/flag pointer tables (int64 [W] on the device), its block
-    counters (int32 [G]) and its count of flag waits that gave up (int32 [1])."""
+    counters (int64 [G]: 64 bits never wrap, where int32 would after 2^31 calls and break the halves and the
+    waits) and its count of flag waits that gave up (int32 [1])."""
 
     def __init__(self, rank, data_ptrs, flag_ptrs, G, device):
         self.rank = rank
         self.data_ptrs = data_ptrs
         self.flag_ptrs = flag_ptrs
-        self.counters = torch.zeros(G, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(G, dtype=torch.int64, device=device)
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
 
 
@@ -366,7 +367,8 @@ class OneShotAllReduce:
     Only peer loads/stores and flag atomics are used: never multicast or multimem, so the kernel is safe with
     NVLink multicast disabled (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 
-    Layout per rank: ``2 * cap`` float32 data words (two halves), then ``2 * blocks`` int32 flags.
+    Layout per rank: ``2 * cap`` float32 data words (two halves), then ``2 * blocks`` int64 flags (8-byte aligned:
+    they start ``8 * cap`` bytes in).
     ``blocks`` is the fixed launch grid G. Works under CUDA graph capture (the counters live on the device).
 
     Raises:
@@ -379,13 +381,17 @@ class OneShotAllReduce:
 
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         group = group or dist.group.WORLD
+        if peer_memory not in ("auto", "symm_mem", "ipc"):
+            raise ValueError(f"peer_memory must be auto, symm_mem or ipc, got {peer_memory!r}")
+        if cap < 1 or blocks < 1:
+            raise ValueError(f"cap and blocks must be >= 1, got cap={cap}, blocks={blocks}")
         self.group = group
         self.W = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.G, self.cap = blocks, cap
         self.chunk = chunk or max(1, cap // blocks)  # size-following (test only): elements per block
         device = device or torch.device("cuda", torch.cuda.current_device())
-        nelem = 2 * cap + 2 * blocks
+        nelem = 2 * cap + 4 * blocks
         errors = []
         self.peer_memory = None
         for how in (("symm_mem", "ipc") if peer_memory == "auto" else (peer_memory,)):
@@ -414,9 +420,14 @@ class OneShotAllReduce:
         nanoseconds, tests only) holds this rank between its flag waits and its reads."""
         if x.dtype != torch.float32:
             raise ValueError(f"the one-shot all-reduce takes float32, got {x.dtype}")
-        x = x.contiguous().view(-1)
-        out = torch.empty_like(x) if out is None else out
-        _launch(self._st, x, out, self.W, self.G, self.cap, grid=grid, chunk=self.chunk, delay=delay, **kw)
+        if out is None:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        elif (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device
+              or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        _launch(self._st, x.contiguous().view(-1), out.view(-1), self.W, self.G, self.cap, grid=grid,
+                chunk=self.chunk, delay=delay, **kw)
         return out
 
 
@@ -432,7 +443,7 @@ def simulate_ranks_cuda(world_size: int, iterations: int, grid: str = "fixed", c
     dev = torch.device("cuda")
     W, G = world_size, blocks
     data = [torch.zeros(2 * cap, dtype=torch.float32, device=dev) for _ in range(W)]
-    flags = [torch.zeros(2 * G, dtype=torch.int32, device=dev) for _ in range(W)]
+    flags = [torch.zeros(2 * G, dtype=torch.int64, device=dev) for _ in range(W)]
     dp = torch.tensor([d.data_ptr() for d in data], dtype=torch.int64, device=dev)
     fp = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device=dev)
     sts = [_RankState(r, dp, fp, G, dev) for r in range(W)]

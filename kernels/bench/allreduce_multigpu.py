@@ -269,9 +269,23 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    W = args.world_size or torch.cuda.device_count()
-    if W < 2:
-        print(f"needs 2+ GPUs of one host, {torch.cuda.device_count()} visible", file=sys.stderr)
+    n_gpu = torch.cuda.device_count()
+    W = args.world_size or n_gpu
+    if n_gpu < 2:
+        print(f"needs 2+ GPUs of one host, {n_gpu} visible", file=sys.stderr)
+        return 2
+    if not 2 <= W <= n_gpu:
+        print(f"--world-size must be 2..{n_gpu} (the visible GPUs), got {W}", file=sys.stderr)
+        return 2
+    for name in ("cap", "blocks", "K", "iters_blocks", "graph_replays"):
+        if getattr(args, name) < 1:
+            print(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    if args.cap < 2:
+        print("--cap must be >= 2 (small and large messages alternate)", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.p_delay <= 1.0 or args.max_delay_us < 0:
+        print("--p-delay must be in [0, 1] and --max-delay-us >= 0", file=sys.stderr)
         return 2
     import torch.multiprocessing as mp
 
