@@ -25,6 +25,17 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _current_device():
+    """The current CUDA device index (Triton keeps one kernel cache per device, a CompiledKernel's function is
+    loaded on one device); None without CUDA."""
+    try:
+        import torch
+
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no usable CUDA: the JIT path reports the real problem
+        return None
+
+
 class Launcher:
     """Launch ``kernel`` (a ``@triton.jit`` function) with every argument positional, in signature order.
 
@@ -43,23 +54,30 @@ class Launcher:
         self.cache: dict = {}
 
     def key(self, args: tuple, opts: tuple) -> tuple:
-        k = [opts]
+        """The specialisation Triton would compile ``args`` under (see the module doc), plus the device."""
+        k = [opts, _current_device()]
         for a, c in zip(args, self.const):
             if c:
-                k.append(a)
+                # typed: 1, True and 1.0 (and 0.0 / -0.0) are equal in Python but compile differently
+                k.append((type(a), repr(a) if isinstance(a, float) else a))
             elif hasattr(a, "data_ptr"):
                 k.append((a.dtype, a.data_ptr() % 16 == 0))
             elif isinstance(a, bool):
                 k.append(("b",))
             elif isinstance(a, int):
-                k.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31))
+                k.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a >= 2 ** 63))
             elif isinstance(a, float):
                 k.append("f")
+            elif a is None:
+                k.append(None)
             else:
-                k.append(a)
+                raise TypeError(f"{type(a).__name__} argument: the cached launch path takes tensors, ints, floats, "
+                                "bools and None (constexprs: any hashable)")
         return tuple(k)
 
     def __call__(self, grid, args: tuple, **opts):
+        if callable(grid):
+            raise TypeError("the cached launch path takes a grid tuple, not a callable")
         if len(args) != len(self.names):
             raise TypeError(f"{getattr(self.kernel, '__name__', self.kernel)}: {len(args)} arguments for "
                             f"{len(self.names)} parameters ({', '.join(self.names)})")
