@@ -476,6 +476,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         raise ValueError("b must be contiguous [N, K]")
     if sb.shape != (triton.cdiv(N, GROUP), K // GROUP):
         raise ValueError(f"sb must be [{triton.cdiv(N, GROUP)}, {K // GROUP}], got {tuple(sb.shape)}")
+    sb = sb.contiguous()  # the kernels read scales row-major; a column-major (DeepGEMM-style) layout is copied
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
     cfg = dict(default_gemm_config(M, N, K, quant_a))
     if config and config.get("kernel", cfg["kernel"]) != cfg["kernel"]:
@@ -484,12 +485,18 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     BN = cfg["BN"]
     if 128 % BN and BN % 128:
         raise ValueError(f"BN={BN} must divide 128 or be a multiple of it")
+    if cfg["kernel"] == "tile" and cfg.get("KPI", 1) not in (1, 2):
+        raise ValueError(f"KPI={cfg.get('KPI')} must be 1 or 2 (K-blocks per loop turn)")
+    if cfg["kernel"] == "small_m" and int(cfg.get("REDUCE", 1)) not in (1, 2):
+        raise ValueError(f"REDUCE={cfg.get('REDUCE')} must be 1 (a second launch) or 2 (the last split sums)")
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
     qa_out = sa_out = None
     if store_a:
         qa_out = torch.empty(M, K, dtype=torch.uint8, device=a.device)
         sa_out = torch.empty(M, K // GROUP, dtype=torch.float32, device=a.device)
-    if M == 0 or N == 0:
+    if M == 0 or N == 0 or K == 0:
+        if K == 0:
+            c.zero_()  # an empty sum
         return (c, qa_out.view(FP8_DTYPE[fmt]), sa_out) if store_a else c
     if quant_a:
         a_fnuz = fmt == "e4m3fnuz"
@@ -498,7 +505,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         a_fnuz = _fmt_of(a) == "e4m3fnuz"
         if sa.shape != (M, K // GROUP):
             raise ValueError(f"sa must be [{M}, {K // GROUP}], got {tuple(sa.shape)}")
-        a_arg, sa_arg = a.view(torch.uint8), sa
+        a_arg, sa_arg = a.view(torch.uint8), sa.contiguous()  # row-major scales (see sb)
     # fnuz bits read as e4m3fn are twice the fnuz value: HALF undoes it per operand
     half = (0.5 if a_fnuz else 1.0) * (0.5 if b_fnuz else 1.0)
     common = dict(QUANT_A=quant_a, STORE_A=store_a, FMAX=FP8_MAX[fmt] if quant_a else 448.0, A_FNUZ=a_fnuz,
