@@ -474,6 +474,8 @@ def gdn_seq(
     grid = (triton.cdiv(V, BV), N * HV)
     KC = KC_DEFAULT if KC is None else KC
     lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
+    if isinstance(KC, bool) or not isinstance(KC, int) or KC < 0:
+        raise ValueError(f"KC must be a non-negative int, got {KC!r}")
     if KC:
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")

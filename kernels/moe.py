@@ -329,7 +329,11 @@ def _positional(lau, args, meta: dict) -> tuple[tuple, dict]:
     """(every kernel argument in signature order, launch options) from positional args + keyword meta."""
     d = dict(meta)
     opts = {k: d.pop(k) for k in ("num_warps", "num_stages") if k in d}
-    return tuple(args) + tuple(d[n] for n in lau.names[len(args):]), opts
+    tail = lau.names[len(args):]
+    extra = sorted(set(d) - set(tail))
+    if extra:
+        raise TypeError(f"launch meta {extra} is neither a launch option nor a trailing kernel parameter")
+    return tuple(args) + tuple(d[n] for n in tail), opts
 
 
 class ExpertCache:
@@ -533,6 +537,10 @@ class ExpertCache:
         Raises:
             ValueError: wrong k, too many tokens; on the host path also ids outside ``0..E-1``.
         """
+        if topk_ids.dim() != 2:
+            raise ValueError(f"topk_ids must be [T, k], got {tuple(topk_ids.shape)}")
+        if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
+            raise ValueError(f"topk_ids must hold integer expert ids, got {topk_ids.dtype}")
         T, k = topk_ids.shape
         if k != self.top_k:
             raise ValueError(f"topk_ids has {k} choices per token, the cache was built for {self.top_k}")
