@@ -459,11 +459,15 @@ _LOCKS: dict = {}
 
 
 def _lock_buffer(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for REDUCE=2, one buffer per device, grown on demand (kernels reset theirs)."""
-    buf = _LOCKS.get(device)
+    """Zeroed int32 tile counters for REDUCE=2, one buffer per (device, stream), grown on demand (kernels reset
+    theirs). Per stream because two REDUCE=2 launches running at once must not share counters; launches on one
+    stream run one after another. (Not for CUDA graphs replayed on several streams at once.)"""
+    key = (str(device), torch.cuda.current_stream(device).cuda_stream
+           if torch.device(device).type == "cuda" else 0)
+    buf = _LOCKS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _LOCKS[device] = buf
+        _LOCKS[key] = buf
     return buf
 
 
