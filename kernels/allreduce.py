@@ -30,8 +30,11 @@ Two implementations:
   blocks may), then each wait and sum; ranks deliberately out of step (random sleeps, random block order),
   message sizes alternating small / large, every output checked bitwise against the exact fixed-order sum.
 * :class:`OneShotAllReduce` (CUDA, Triton): the same protocol over peer pointers from torch's symmetric memory
-  (``torch.distributed._symmetric_memory``; plain peer loads and flag atomics, never multicast / multimem), and
-  :func:`simulate_ranks_cuda`, which runs W "ranks" as W streams on one GPU over W buffers (the GPU gate).
+  (``torch.distributed._symmetric_memory``; CUDA IPC handles as the fallback; plain peer loads and flag
+  atomics, never multicast / multimem). Its GPU gate is the race test on 2+ GPUs, one process per GPU
+  (kernels/bench/allreduce_multigpu.py, tests/kernels/test_allreduce.py::test_cuda_race_on_several_gpus).
+  :func:`simulate_ranks_cuda` runs W "ranks" as W streams of ONE GPU; the GPU does not run the streams'
+  spinning kernels concurrently, so its flag waits time out (kept as an xfail record, not a gate).
 """
 from __future__ import annotations
 
