@@ -1,0 +1,25 @@
+#!/bin/bash
+# One device call for every kernel gate and bench (what this tree's H200 sessions run; ~8 min on one H200,
+# +1.5 min for the all-reduce on 2+ GPUs). Usage, from the repository root on the GPU machine:
+#   bash kernels/bench/device_run.sh OUTDIR
+# fla-core (the gdn bench's baseline) must be importable: carry its wheel (README of the device tool).
+# Gates first, in parallel pytest workers (compile-bound); then the benches, one at a time on a quiet GPU.
+# Each step has its own time limit so one slow step cannot eat the others' time; logs go to OUTDIR.
+set -u
+OUT=${1:?usage: device_run.sh OUTDIR}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status and the log's tail
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$? ($(date +%T))"; tail -n 4 "$OUT/$name.log"
+}
+run gates 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider \
+    tests/kernels/test_gdn.py tests/kernels/test_fp8.py tests/kernels/test_moe.py tests/kernels/test_launch.py
+run gdn_bench 200 python3 -m kernels.bench.gdn_bench --sweep-kc --json "$OUT/gdn.json"
+run moe_bench 100 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
+run fp8_bench 230 python3 -m kernels.bench.fp8_bench --json "$OUT/fp8.json"
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+  run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_allreduce.py
+  run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"
+fi
