@@ -1,12 +1,15 @@
 #!/bin/bash
-# One device call for every kernel gate and bench (what this tree's H200 sessions run; ~8 min on one H200,
-# +1.5 min for the all-reduce on 2+ GPUs). Usage, from the repository root on the GPU machine:
-#   bash kernels/bench/device_run.sh OUTDIR
+# Every kernel gate and bench in two device calls (a call may run 10 minutes): the gates (~4-5 min on one
+# H200; on 2+ GPUs also the all-reduce's), then the benches (~8 min; on 2+ GPUs the all-reduce's too, +1.5
+# min: give that machine its own call). Usage, from the repository root on the GPU machine:
+#   bash kernels/bench/device_run.sh OUTDIR gates
+#   bash kernels/bench/device_run.sh OUTDIR benches
 # fla-core (the gdn bench's baseline) must be importable: carry its wheel (README of the device tool).
 # Gates first, in parallel pytest workers (compile-bound); then the benches, one at a time on a quiet GPU.
 # Each step has its own time limit so one slow step cannot eat the others' time; logs go to OUTDIR.
 set -u
-OUT=${1:?usage: device_run.sh OUTDIR}
+OUT=${1:?usage: device_run.sh OUTDIR gates|benches}
+PHASE=${2:?usage: device_run.sh OUTDIR gates|benches}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status and the log's tail
@@ -14,12 +17,17 @@ run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status a
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name rc=$? ($(date +%T))"; tail -n 4 "$OUT/$name.log"
 }
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+if [ "$PHASE" = gates ]; then
 run gates 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider \
     tests/kernels/test_gdn.py tests/kernels/test_fp8.py tests/kernels/test_moe.py tests/kernels/test_launch.py
+  [ "$NGPU" -ge 2 ] && run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/kernels/test_allreduce.py
+elif [ "$PHASE" = benches ]; then
 run gdn_bench 200 python3 -m kernels.bench.gdn_bench --sweep-kc --json "$OUT/gdn.json"
 run moe_bench 100 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
 run fp8_bench 230 python3 -m kernels.bench.fp8_bench --json "$OUT/fp8.json"
-if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_allreduce.py
-  run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"
+  [ "$NGPU" -ge 2 ] && run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"
+else
+  echo "phase must be gates or benches" >&2; exit 2
 fi
