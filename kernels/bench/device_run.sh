@@ -19,14 +19,14 @@ run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status a
 }
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 if [ "$PHASE" = gates ]; then
-run gates 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider \
-    tests/kernels/test_gdn.py tests/kernels/test_fp8.py tests/kernels/test_moe.py tests/kernels/test_launch.py
+  run gates 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
+      --ignore=tests/kernels/test_allreduce.py
   [ "$NGPU" -ge 2 ] && run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/kernels/test_allreduce.py
 elif [ "$PHASE" = benches ]; then
-run gdn_bench 200 python3 -m kernels.bench.gdn_bench --sweep-kc --json "$OUT/gdn.json"
-run moe_bench 100 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
-run fp8_bench 230 python3 -m kernels.bench.fp8_bench --json "$OUT/fp8.json"
+  run gdn_bench 200 python3 -m kernels.bench.gdn_bench --sweep-kc --json "$OUT/gdn.json"
+  run moe_bench 100 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
+  run fp8_bench 230 python3 -m kernels.bench.fp8_bench --json "$OUT/fp8.json"
   [ "$NGPU" -ge 2 ] && run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"
 else
   echo "phase must be gates or benches" >&2; exit 2
