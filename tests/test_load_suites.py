@@ -37,13 +37,15 @@ def test_soak_passes_with_memory_samples(scratch):
 
 
 def test_server_dying_mid_soak_fails_with_cause_and_keeps_samples(scratch):
-    add_suite(scratch, "mini-soak", "soak", {**SOAK, "duration_s": 30}, gate={"max": {"errors": 0}})
+    # 90 s configured, the server dies after 25 requests (~1 s): stopping well inside the 90 s is the point;
+    # the bound leaves room for a loaded 2-core CI box (a 30 s / 20 s version flaked there)
+    add_suite(scratch, "mini-soak", "soak", {**SOAK, "duration_s": 90}, gate={"max": {"errors": 0}})
     tag = scratch.config("fake-soak-die", mode="die-after", FAKE_VLLM_DIE_AFTER=25)
     assert main(["suite", "mini-soak", "--config", "fake-soak-die", "--release", "s2"]) == 2
     rec = record(scratch, "s2", "fake-soak-die", "mini-soak")
     assert rec["verdict"]["status"] == "error" and rec["verdict"]["cause"] == "server died during the suite"
     m = rec["metrics"]
-    assert m["served"] == 24 and m["errors"] >= 1 and m["duration_s"] < 20  # stopped early, not after 30 s
+    assert m["served"] == 24 and m["errors"] >= 1 and m["duration_s"] < 60  # stopped early, not after 90 s
     assert len(m["samples"]) >= 1
     assert fake_procs(tag) == []
 
