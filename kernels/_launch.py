@@ -25,15 +25,25 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_HAS_CUDA: bool | None = None
+
+
 def _current_device():
     """The current CUDA device index (Triton keeps one kernel cache per device, a CompiledKernel's function is
     loaded on one device); None without CUDA."""
-    try:
-        import torch
+    global _HAS_CUDA
+    import torch
 
-        return torch.cuda.current_device() if torch.cuda.is_available() else None
-    except Exception:  # noqa: BLE001 - no usable CUDA: the JIT path reports the real problem
-        return None
+    if _HAS_CUDA is None:
+        try:
+            _HAS_CUDA = bool(torch.cuda.is_available())
+        except Exception:  # noqa: BLE001 - no usable CUDA: the JIT path reports the real problem
+            _HAS_CUDA = False
+    return torch.cuda.current_device() if _HAS_CUDA else None
+
+
+_INT32_MIN, _INT32_END, _U64_START = -(2 ** 31), 2 ** 31, 2 ** 63
+_BOOL, _FLOAT = ("b",), "f"
 
 
 class Launcher:
@@ -54,24 +64,33 @@ class Launcher:
         self.cache: dict = {}
 
     def key(self, args: tuple, opts: tuple) -> tuple:
-        """The specialisation Triton would compile ``args`` under (see the module doc), plus the device."""
+        """The specialisation Triton would compile ``args`` under (see the module doc), plus the device.
+        Dispatches on ``type(a)`` first: this runs on every launch, so it is kept to a few operations an arg."""
         k = [opts, _current_device()]
+        ap = k.append
         for a, c in zip(args, self.const):
+            t = type(a)
             if c:
                 # typed: 1, True and 1.0 (and 0.0 / -0.0) are equal in Python but compile differently
-                k.append((type(a), repr(a) if isinstance(a, float) else a))
-            elif hasattr(a, "data_ptr"):
-                k.append((a.dtype, a.data_ptr() % 16 == 0))
-            elif isinstance(a, bool):
-                k.append(("b",))
-            elif isinstance(a, int):
-                k.append((a == 1, a % 16 == 0, -(2 ** 31) <= a < 2 ** 31, a >= 2 ** 63))
-            elif isinstance(a, float):
-                k.append("f")
+                ap((t, repr(a) if t is float else a))
+            elif t is int:
+                ap((a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END, a >= _U64_START))
+            elif t is bool:
+                ap(_BOOL)
+            elif t is float:
+                ap(_FLOAT)
             elif a is None:
-                k.append(None)
+                ap(None)
+            elif hasattr(a, "data_ptr"):
+                ap((a.dtype, a.data_ptr() % 16 == 0))
+            elif isinstance(a, bool):
+                ap(_BOOL)
+            elif isinstance(a, int):
+                ap((a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END, a >= _U64_START))
+            elif isinstance(a, float):
+                ap(_FLOAT)
             else:
-                raise TypeError(f"{type(a).__name__} argument: the cached launch path takes tensors, ints, floats, "
+                raise TypeError(f"{t.__name__} argument: the cached launch path takes tensors, ints, floats, "
                                 "bools and None (constexprs: any hashable)")
         return tuple(k)
 

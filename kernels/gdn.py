@@ -70,6 +70,15 @@ PAD_SLOT_ID = -1
 _LAUNCHERS: dict = {}
 
 
+def _pow2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1), as triton.next_power_of_2, without its wrapper's host cost."""
+    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
 def _launch(kernel, grid, args: tuple, **opts):
     """Launch through one cached :class:`kernels._launch.Launcher` per kernel (args in signature order)."""
     lau = _LAUNCHERS.get(kernel)
@@ -368,8 +377,8 @@ def _default_seq_config(n_heads_total: int, V: int) -> tuple[int, int, int]:
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
     if _interpreting():
-        return min(32, triton.next_power_of_2(V)), 1, 4
-    BV = min(4, triton.next_power_of_2(V))
+        return min(32, _pow2(V)), 1, 4
+    BV = min(4, _pow2(V))
     return BV, 1, 8
 
 
@@ -464,14 +473,14 @@ def gdn_seq(
     BV = BV or dBV
     num_warps = num_warps or dW
     U = U or dU
-    BK = triton.next_power_of_2(K)
-    BV = min(BV, triton.next_power_of_2(V))
+    BK = _pow2(K)
+    BV = min(BV, _pow2(V))
     if N == 0:
         return out
     # Flatten (B, T) to rows: with B > 1 the rows of sequence n are n*T .. n*T+T-1, as cu says.
     qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
     gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
-    grid = (triton.cdiv(V, BV), N * HV)
+    grid = (_cdiv(V, BV), N * HV)
     KC = KC_DEFAULT if KC is None else KC
     lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
     if isinstance(KC, bool) or not isinstance(KC, int) or KC < 0:
@@ -695,8 +704,8 @@ def gdn_conv(
         out = torch.empty_like(x)
     if N <= 0 or n_tok == 0:
         return out
-    BT = max(BT, triton.next_power_of_2(W - 1))
-    grid = (triton.cdiv(dim, BD), triton.cdiv(n_tok, BT) + N)
+    BT = max(BT, _pow2(W - 1))
+    grid = (_cdiv(dim, BD), _cdiv(n_tok, BT) + N)
     _launch(_gdn_conv_kernel, grid, (
         x, weight, bias if bias is not None else weight, conv_states,
         cache_indices if cache_indices is not None else query_start_loc,
@@ -706,7 +715,7 @@ def gdn_conv(
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
         pad_slot_id, null_block_id if null_block_id is not None else pad_slot_id,
-        W, max(2, triton.next_power_of_2(W - 1)), max(2, triton.next_power_of_2(N)), BD, BT,
+        W, max(2, _pow2(W - 1)), max(2, _pow2(N)), BD, BT,
         bias is not None, silu, has_initial_state is not None,
         cache_indices is not None, null_block_id is not None, _interpreting(),
     ), num_warps=num_warps, enable_fp_fusion=False)

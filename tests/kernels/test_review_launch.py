@@ -103,7 +103,7 @@ def test_constexpr_values_of_other_types_are_not_merged(fast):
 
 def test_other_current_device_goes_through_the_jit(fast, monkeypatch):
     dev = {"i": 0}
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(L, "_HAS_CUDA", True)  # the module asks torch.cuda.is_available() once and keeps it
     monkeypatch.setattr(torch.cuda, "current_device", lambda: dev["i"])
     k = FakeKernel()
     lau = L.Launcher(k)
