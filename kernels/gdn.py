@@ -111,11 +111,33 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
+    def _seq_program(state_idx, cu_seqlens, max_T, H: tl.constexpr, HV: tl.constexpr, IS_VARLEN: tl.constexpr):
+        """What a gdn_seq program works on, from its ids on the grid (cdiv(V, BV), N * HV): (V-block i_v,
+        sequence i_n, value head i_hv, its key head i_h, the sequence's first row bos (int64) and length T,
+        its state slot (int64)). Varlen: max_T is the total token count, a bound on every length; otherwise
+        every sequence has max_T tokens."""
+        i_v = tl.program_id(0)
+        i_nh = tl.program_id(1)
+        i_n = i_nh // HV
+        i_hv = i_nh % HV
+        i_h = i_hv // (HV // H)
+        if IS_VARLEN:
+            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+            T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+        else:
+            bos = i_n.to(tl.int64) * max_T
+            T = max_T
+        slot = tl.load(state_idx + i_n).to(tl.int64)
+        return i_v, i_n, i_hv, i_h, bos, T, slot
+
+    @triton.jit
     def _seq_load(q, k, v, g, beta, t, T, bos, i_h, i_hv, offs_k, offs_v, mask_k, mask_v,
                   sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h):
         """Token t's inputs for one (sequence, value head, V-block), in their own dtype (converted at use, so the
         prefetched registers hold bf16); zeros (g = 0) past the end,
-        which makes the step an exact no-op on the state (exp(0) = 1, u = 0)."""
+        which makes the step an exact no-op on the state (exp(0) = 1, u = 0). offs_k / offs_v and their masks
+        have the shapes of the layout: [BK] and [BV] for the [BV, K] kernel, [KC, BV, KK] and [KC, BV, 1] for
+        the [KC, BV, K/KC] kernel (q, k broadcast over BV there)."""
         ok = t < T
         ok_k = (offs_k * 0 + t) < T  # block-shaped: Triton 3.9's interpreter rejects block & scalar masks
         ok_v = (offs_v * 0 + t) < T
@@ -128,8 +150,9 @@ if triton is not None:
         return b_q, b_k, b_v, b_g, b_b
 
     @triton.jit
-    def _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
-        """One token of the gated delta rule on the state block S [BV, BK]; returns (S_t, o_t [BV])."""
+    def _seq_prep(b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
+        """Token inputs to fp32 for the [BV, K] steps: q and k optionally L2-normalised (x / sqrt(|x|^2 + 1e-6),
+        as fla), q scaled; returns (q, k, v, exp(g), beta)."""
         b_q = b_q.to(tl.float32)
         b_k = b_k.to(tl.float32)
         b_v = b_v.to(tl.float32)
@@ -139,7 +162,12 @@ if triton is not None:
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
         b_q = b_q * scale
-        e = tl.exp(b_g)
+        return b_q, b_k, b_v, tl.exp(b_g), b_b
+
+    @triton.jit
+    def _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
+        """One token of the gated delta rule on the state block S [BV, BK]; returns (S_t, o_t [BV])."""
+        b_q, b_k, b_v, e, b_b = _seq_prep(b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
         a = tl.sum(S * b_k[None, :], 1)          # S_{t-1} k_t        (the dependency chain)
         b = tl.sum(S * b_q[None, :], 1)          # S_{t-1} q_t        (independent of a)
         kq = tl.sum(b_k * b_q)                   # k_t . q_t          (independent of the state)
@@ -154,16 +182,7 @@ if triton is not None:
         turns it into S_{t-1} = e_p S_{t-2} + u_p k_p^T. The state reductions read S_{t-2}, so they do not wait
         for u_{t-1}: a_t = S_{t-1} k_t = e_p (S_{t-2} k_t) + u_p (k_p . k_t), and likewise S_{t-1} q_t. Returns
         (S_{t-1}, u_t, e_t, k_t, o_t); the same algebra as :func:`_seq_step`, in another rounding order."""
-        b_q = b_q.to(tl.float32)
-        b_k = b_k.to(tl.float32)
-        b_v = b_v.to(tl.float32)
-        b_g = b_g.to(tl.float32)
-        b_b = b_b.to(tl.float32)
-        if L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_q = b_q * scale
-        e = tl.exp(b_g)
+        b_q, b_k, b_v, e, b_b = _seq_prep(b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
         p = tl.sum(S * b_k[None, :], 1)          # S_{t-2} k_t  (off the u chain)
         r = tl.sum(S * b_q[None, :], 1)          # S_{t-2} q_t
         kk = tl.sum(k_p * b_k)
@@ -188,18 +207,7 @@ if triton is not None:
         LOOKAHEAD: tl.constexpr = False,
     ):
         # grid: (cdiv(V, BV), N * HV). One program owns one [BV, K] block of one sequence's state.
-        i_v = tl.program_id(0)
-        i_nh = tl.program_id(1)
-        i_n = i_nh // HV
-        i_hv = i_nh % HV
-        i_h = i_hv // (HV // H)
-        if IS_VARLEN:  # max_T: the total token count, a bound on every sequence's length
-            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-            T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        else:  # max_T: every sequence's length
-            bos = i_n.to(tl.int64) * max_T
-            T = max_T
-        slot = tl.load(state_idx + i_n).to(tl.int64)
+        i_v, i_n, i_hv, i_h, bos, T, slot = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN)
 
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
@@ -256,19 +264,6 @@ if triton is not None:
 
 
     @triton.jit
-    def _seq_load_kc(q, k, v, g, beta, t, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
-                     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h):
-        """_seq_load for the [KC, BV, KK] layout: q, k as [KC, BV, KK] (broadcast over BV), v as [KC, BV, 1]."""
-        ok = t < T
-        row = bos + t
-        b_q = tl.load(q + row * sq_t + i_h * sq_h + ok3, mask=mask_k3 & ((ok3 * 0 + t) < T), other=0.0)
-        b_k = tl.load(k + row * sk_t + i_h * sk_h + ok3, mask=mask_k3 & ((ok3 * 0 + t) < T), other=0.0)
-        b_v = tl.load(v + row * sv_t + i_hv * sv_h + ov3, mask=mask_v3 & ((ov3 * 0 + t) < T), other=0.0)
-        b_g = tl.load(g + row * sg_t + i_hv * sg_h, mask=ok, other=0.0)
-        b_b = tl.load(beta + row * sb_t + i_hv * sb_h, mask=ok, other=0.0)
-        return b_q, b_k, b_v, b_g, b_b
-
-    @triton.jit
     def _ksum(x):
         """Sum of a [KC, BV, KK] block over K (axes 0 and 2), kept as [1, BV, 1]."""
         return tl.sum(tl.sum(x, 2, keep_dims=True), 0, keep_dims=True)
@@ -310,18 +305,7 @@ if triton is not None:
         the lanes spread over V too (e.g. 8 lanes on K, 4 on V: 3 levels). Same math and order of tokens as
         _gdn_seq_kernel; grid (cdiv(V, BV), N * HV)."""
         KK: tl.constexpr = BK // KC
-        i_v = tl.program_id(0)
-        i_nh = tl.program_id(1)
-        i_n = i_nh // HV
-        i_hv = i_nh % HV
-        i_h = i_hv // (HV // H)
-        if IS_VARLEN:
-            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-            T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-        else:
-            bos = i_n.to(tl.int64) * max_T
-            T = max_T
-        slot = tl.load(state_idx + i_n).to(tl.int64)
+        i_v, i_n, i_hv, i_h, bos, T, slot = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN)
 
         oc = tl.arange(0, KC)[:, None, None]
         ov = i_v * BV + tl.arange(0, BV)[None, :, None]
@@ -350,12 +334,12 @@ if triton is not None:
                 S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
             buf = ()
             for i in tl.static_range(U):
-                buf = buf + (_seq_load_kc(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
+                buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
                                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
             for t0 in tl.range(0, max_T, U):
                 nxt = ()
                 for i in tl.static_range(U):
-                    nxt = nxt + (_seq_load_kc(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, ok3, ov3, mask_k3,
+                    nxt = nxt + (_seq_load(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, ok3, ov3, mask_k3,
                                               mask_v3, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
                 if t0 < T:
                     for i in tl.static_range(U):
