@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from r9k import knobs
 
 FAST = bool(knobs.get("R9K_TRITON_FAST_LAUNCH"))  # read once at import; tests and benches flip it directly
@@ -32,8 +34,6 @@ def _current_device():
     """The current CUDA device index (Triton keeps one kernel cache per device, a CompiledKernel's function is
     loaded on one device); None without CUDA."""
     global _HAS_CUDA
-    import torch
-
     if _HAS_CUDA is None:
         try:
             _HAS_CUDA = bool(torch.cuda.is_available())
@@ -111,3 +111,36 @@ class Launcher:
             return ck
         ck[tuple(grid) + (1,) * (3 - len(grid))](*args)
         return ck
+
+    def positional(self, args, meta: dict) -> tuple[tuple, dict]:
+        """(every kernel argument in signature order, launch options) from leading positional ``args`` and
+        keyword ``meta`` holding the trailing parameters plus ``num_warps`` / ``num_stages``.
+
+        Raises:
+            TypeError: a ``meta`` key that is neither a launch option nor a trailing parameter.
+            KeyError: a trailing parameter missing from ``meta``.
+        """
+        d = dict(meta)
+        opts = {k: d.pop(k) for k in ("num_warps", "num_stages") if k in d}
+        tail = self.names[len(args):]
+        extra = sorted(set(d) - set(tail))
+        if extra:
+            raise TypeError(f"launch meta {extra} is neither a launch option nor a trailing kernel parameter")
+        return tuple(args) + tuple(d[n] for n in tail), opts
+
+
+_LAUNCHERS: dict = {}
+
+
+def launcher(kernel) -> Launcher:
+    """The one :class:`Launcher` of ``kernel`` in this process (its cache of compiled kernels is shared by every
+    caller)."""
+    lau = _LAUNCHERS.get(kernel)
+    if lau is None:
+        lau = _LAUNCHERS[kernel] = Launcher(kernel)
+    return lau
+
+
+def launch(kernel, grid, args: tuple, **opts):
+    """``launcher(kernel)(grid, args, **opts)``: every argument positional, in signature order."""
+    return launcher(kernel)(grid, args, **opts)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels._launch import Launcher
+from kernels._launch import launch
 
 try:
     import torch
@@ -304,9 +304,6 @@ class _RankState:
         self.err = torch.zeros(1, dtype=torch.int32, device=device)
 
 
-_AR_LAUNCHER = None
-
-
 def _launch(st: _RankState, inp, out, W, G, cap, grid="fixed", chunk=DEFAULT_CHUNK, BLOCK=1024,
             max_spin=1 << 22, delay=None, num_warps=4):
     n = inp.numel()
@@ -316,12 +313,10 @@ def _launch(st: _RankState, inp, out, W, G, cap, grid="fixed", chunk=DEFAULT_CHU
         return
     follow = grid == "size-following"
     nprog = _blocks(n, grid, G, chunk)
-    global _AR_LAUNCHER
-    if _AR_LAUNCHER is None:
-        _AR_LAUNCHER = Launcher(_oneshot_ar_kernel)
-    _AR_LAUNCHER((nprog,), (inp, out, st.data_ptrs, st.flag_ptrs, st.counters, st.err,
-                            delay if delay is not None else st.err, n, cap, st.rank,
-                            W, G, BLOCK, follow, chunk, max_spin, delay is not None), num_warps=num_warps)
+    launch(_oneshot_ar_kernel, (nprog,), (inp, out, st.data_ptrs, st.flag_ptrs, st.counters, st.err,
+                                          delay if delay is not None else st.err, n, cap, st.rank,
+                                          W, G, BLOCK, follow, chunk, max_spin, delay is not None),
+           num_warps=num_warps)
 
 
 def _peer_buffers_symm_mem(nelem: int, group, device):

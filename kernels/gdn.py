@@ -55,7 +55,7 @@ import os
 
 import torch
 
-from kernels._launch import Launcher
+from kernels._launch import launch as _launch
 
 try:  # the references and argument checks work without Triton
     import triton
@@ -67,9 +67,6 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 PAD_SLOT_ID = -1
 
 
-_LAUNCHERS: dict = {}
-
-
 def _pow2(n: int) -> int:
     """The smallest power of two >= n (n >= 1), as triton.next_power_of_2, without its wrapper's host cost."""
     return 1 << (int(n) - 1).bit_length() if n > 1 else 1
@@ -77,14 +74,6 @@ def _pow2(n: int) -> int:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
-
-
-def _launch(kernel, grid, args: tuple, **opts):
-    """Launch through one cached :class:`kernels._launch.Launcher` per kernel (args in signature order)."""
-    lau = _LAUNCHERS.get(kernel)
-    if lau is None:
-        lau = _LAUNCHERS[kernel] = Launcher(kernel)
-    return lau(grid, args, **opts)
 
 
 def _interpreting() -> bool:

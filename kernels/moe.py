@@ -71,7 +71,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from kernels._launch import Launcher
+from kernels._launch import launcher
 
 try:
     import triton
@@ -310,32 +310,6 @@ def _flat_words(t: torch.Tensor, word: int) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8).view(_WORD[word])
 
 
-_LAUNCHERS: dict = {}
-
-
-def _plan_launcher():
-    if "plan" not in _LAUNCHERS:
-        _LAUNCHERS["plan"] = Launcher(_plan_kernel)
-    return _LAUNCHERS["plan"]
-
-
-def _copy_launcher():
-    if "copy" not in _LAUNCHERS:
-        _LAUNCHERS["copy"] = Launcher(_gather_copy_kernel)
-    return _LAUNCHERS["copy"]
-
-
-def _positional(lau, args, meta: dict) -> tuple[tuple, dict]:
-    """(every kernel argument in signature order, launch options) from positional args + keyword meta."""
-    d = dict(meta)
-    opts = {k: d.pop(k) for k in ("num_warps", "num_stages") if k in d}
-    tail = lau.names[len(args):]
-    extra = sorted(set(d) - set(tail))
-    if extra:
-        raise TypeError(f"launch meta {extra} is neither a launch option nor a trailing kernel parameter")
-    return tuple(args) + tuple(d[n] for n in tail), opts
-
-
 class ExpertCache:
     """A per-layer LRU cache of experts in device memory over a host backing store (see the module doc).
 
@@ -488,10 +462,10 @@ class ExpertCache:
 
     def _launch_copies(self, nmax: int) -> None:
         if self._copy_full is None:  # every argument positional, for the cached launch path (kernels/_launch.py)
-            self._copy_full = [(nchunks,) + _positional(_copy_launcher(), args, meta)
+            self._copy_full = [(nchunks,) + launcher(_gather_copy_kernel).positional(args, meta)
                                for nchunks, args, meta in self._copy_launches]
         for nchunks, full, opts in self._copy_full:
-            _copy_launcher()((nmax, nchunks), full, **opts)
+            launcher(_gather_copy_kernel)((nmax, nchunks), full, **opts)
 
     # -- introspection for the gates ------------------------------------------------------------------
     def buffers(self) -> list[torch.Tensor]:
@@ -572,9 +546,9 @@ class ExpertCache:
         self.path_steps["device"] += 1
         lim = math.floor(self.insert_thresh * self.n_slots)  # distinct <= thresh * n  <=>  distinct <= floor
         if self._plan_tail is None:
-            self._plan_tail = _positional(_plan_launcher(), [None] * 15, self._plan_meta)
+            self._plan_tail = launcher(_plan_kernel).positional([None] * 15, self._plan_meta)
         tail, opts = self._plan_tail
-        _plan_launcher()((1,), (topk_ids, topk_ids.stride(0), topk_ids.stride(1), TK, step, lim,
+        launcher(_plan_kernel)((1,), (topk_ids, topk_ids.stride(0), topk_ids.stride(1), TK, step, lim,
                                 self._slot_of_d, self._expert_of_d, self._last_used_d, self._map_dev,
                                 self._rank_slot, self._rank_old, self._copy, self._counters, self._slot_ids)
                          + tail[15:], **opts)

@@ -1,5 +1,5 @@
 """Review of kernels/moe.py ExpertCache (device path vs host path at edge settings) and the cached-launch wiring
-(_positional). Written in review; the defects it found (non-integer ids, unknown launch meta) are fixed.
+(Launcher.positional). Written in review; the defects it found (non-integer ids, unknown launch meta) are fixed.
 """
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import moe
+from kernels._launch import launcher
 from kernels.moe import ExpertCache
 
 
@@ -80,9 +81,9 @@ def test_non_integer_ids_are_refused(mode, device, device_plan):
 
 
 def test_positional_refuses_unknown_meta():
-    lau = moe._plan_launcher()
+    lau = launcher(moe._plan_kernel)
     meta = dict(E=8, NS=4, K=2, NC=8, BE=16, NSP=16, BT=16, NCP=16, ONE_TILE=True, num_warps=4)
-    args, opts = moe._positional(lau, [None] * 15, meta)
+    args, opts = lau.positional([None] * 15, meta)
     assert len(args) == len(lau.names) and opts == {"num_warps": 4}
     with pytest.raises(TypeError):
-        moe._positional(lau, [None] * 15, dict(meta, num_ctas=2))
+        lau.positional([None] * 15, dict(meta, num_ctas=2))
