@@ -138,6 +138,16 @@ class StepPlan:
 # ============================================================================================================
 if triton is not None:
 
+    @triton.jit
+    def _expert_tile(smap, slot_of, e0, E: tl.constexpr, BE: tl.constexpr):
+        """Experts e0 .. e0 + BE - 1 of the plan: (ids, in range, present this step (smap == 1), resident slot
+        or -1)."""
+        e = e0 + tl.arange(0, BE)
+        me = e < E
+        p = tl.load(smap + e, mask=me, other=0) == 1
+        so = tl.load(slot_of + e, mask=me, other=-1)
+        return e, me, p, so
+
     @triton.jit(do_not_specialize=["s0", "s1", "TK", "step", "lim"])
     def _plan_kernel(ids, s0, s1, TK, step, lim,
                      slot_of, expert_of, last_used, smap, rank_slot, rank_old, copy, counters, slot_ids,
@@ -183,10 +193,7 @@ if triton is not None:
         ndist = tl.sum(tl.zeros([BE], dtype=tl.int32), 0)
         nhit = ndist
         for e0 in range(0, E, BE):
-            e = e0 + tl.arange(0, BE)
-            me = e < E
-            p = tl.load(smap + e, mask=me, other=0) == 1
-            so = tl.load(slot_of + e, mask=me, other=-1)
+            e, me, p, so = _expert_tile(smap, slot_of, e0, E, BE)
             ndist += tl.sum(p.to(tl.int32), 0)
             nhit += tl.sum((p & (so >= 0)).to(tl.int32), 0)
         nmiss = ndist - nhit
@@ -205,10 +212,7 @@ if triton is not None:
         carry = tl.sum(tl.zeros([BE], dtype=tl.int32), 0)
         nev = carry
         for e0 in range(0, E, BE):
-            e = e0 + tl.arange(0, BE)
-            me = e < E
-            p = tl.load(smap + e, mask=me, other=0) == 1
-            so = tl.load(slot_of + e, mask=me, other=-1)
+            e, me, p, so = _expert_tile(smap, slot_of, e0, E, BE)
             miss = p & (so < 0)
             mi = miss.to(tl.int32)
             r = carry + tl.cumsum(mi, 0) - mi
