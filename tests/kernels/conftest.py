@@ -51,3 +51,12 @@ def gen(device) -> torch.Generator:
     g = torch.Generator(device="cpu")
     g.manual_seed(seed)
     return g
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """kernels/_launch.py's cached launch path switched on, as on a GPU (no interpreter): for stand-in kernels."""
+    import kernels._launch as L
+
+    monkeypatch.setattr(L, "FAST", True)
+    monkeypatch.setattr(L, "_interpreting", lambda: False)

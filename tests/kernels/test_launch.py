@@ -15,47 +15,12 @@ import pytest
 import torch
 
 import kernels._launch as L
+from tests.kernels.fake_jit import FakeKernel as _Fake
 
 
-class _Param:
-    def __init__(self, is_constexpr):
-        self.is_constexpr = is_constexpr
-
-
-class FakeKernel:
-    """Looks like a @triton.jit function of signature (x, n, s, FLAG: constexpr, B: constexpr)."""
-
-    def __init__(self):
-        self.log = []
-        self.params = [_Param(False), _Param(False), _Param(False), _Param(True), _Param(True)]
-        self.compiled = 0
-
-        def fn(x, n, s, FLAG, B):  # noqa: ARG001 - the signature is what matters
-            pass
-
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        def jit_launch(*args, **opts):
-            self.compiled += 1
-            self.log.append(("jit", grid, args, opts))
-            kernel = self
-
-            class Compiled:
-                ident = kernel.compiled
-
-                def __getitem__(self, g):
-                    def run(*a):
-                        kernel.log.append(("cached", g, a, self.ident))
-                    return run
-            return Compiled()
-        return jit_launch
-
-
-@pytest.fixture
-def fast(monkeypatch):
-    monkeypatch.setattr(L, "FAST", True)
-    monkeypatch.setattr(L, "_interpreting", lambda: False)
+def FakeKernel():
+    """A stand-in JIT kernel of signature (x, n, s, FLAG: constexpr, B: constexpr)."""
+    return _Fake(("x", "n", "s", "FLAG", "B"), ("FLAG", "B"))
 
 
 def test_second_call_uses_the_cached_kernel(fast):

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kernels._launch as L
+from tests.kernels.fake_jit import FakeKernel as _Fake
 
 triton = pytest.importorskip("triton")
 try:  # Triton's own specialisation function (native since Triton 3.4 or so; the GPU host may have another)
@@ -22,41 +23,9 @@ except ImportError:  # pragma: no cover
     pytest.skip("this Triton has no native_specialize_impl to compare the key with", allow_module_level=True)
 
 
-class _Param:
-    def __init__(self, is_constexpr):
-        self.is_constexpr = is_constexpr
-
-
-class FakeKernel:
-    """A stand-in for a @triton.jit function of signature (x, n, FLAG: constexpr)."""
-
-    def __init__(self):
-        self.log = []
-        self.params = [_Param(False), _Param(False), _Param(True)]
-
-        def fn(x, n, FLAG):  # noqa: ARG001
-            pass
-
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        def jit_launch(*args, **opts):
-            self.log.append(("jit", grid, args, opts))
-            kernel = self
-
-            class Compiled:
-                def __getitem__(self, g):
-                    def run(*a):
-                        kernel.log.append(("cached", g, a))
-                    return run
-            return Compiled()
-        return jit_launch
-
-
-@pytest.fixture
-def fast(monkeypatch):
-    monkeypatch.setattr(L, "FAST", True)
-    monkeypatch.setattr(L, "_interpreting", lambda: False)
+def FakeKernel():
+    """A stand-in JIT kernel of signature (x, n, FLAG: constexpr)."""
+    return _Fake(("x", "n", "FLAG"), ("FLAG",))
 
 
 def _triton_spec(v):
