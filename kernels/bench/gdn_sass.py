@@ -1,0 +1,83 @@
+"""Offline look at gdn_seq's machine code: compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas
+and nvdisasm) with the runtime's divisibility specialisation, finds the token loop (the longest backward
+branch in the SASS) and prints its instructions per token: all, shuffles (SHFL: the K-reductions' lane
+exchanges), FFMA/FADD/FMUL, and shared-memory traffic (layout conversions).
+
+Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
+
+Usage: python -m kernels.bench.gdn_sass [--l2norm]
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from kernels.gdn import _gdn_seq_kc_kernel, _gdn_seq_kernel
+
+PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*fp32", "o": "*bf16", "state": "*fp32",
+       "state_idx": "*i32", "has_init": "*i32", "cu_seqlens": "*i32"}
+CONFIGS = [  # (name, kernel, constexprs, num_warps)
+    ("[BV, K] bv4 u4", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=False), 1),
+    ("[BV, K] bv4 u4 lookahead", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=True), 1),
+    ("[KC, BV, K/KC] bv4 u4 kc4", _gdn_seq_kc_kernel, dict(BV=4, U=4, KC=4), 1),
+    ("[KC, BV, K/KC] bv16 u4 kc4 w4", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4), 4),
+]
+
+
+def sass(fn, cons: dict, num_warps: int) -> str:
+    """nvdisasm text of ``fn`` compiled for sm_90 with ``cons`` (the remaining constexprs filled in here)."""
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = {n: PTR[n] if n in PTR else "constexpr" if n in cons else "fp32" if n == "scale" else "i32" for n in names}
+    # what the JIT would see at run time: 16-byte aligned pointers, strides divisible by 16
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n in PTR or (n.startswith("s") and n not in ("scale", "state", "state_idx"))}
+    c = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=cons, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(c.asm["cubin"])
+        f.flush()
+        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_body(text: str) -> list[str]:
+    """Instructions of the longest loop: from a label to the last backward branch to it."""
+    labels, insts, best = {}, [], []
+    for line in text.splitlines():
+        m = re.match(r"^\s*\.(L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(insts)
+        elif re.match(r"\s+/\*[0-9a-f]{4}\*/", line):
+            insts.append(line)
+            b = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", line)
+            if b and b.group(1) in labels and len(insts) - labels[b.group(1)] > len(best):
+                best = insts[labels[b.group(1)]:]
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--l2norm", action="store_true", help="compile with the in-kernel L2 norm of q and k")
+    args = ap.parse_args(argv)
+    print(f"{'config':32} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
+          f"{'STS+LDS':>7}")
+    for name, fn, cons, nw in CONFIGS:
+        full = dict(H=16, HV=32, K=128, V=128, BK=128, L2NORM=args.l2norm, HAS_INIT=False, IS_VARLEN=False,
+                    RNE_FIX=False, **cons)
+        body = "\n".join(loop_body(sass(fn, full, nw)))
+        n = len(body.splitlines()) / cons["U"]
+        per = {op: body.count(op) / cons["U"] for op in ("SHFL", "FFMA", "FADD", "FMUL", "STS", "LDS")}
+        print(f"{name:32} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
+              f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
