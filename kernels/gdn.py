@@ -340,19 +340,164 @@ if triton is not None:
             tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
 
 
-LOOKAHEAD_DEFAULT = False  # set from the H200 sweep (kernels/NOTES.md)
-KC_DEFAULT = 0
+    @triton.jit
+    def _chunk_load(q, k, v, g, beta, c0, T, bos, i_h, i_hv, offs_c, offs_k, offs_v, mask_k, mask_v,
+                    sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h):
+        """Tokens c0 .. c0+C-1 of one (sequence, value head, V-block): q, k [C, BK], v [C, BV], g, beta [C], in
+        their own dtype; zero rows (g = beta = 0) past the end, which leave the chunk's algebra exact (no
+        correction, decay 1, no state change)."""
+        ok = (c0 + offs_c) < T
+        row = bos + c0 + offs_c
+        mqk = ok[:, None] & mask_k[None, :]
+        b_q = tl.load(q + row[:, None] * sq_t + i_h * sq_h + offs_k[None, :], mask=mqk, other=0.0)
+        b_k = tl.load(k + row[:, None] * sk_t + i_h * sk_h + offs_k[None, :], mask=mqk, other=0.0)
+        b_v = tl.load(v + row[:, None] * sv_t + i_hv * sv_h + offs_v[None, :], mask=ok[:, None] & mask_v[None, :],
+                      other=0.0)
+        b_g = tl.load(g + row * sg_t + i_hv * sg_h, mask=ok, other=0.0)
+        b_b = tl.load(beta + row * sb_t + i_hv * sb_h, mask=ok, other=0.0)
+        return b_q, b_k, b_v, b_g, b_b
+
+    @triton.jit
+    def _chunk_step(S, b_q, b_k, b_v, b_g, b_b, scale, rows, causal, strict,
+                    LOG2C: tl.constexpr, L2NORM: tl.constexpr, PREC: tl.constexpr):
+        """C tokens of the gated delta rule at once on the state block S [BV, BK] (fp32); returns (S_C, o [C, BV]).
+
+        The token loop unrolled into matrix products (the WY/UT form of the delta rule: Yang et al.,
+        "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", arXiv:2406.06484, sec. 3;
+        with the gates of arXiv:2412.06464 sec. 3.3; fla's chunk_gated_delta_rule computes the same per chunk in
+        several kernels). With G_t = g_1 + ... + g_t (within the chunk) and S_0 the state before it:
+
+            u_t = beta_t (v_t - e^{G_t} S_0 k_t - sum_{s<t} e^{G_t - G_s} (k_t . k_s) u_s)
+            o_t = e^{G_t} S_0 q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) u_s
+            S_C = e^{G_C} S_0 + sum_s e^{G_C - G_s} u_s k_s^T
+
+        so U = (I + L)^-1 R with L_ts = beta_t e^{G_t - G_s} (k_t . k_s) (s < t) and R_t = beta_t (v_t -
+        e^{G_t} S_0 k_t). The unit lower triangular I + L is inverted by block doubling: X_0 = I (its 1x1
+        diagonal blocks), then for j = 0 .. log2(C)-1, with E_j the entries of L that join two 2^j-blocks of
+        one 2^(j+1)-block, X_{j+1} = X_j - X_j E_j X_j (the inverse of [[A, 0], [B, D]] is [[A^-1, 0],
+        [-D^-1 B A^-1, D^-1]]). That is 2 log2(C) products instead of C dependent substitution steps, and as
+        stable as blocked substitution (fla's solve_tril merges its 16x16 blocks the same way); the shorter
+        Neumann product (I - L)(I + L^2)(I + L^4)... is not: with repeated keys its terms grow as binomial
+        coefficients and cancel (measured: 1.5e-4 relative error at C = 16, overflow at C = 32).
+        Every product is an fp32 tl.dot (PREC "ieee": no TF32 rounding). The decays enter only as
+        e^{G_t - G_s} with s <= t (<= 1), never as e^{-G_s}, so nothing overflows."""
+        b_q = b_q.to(tl.float32)
+        b_k = b_k.to(tl.float32)
+        b_v = b_v.to(tl.float32)
+        b_g = b_g.to(tl.float32)
+        b_b = b_b.to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+        b_q = b_q * scale
+        gam = tl.cumsum(b_g, 0)                                        # [C]
+        g_last = tl.sum(b_g, 0)
+        decay = tl.exp(tl.where(causal, gam[:, None] - gam[None, :], float("-inf")))   # [C, C], 0 above the diagonal
+        kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)         # [C, C]: k_t . k_s
+        qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)         # [C, C]: q_t . k_s
+        ks = tl.dot(b_k, tl.trans(S), input_precision=PREC)           # [C, BV]: (S_0 k_t)^T
+        qs = tl.dot(b_q, tl.trans(S), input_precision=PREC)           # [C, BV]: (S_0 q_t)^T
+        eg = tl.exp(gam)
+        L = tl.where(strict, b_b[:, None] * decay * kk, 0.0)
+        u = b_b[:, None] * (b_v - eg[:, None] * ks)                    # R
+        rt = rows[:, None]
+        cs = rows[None, :]
+        X = tl.where(rt == cs, 1.0, 0.0)                              # X_0 = I
+        for j in tl.static_range(LOG2C):
+            E = tl.where(((rt >> j) != (cs >> j)) & ((rt >> (j + 1)) == (cs >> (j + 1))), L, 0.0)
+            X = X - tl.dot(tl.dot(X, E, input_precision=PREC), X, input_precision=PREC)
+        u = tl.dot(X, u, input_precision=PREC)                         # (I + L)^-1 R
+        o = eg[:, None] * qs + tl.dot(decay * qk, u, input_precision=PREC)
+        w = tl.exp(g_last - gam)                                       # e^{G_C - G_s} <= 1
+        S = S * tl.exp(g_last) + tl.dot(tl.trans(u * w[:, None]), b_k, input_precision=PREC)
+        return S, o
+
+    @triton.jit
+    def _gdn_seq_chunk_kernel(
+        q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
+        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
+        ss_n, ss_h, ss_v,
+        pad_slot_id,
+        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+        BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr,
+        L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
+        PREC: tl.constexpr, PREFETCH: tl.constexpr = True, NS: tl.constexpr = 2,
+    ):
+        """gdn_seq C tokens at a time (:func:`_chunk_step`), the state block [BV, K] in registers across chunks;
+        the next chunk's inputs are loaded while this one is computed. Grid (cdiv(V, BV), N * HV); C, BV and
+        BK >= 16 (tl.dot's smallest tile)."""
+        i_v, i_n, i_hv, i_h, bos, T, slot = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN)
+        offs_c = tl.arange(0, C)
+        offs_k = tl.arange(0, BK)
+        offs_v = i_v * BV + tl.arange(0, BV)
+        mask_k = offs_k < K
+        mask_v = offs_v < V
+        mask_s = mask_v[:, None] & mask_k[None, :]
+        p_o = o + i_hv * so_h + offs_v[None, :]
+        if slot == pad_slot_id:
+            zero = tl.zeros([C, BV], dtype=tl.float32)
+            for c0 in tl.range(0, max_T, C):
+                rows = c0 + offs_c
+                tl.store(p_o + (bos + rows)[:, None] * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX),
+                         mask=(rows < T)[:, None] & mask_v[None, :])
+        else:
+            p_s = state + slot * ss_n + i_hv * ss_h + offs_v[:, None] * ss_v + offs_k[None, :]
+            S = tl.zeros([BV, BK], dtype=tl.float32)
+            load_state = True
+            if HAS_INIT:
+                load_state = tl.load(has_init + i_n) != 0
+            if load_state:
+                S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+            causal = offs_c[:, None] >= offs_c[None, :]
+            strict = offs_c[:, None] > offs_c[None, :]
+            if PREFETCH:  # the next chunk's inputs are loaded in registers while this one is computed
+                nxt = _chunk_load(q, k, v, g, beta, 0, T, bos, i_h, i_hv, offs_c, offs_k, offs_v, mask_k, mask_v,
+                                  sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h)
+                # to max_T, not T (the interpreter takes no tensor loop bound); chunks past T are skipped
+                for c0 in tl.range(0, max_T, C):
+                    b_q, b_k, b_v, b_g, b_b = nxt
+                    nxt = _chunk_load(q, k, v, g, beta, c0 + C, T, bos, i_h, i_hv, offs_c, offs_k, offs_v, mask_k,
+                                      mask_v, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h)
+                    if c0 < T:
+                        S, b_o = _chunk_step(S, b_q, b_k, b_v, b_g, b_b, scale, offs_c, causal, strict, LOG2C,
+                                             L2NORM, PREC)
+                        rows = c0 + offs_c
+                        tl.store(p_o + (bos + rows)[:, None] * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                 mask=(rows < T)[:, None] & mask_v[None, :])
+            else:  # loads left to Triton's software pipeliner (shared memory, NS stages)
+                if RNE_FIX:
+                    hi = max_T   # the interpreter takes no tensor loop bound
+                else:
+                    hi = T
+                for c0 in tl.range(0, hi, C, num_stages=NS):
+                    b_q, b_k, b_v, b_g, b_b = _chunk_load(q, k, v, g, beta, c0, T, bos, i_h, i_hv, offs_c, offs_k,
+                                                          offs_v, mask_k, mask_v, sq_t, sq_h, sk_t, sk_h, sv_t,
+                                                          sv_h, sg_t, sg_h, sb_t, sb_h)
+                    if c0 < T:
+                        S, b_o = _chunk_step(S, b_q, b_k, b_v, b_g, b_b, scale, offs_c, causal, strict, LOG2C,
+                                             L2NORM, PREC)
+                        rows = c0 + offs_c
+                        tl.store(p_o + (bos + rows)[:, None] * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                 mask=(rows < T)[:, None] & mask_v[None, :])
+            tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
 
 
-def _default_seq_config(n_heads_total: int, V: int) -> tuple[int, int, int]:
-    """(BV, num_warps, U) for gdn_seq; chosen from the H200 sweep in kernels/NOTES.md.
+LOOKAHEAD_DEFAULT = False  # set from the H200 sweeps (kernels/NOTES.md)
+CHUNK_DEFAULT = 0  # tokens per step of the chunked kernel; 0 = token by token (the chunked one is slower on H200)
+
+
+def _default_seq_config(total_T: int, V: int) -> tuple[int, int, int, int]:
+    """(BV, num_warps, U, KC) for a gdn_seq call over total_T tokens: the [KC, BV, K/KC] kernel at BV = 16,
+    4 warps, U = 4, KC = 4, the fastest of the H200 sweeps at every T measured (kernels/NOTES.md): by kernel
+    time 0.0104 ms at T = 16 against 0.0122 for the [BV, K] kernel at BV = 4, one warp, U = 8 (the previous
+    default; ``python -m kernels.bench.gdn_bench --short-sweep``), and 0.458 against 0.544 ms in GPU time at
+    T = 1024 (``--sweep-kc``). U = 8 with KC = 4 spills: 3-4x slower.
 
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
     if _interpreting():
-        return min(32, _pow2(V)), 1, 4
-    BV = min(4, _pow2(V))
-    return BV, 1, 8
+        return min(32, _pow2(V)), 1, 4, 0
+    return min(16, _pow2(V)), 4, 4, 4
 
 
 def _cu_seqlens(T: int, B: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
@@ -407,6 +552,9 @@ def gdn_seq(
     U: int | None = None,
     lookahead: bool | None = None,
     KC: int | None = None,
+    chunk: int | None = None,
+    chunk_precision: str = "ieee",
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """The gated delta rule over every token of every sequence, in one launch; the state updated in place.
 
@@ -430,7 +578,17 @@ def gdn_seq(
             t-1 (:func:`_seq_step_la`), which takes the K-reductions off the token-to-token dependency chain;
             default: :data:`LOOKAHEAD_DEFAULT`.
         KC: hold the state block as [KC, BV, K / KC] (:func:`_gdn_seq_kc_kernel`), a power of two dividing
-            the padded K; 0 = the [BV, K] kernel; default: :data:`KC_DEFAULT`. Not combined with lookahead.
+            the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`). Not
+            combined with lookahead.
+        chunk: run C = chunk tokens per step as matrix products (:func:`_chunk_step`, the same recurrence in
+            another rounding order), a power of two >= 16 with BV >= 16; 0 = token by token; default:
+            :data:`CHUNK_DEFAULT`. Not combined with KC or lookahead.
+        chunk_precision: tl.dot's input_precision in the chunked kernel: "ieee" (fp32 products) or "tf32x3".
+        num_stages: the chunked kernel's input pipeline: Triton's software pipeliner with this many stages
+            (shared memory), or 0 = the next chunk loaded into registers by the kernel itself.
+
+    Raises:
+        ValueError: shapes, strides or layouts that do not match the above, or an invalid tuning value.
 
     Returns:
         o: ``[B, T, HV, V]``, ``o_t = S_t q_t`` per head.
@@ -442,7 +600,8 @@ def gdn_seq(
         out = torch.empty_like(v)
     elif out.shape != v.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(v.shape)} with a contiguous last dim, got {tuple(out.shape)}")
-    dBV, dW, dU = _default_seq_config(N * HV, V)
+    dBV, dW, dU, dKC = _default_seq_config(B * T, V)
+    BV_asked = BV
     BV = BV or dBV
     num_warps = num_warps or dW
     U = U or dU
@@ -454,11 +613,40 @@ def gdn_seq(
     qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
     gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
     grid = (_cdiv(V, BV), N * HV)
-    KC = KC_DEFAULT if KC is None else KC
     lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
+    if KC is None:
+        KC = 0 if lookahead or chunk else min(dKC, BK)
     if isinstance(KC, bool) or not isinstance(KC, int) or KC < 0:
         raise ValueError(f"KC must be a non-negative int, got {KC!r}")
-    if KC:
+    chunk = CHUNK_DEFAULT if chunk is None else chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise ValueError(f"chunk must be a non-negative int, got {chunk!r}")
+    if chunk:
+        if chunk < 16 or chunk & (chunk - 1):
+            raise ValueError(f"chunk={chunk} must be a power of two >= 16 (tl.dot's smallest tile)")
+        if KC or lookahead:
+            raise ValueError("chunk is not combined with KC or lookahead")
+        if BV_asked is not None and BV_asked < 16:
+            raise ValueError(f"the chunked kernel needs BV >= 16, got BV={BV_asked}")
+        BV = max(BV, 16)
+        grid = (_cdiv(V, BV), N * HV)
+        if chunk_precision not in ("ieee", "tf32x3"):
+            raise ValueError(f"chunk_precision must be 'ieee' or 'tf32x3', got {chunk_precision!r}")
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
+            raise ValueError(f"num_stages must be a non-negative int, got {num_stages!r}")
+        _launch(_gdn_seq_chunk_kernel, grid, (
+            qf, kf, vf, gf, bf, of, state, state_idx,
+            has_initial_state if has_initial_state is not None else state_idx,
+            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
+            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
+            state.stride(0), state.stride(1), state.stride(2),
+            pad_slot_id,
+            H, HV, K, V, max(BK, 16), BV, chunk, chunk.bit_length() - 1,
+            bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting(),
+            chunk_precision, num_stages == 0, max(num_stages, 1),
+        ), num_warps=num_warps)
+    elif KC:
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
         if lookahead:

@@ -9,7 +9,8 @@ layout [N, HV, V, K] (fla is called with state_v_first=True, so all three read a
   and an FMA; an FMA counts 2), over the measured fp32 FMA rate of an elementwise-free FMA loop (or 67 TFLOP/s,
   the datasheet rate, when --no-fma-probe).
 
-Usage (device): python -m kernels.bench.gdn_bench [--sweep] [--json OUT.json]
+Usage (device): python -m kernels.bench.gdn_bench [--sweep | --sweep-kc | --sweep-chunk | --short-sweep]
+    [--kernel-time] [--json OUT.json]
 """
 from __future__ import annotations
 
@@ -39,8 +40,66 @@ SWEEP_KC = [  # the [KC, BV, K/KC] kernel around the first sweep's best (BV=8, U
     dict(BV=8, U=4, num_warps=4, KC=4), dict(BV=4, U=4, num_warps=2, KC=4), dict(BV=16, U=2, num_warps=4, KC=4),
 ]
 
+SWEEP_CHUNK = [  # the chunked kernel (C tokens a step as fp32 matrix products); num_stages 0 = register prefetch
+    dict(chunk=16, BV=16, num_warps=4), dict(chunk=16, BV=16, num_warps=8), dict(chunk=16, BV=16, num_warps=8,
+    num_stages=0), dict(chunk=16, BV=16, num_warps=8, num_stages=3), dict(chunk=16, BV=32, num_warps=8),
+    dict(chunk=16, BV=32, num_warps=16), dict(chunk=16, BV=64, num_warps=8), dict(chunk=16, BV=64, num_warps=16),
+    dict(chunk=32, BV=16, num_warps=8), dict(chunk=32, BV=32, num_warps=8), dict(chunk=32, BV=32, num_warps=16),
+    dict(chunk=16, BV=16, num_warps=8, chunk_precision="tf32x3"),
+]
+
+SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time
+    dict(BV=4, U=8, num_warps=1), dict(BV=4, U=16, num_warps=1), dict(BV=2, U=8, num_warps=1),
+    dict(BV=2, U=16, num_warps=1), dict(BV=8, U=8, num_warps=1), dict(BV=4, U=8, num_warps=2),
+    dict(BV=4, U=8, num_warps=1, KC=2), dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=16, num_warps=1, KC=4),
+    dict(BV=2, U=8, num_warps=1, KC=4), dict(BV=8, U=8, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4),
+    dict(BV=8, U=8, num_warps=1, KC=8), dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=16, U=8, num_warps=4, KC=4),
+    dict(BV=16, U=16, num_warps=4, KC=4), dict(chunk=16, BV=16, num_warps=4), dict(chunk=16, BV=16, num_warps=2),
+]
+
+
+def short_sweep() -> dict:
+    """SWEEP_SHORT at T = 16 and 45: per config the graph-replay median and the kernel time (bench_kernels), and
+    fla recurrent's; prints the table. Returns {T: {name: (graph ms, kernel ms)}}."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    idx = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out: dict = {}
+    for T in (16, 45):
+        q, k, v, g, beta, h0 = inputs(T, gen)
+        h = h0.clone()
+        fla = lambda: fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h,  # noqa: E731
+                                                       output_final_state=True, state_v_first=True)
+        o_r, _ = fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
+                                                  output_final_state=True, state_v_first=True)
+        row = {"fla_recurrent": (bench_graph(fla), bench_kernels(fla)[0])}
+        for cfg in SWEEP_SHORT:
+            st = h0.clone()
+            name = cfg_name(cfg)
+            try:
+                o_c = gdn_seq(q, k, v, g, beta, st, idx, **cfg)
+                err = ((o_c.float() - o_r.float()).norm() / o_r.float().norm()).item()
+                fn = lambda: gdn_seq(q, k, v, g, beta, st, idx, **cfg)  # noqa: E731
+                row[name] = (bench_graph(fn), bench_kernels(fn)[0], err)
+                print(json.dumps({"T": T, name: row[name], "fla_recurrent": row["fla_recurrent"]}), flush=True)
+            except Exception as e:  # keep the others
+                print(f"{name} failed: {e!r}"[:400], file=sys.stderr)
+        out[T] = row
+        fg, fk = row["fla_recurrent"]
+        print(f"\nT = {T}: fla recurrent graph {fg:.4f} ms, kernel {fk:.4f} ms")
+        print(f"{'config':>32} {'graph':>8} {'kernel':>8} {'fla/g':>6} {'fla/k':>6} {'rel o':>8}")
+        for name, r in sorted(((n, r) for n, r in row.items() if n != "fla_recurrent"), key=lambda x: x[1][1]):
+            print(f"{name:>32} {r[0]:8.4f} {r[1]:8.4f} {fg / r[0]:6.2f} {fk / r[1]:6.2f} {r[2]:8.1e}", flush=True)
+    return out
+
 
 def cfg_name(c: dict) -> str:
+    if c.get("chunk"):
+        return ("gdn_seq_bv%d_w%d_c%d" % (c["BV"], c["num_warps"], c["chunk"])
+                + (f"_ns{c['num_stages']}" if "num_stages" in c else "")
+                + ("_tf32x3" if c.get("chunk_precision") == "tf32x3" else ""))
     return ("gdn_seq_bv%d_u%d_w%d" % (c["BV"], c["U"], c["num_warps"]) + ("_la" if c.get("lookahead") else "")
             + (f"_kc{c['KC']}" if c.get("KC") else ""))
 _SPIN: list = []
@@ -71,6 +130,39 @@ def bench(fn) -> float:
     torch.cuda.synchronize()
     _warm_clocks()
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def bench_kernels(fn, n: int = 40) -> tuple[float, float]:
+    """(median ms, kernels per call) of the GPU kernels one call launches, from the CUDA profiler (CUPTI): per
+    call the sum of its kernels' durations, the L2 flushed before each call as do_bench does. The kernels' own
+    time: neither the host's launch cost nor the graph-launch and event gaps that bench_graph includes (its
+    floor is ~8 us: gdn_conv's 9.8 us at T = 16 for a few hundred ns of work)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")  # 256 MiB, > the 50 MB L2
+    _warm_clocks()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            flush.zero_()
+            torch.cuda._sleep(20_000)  # a marker kernel ("spin") between the flush and the call
+            fn()
+        torch.cuda.synchronize()
+    ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                 and e.time_range.elapsed_us() >= 0 and "Memcpy" not in e.name and "Memset" not in e.name),
+                key=lambda e: e.time_range.start)
+    starts = [i for i, e in enumerate(ev) if "spin" in e.name]
+    if len(starts) != n:
+        raise RuntimeError(f"profiler: {len(starts)} marker kernels for {n} calls")
+    per_call, counts = [], []
+    for j, i in enumerate(starts):
+        end = starts[j + 1] - 1 if j + 1 < n else len(ev)  # the next call's flush is not this call's
+        ks = ev[i + 1:end]
+        per_call.append(sum(e.time_range.elapsed_us() for e in ks) / 1e3)
+        counts.append(len(ks))
+    per_call.sort()
+    return per_call[n // 2], sum(counts) / n
 
 
 def bench_graph(fn) -> float:
@@ -181,9 +273,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="time every gdn_seq config in SWEEP")
     ap.add_argument("--sweep-kc", action="store_true", help="time the configs of SWEEP_KC instead")
+    ap.add_argument("--sweep-chunk", action="store_true", help="time the configs of SWEEP_CHUNK instead")
+    ap.add_argument("--short-sweep", action="store_true",
+                    help="only SWEEP_SHORT at T = 16 and 45, by graph replay and kernel time")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="also time gdn_seq and fla recurrent by their kernels' durations (CUDA profiler)")
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--profile", action="store_true", help="cProfile gdn_seq's host path at the first T")
     args = ap.parse_args(argv)
+    if args.short_sweep:
+        res = short_sweep()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     except ImportError as e:  # pragma: no cover
@@ -196,9 +299,9 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {bw / 1e12:.2f} TB/s (read+write); "
           f"fp32 FMA rate {rate / 1e12:.1f} TFLOP/s")
     res: dict = {"bw": bw, "fp32_rate": rate, "T": list(TS), "rows": {}}
-    if args.sweep_kc:
+    if args.sweep_kc or args.sweep_chunk:
         args.sweep = True
-    configs = SWEEP_KC if args.sweep_kc else SWEEP if args.sweep else []
+    configs = SWEEP_CHUNK if args.sweep_chunk else SWEEP_KC if args.sweep_kc else SWEEP if args.sweep else []
     idx = torch.zeros(1, dtype=torch.int32, device="cuda")
     for T in TS:
         q, k, v, g, beta, h0 = inputs(T, gen)
@@ -243,20 +346,36 @@ def main(argv=None) -> int:
         finally:
             launch.FAST = True
         row["gdn_seq_graph"] = bench_graph(lambda: gdn_seq(q, k, v, g, beta, st, idx))
+        if args.kernel_time:
+            try:
+                row["gdn_seq_kernel"], row["gdn_seq_kernels_per_call"] = bench_kernels(
+                    lambda: gdn_seq(q, k, v, g, beta, st, idx))
+                row["fla_recurrent_kernel"], row["fla_recurrent_kernels_per_call"] = bench_kernels(
+                    lambda: fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h_r,
+                                                             output_final_state=True, state_v_first=True))
+            except Exception as e:  # keep the other numbers
+                print(f"kernel time failed: {e!r}"[:400], file=sys.stderr)
+                for n in ("gdn_seq_kernel", "gdn_seq_kernels_per_call", "fla_recurrent_kernel",
+                          "fla_recurrent_kernels_per_call"):
+                    row[n] = float("nan")
         for cfg in configs:
             st = h0.clone()
             kw = cfg
             name = cfg_name(cfg)
             try:
+                # outputs checked against fla recurrent on the same inputs before any timing
+                o_c = gdn_seq(q, k, v, g, beta, st, idx, **kw)
+                row[name + "_rel_o"] = ((o_c.float() - o_r.float()).norm() / o_r.float().norm()).item()
+                st = h0.clone()
                 row[name] = bench(lambda: gdn_seq(q, k, v, g, beta, st, idx, **kw))
+                row[name + "_graph"] = bench_graph(lambda: gdn_seq(q, k, v, g, beta, st, idx, **kw))
             except Exception as e:  # e.g. out of registers for one config: keep the others
                 print(f"{name} failed: {e!r}"[:400], file=sys.stderr)
-                row[name] = float("inf")
-        if args.sweep:
-            row["best"] = min((n for n in row if n.startswith("gdn_seq_bv")), key=lambda n: row[n])
-            bk = configs[[cfg_name(c) for c in configs].index(row["best"])]
-            st = h0.clone()
-            row["best_graph"] = bench_graph(lambda: gdn_seq(q, k, v, g, beta, st, idx, **bk))
+                row[name] = row[name + "_graph"] = float("inf")
+        if args.sweep:  # the best by GPU time (graph replay): eager medians at small T are the host's
+            row["best"] = min((n for n in row if n.startswith("gdn_seq_bv") and n.endswith("_graph")),
+                              key=lambda n: row[n])[: -len("_graph")]
+            row["best_graph"] = row[row["best"] + "_graph"]
         # the conv before it: dim = 2*H*K + HV*V channels, channel-last x, one sequence with state
         dim = 2 * H * K + HV * V
         x = torch.randn(T, dim, device="cuda", dtype=torch.bfloat16).t()
@@ -287,19 +406,32 @@ def main(argv=None) -> int:
               f"{r['fla_recurrent'] / r['gdn_seq']:7.2f} {r['fla_chunk'] / r['gdn_seq']:7.2f} "
               f"{r['fla_recurrent_graph'] / r['gdn_seq_graph']:11.2f} {r['fla_chunk_graph'] / r['gdn_seq_graph']:11.2f} "
               f"{r['floor_bytes_ms']:8.4f} {r['floor_flops_ms']:8.4f} {r['gdn_conv']:7.4f} {r['gdn_conv_graph']:7.4f}")
+    if args.kernel_time:
+        print("\nkernel time (CUDA profiler, sum of the call's kernels, median, ms):")
+        print(f"{'T':>6} {'gdn_seq':>9} {'fla rec':>9} {'fla/seq':>7} {'kernels/call seq, fla':>22}")
+        for T in TS:
+            r = res["rows"][T]
+            print(f"{T:>6} {r['gdn_seq_kernel']:9.4f} {r['fla_recurrent_kernel']:9.4f} "
+                  f"{r['fla_recurrent_kernel'] / r['gdn_seq_kernel']:7.2f} "
+                  f"{r['gdn_seq_kernels_per_call']:>10.1f}, {r['fla_recurrent_kernels_per_call']:.1f}")
     if args.sweep:
-        names = [n for n in res["rows"][TS[0]] if n.startswith("gdn_seq_bv")]
-        print("\nsweep, eager (ms):", " ".join(f"{T:>7}" for T in TS))
+        names = [cfg_name(c) for c in configs]
+        print("\nsweep, eager (ms) | graph (ms) | rel. diff of o from fla recurrent:", " ".join(f"{T:>7}" for T in TS))
         for n in names:
-            print(f"{n:>22}", " ".join(f"{res['rows'][T][n]:7.4f}" for T in TS))
+            print(f"{n:>30}", " ".join(f"{res['rows'][T][n]:7.4f}" for T in TS), "|",
+                  " ".join(f"{res['rows'][T][n + '_graph']:7.4f}" for T in TS), "|",
+                  " ".join(f"{res['rows'][T].get(n + '_rel_o', float('nan')):.1e}" for T in TS))
+        print(f"{'best by graph':>30}", " ".join(f"{res['rows'][T]['best']}" for T in TS))
         print(f"{'best, graph':>22}", " ".join(f"{res['rows'][T]['best_graph']:7.4f}" for T in TS))
         print(f"{'loop: seq,jit,rec (ms)':>22}", " ".join(
             f"{res['rows'][T]['gdn_seq_loop']:.4f},{res['rows'][T]['gdn_seq_jit_loop']:.4f},"
             f"{res['rows'][T]['fla_recurrent_loop']:.4f}" for T in TS))
         print(f"{'do_bench: seq, jit':>22}", " ".join(
             f"{res['rows'][T]['gdn_seq']:.4f},{res['rows'][T]['gdn_seq_jit']:.4f}" for T in TS))
-        print(f"{'fla rec / best':>22}", " ".join(
+        print(f"{'fla rec / best, eager':>22}", " ".join(
             f"{res['rows'][T]['fla_recurrent'] / res['rows'][T][res['rows'][T]['best']]:7.2f}" for T in TS))
+        print(f"{'fla rec / best, graph':>22}", " ".join(
+            f"{res['rows'][T]['fla_recurrent_graph'] / res['rows'][T]['best_graph']:7.2f}" for T in TS))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

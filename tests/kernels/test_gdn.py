@@ -75,11 +75,16 @@ def make_seq_inputs(gen, device, c, dtype, state_dtype=torch.float32, l2norm_in_
 
 
 # the kernel variants of gdn_seq: the [BV, K] state block, with the one-token lookahead, the [KC, BV, K/KC] block
-# and the [KC, BV, K/KC] block at the fastest configuration of the H200 sweep (BV=16, 4 warps, U=4)
+# and the [KC, BV, K/KC] block at the fastest configuration of the H200 sweep (BV=16, 4 warps, U=4); the chunked
+# kernel (16 or 32 tokens a step as matrix products), with its inputs pipelined by Triton or prefetched in registers
 LOOKAHEAD = pytest.mark.parametrize("variant", [dict(lookahead=False, KC=0), dict(lookahead=True, KC=0),
                                                 dict(lookahead=False, KC=4),
-                                                dict(lookahead=False, KC=4, BV=16, num_warps=4, U=4)],
-                                    ids=["serial", "lookahead", "kc4", "kc4_bv16_w4"])
+                                                dict(lookahead=False, KC=4, BV=16, num_warps=4, U=4),
+                                                dict(chunk=16, BV=16, num_warps=8),
+                                                dict(chunk=16, BV=16, num_warps=8, num_stages=0),
+                                                dict(chunk=32, BV=32, num_warps=8)],
+                                    ids=["serial", "lookahead", "kc4", "kc4_bv16_w4", "chunk16", "chunk16_regpf",
+                                         "chunk32_bv32"])
 
 
 @LOOKAHEAD
@@ -161,6 +166,42 @@ def test_seq_null_slots_and_initial_state(mode, device, gen, variant):
     untouched = torch.ones(state.shape[0], dtype=torch.bool, device=device)
     untouched[live] = False
     assert torch.equal(state[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("chunk", [16, 32, 64])
+def test_seq_chunked_repeated_keys(mode, device, gen, chunk):
+    """The chunked kernel's triangular inverse on the worst case for it: one key repeated at every token, beta
+    ~ 1 and no decay, so L's entries are all ~1. A Neumann-series inverse (I - L)(I + L^2)(I + L^4)... loses
+    1.5e-4 at C = 16 and overflows at C = 32 here; the block-doubling inverse must keep the fp32 bound."""
+    H, HV, K, V, T = 1, 2, 32, 32, 2 * chunk
+    base = randn(gen, (1, 1, H, K), device)
+    k = base.expand(1, T, H, K).clone()
+    q = randn(gen, (1, T, H, K), device)
+    v = randn(gen, (1, T, HV, V), device)
+    g = torch.full((1, T, HV), -1e-4, device=device)
+    beta = torch.full((1, T, HV), 0.999, device=device)
+    state = randn(gen, (1, HV, V, K), device)
+    idx = torch.zeros(1, dtype=torch.int32, device=device)
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, state, idx, use_qk_l2norm=True)
+    out = gdn_seq(q, k, v, g, beta, state, idx, use_qk_l2norm=True, chunk=chunk, BV=16, num_warps=8)
+    e_o, e_s = rel(out, o_ref), rel(state, s_ref)
+    print(f"repeated key, chunk {chunk}: rel err o {e_o:.2e} state {e_s:.2e}")
+    assert e_o <= 1e-5 and e_s <= 1e-5
+
+
+def test_seq_chunk_arguments(device):
+    q = torch.zeros(1, 4, 1, 16, device=device)
+    v = torch.zeros(1, 4, 1, 16, device=device)
+    g = torch.zeros(1, 4, 1, device=device)
+    st = torch.zeros(1, 1, 16, 16, device=device)
+    idx = torch.zeros(1, dtype=torch.int32, device=device)
+    for kw, msg in ((dict(chunk=8), "power of two >= 16"), (dict(chunk=24), "power of two >= 16"),
+                    (dict(chunk=True), "non-negative int"), (dict(chunk=16, BV=8), "BV >= 16"),
+                    (dict(chunk=16, KC=4), "not combined"), (dict(chunk=16, lookahead=True), "not combined"),
+                    (dict(chunk=16, chunk_precision="tf32"), "chunk_precision"),
+                    (dict(chunk=16, num_stages=-1), "num_stages")):
+        with pytest.raises(ValueError, match=msg):
+            gdn_seq(q, q, v, g, g, st, idx, **kw)
 
 
 # ---- gdn_conv ----------------------------------------------------------------------------------------------
