@@ -36,8 +36,11 @@ store) and the fused top-k weighted sum with the shared expert.
       vector loads. Counters live in a device tensor and become :class:`CacheStats` when :attr:`stats` is
       read (that read syncs, as does :meth:`resident`). Everything is ordered on the current stream: the
       consumer of step s must be enqueued there before step s + 1's prepare() (which rewrites the slot ids,
-      the staging slots and may evict). The step index is a launch argument, so a captured CUDA graph of
-      prepare() would replay stale LRU stamps: not graph-safe.
+      the staging slots and may evict). The step index (the LRU stamp) lives on the device and the plan kernel
+      advances it, so a device-path prepare() captured in a CUDA graph (``torch.cuda.graph``) replays as a
+      new step each time: capture it on the tensor that the router writes (a static ``[T, k]`` buffer) and
+      replay with the same T; every launch argument is fixed for a given T. The host's bound check on the step
+      count (2**31 - 2) sees only eager steps.
 
       A step takes the device path when its read-through misses are sure to fit the staging slots:
       ``min(E, T*k) <= stage_slots``. Any other step (a large prefill with a small staging area) takes the host
@@ -148,7 +151,7 @@ if triton is not None:
         so = tl.load(slot_of + e, mask=me, other=-1)
         return e, me, p, so
 
-    @triton.jit(do_not_specialize=["s0", "s1", "TK", "step", "lim"])
+    @triton.jit(do_not_specialize=["s0", "s1", "TK", "lim"])
     def _plan_kernel(ids, s0, s1, TK, step, lim,
                      slot_of, expert_of, last_used, smap, rank_slot, rank_old, copy, counters, slot_ids,
                      E: tl.constexpr, NS: tl.constexpr, K: tl.constexpr, NC: tl.constexpr,
@@ -156,12 +159,14 @@ if triton is not None:
                      ONE_TILE: tl.constexpr):
         # One program. State (device, fixed shapes): slot_of [E] int32 (-1: not resident), expert_of [NS]
         # int32 (-1: empty), last_used [NS] int64 (-1: empty), counters [NCP] int64 (CacheStats order).
+        # step [1] int64: this step's index (its LRU stamp), advanced here at the end, so that the launch's
+        # arguments are the same every step and a captured CUDA graph of it replays correctly.
         # Scratch: smap [E] int32 (presence, then the step's expert -> slot map), rank_slot / rank_old [NSP]
         # int32 (free slots in LRU order and the expert each held), copy [1 + 2 NC] int32 (count, experts,
         # destination slots). Out: slot_ids [TK] int32.
         # Threads of the program may hold replicas of one element and warps run unsynchronised, so every
         # buffer read and later written in this kernel has a barrier between the read and the write.
-        step64 = step.to(tl.int64)
+        step64 = tl.load(step)
         cidx = tl.arange(0, NCP)
         cnt = tl.load(counters + cidx)                      # read early; stored at the end
         s = tl.arange(0, NSP)
@@ -260,6 +265,7 @@ if triton is not None:
         d += tl.where(cidx == 9, 1, 0).to(tl.int64)
         d += tl.where(cidx == 10, nbad, 0).to(tl.int64)
         tl.store(counters + cidx, cnt + d)
+        tl.store(step, step64 + 1)  # read at the top; barriers (D, E) separate every thread's read from this
 
     @triton.jit
     def _copy_chunk(src, dst, e, s, c, W: tl.constexpr, B: tl.constexpr):
@@ -413,8 +419,9 @@ class ExpertCache:
         self._rank_old = torch.empty(NSP, **i32)
         self._copy = torch.zeros(1 + 2 * E, **i32)  # [count, experts..., slots...]
         self._counters = torch.zeros(_NCOUNT_P2, dtype=torch.int64, device=dev)
+        self._step_d = torch.zeros(1, dtype=torch.int64, device=dev)  # the step index, advanced by the plan kernel
         self._dev = [self._slot_of_d, self._expert_of_d, self._last_used_d, self._rank_slot, self._rank_old,
-                     self._copy, self._counters]
+                     self._copy, self._counters, self._step_d]
         TKmax = self.max_tokens * self.top_k
         BT = max(16, min(_PLAN_TILE_MAX["T"], triton.next_power_of_2(max(TKmax, 1))))
         BE = max(16, min(_PLAN_TILE_MAX["E"], triton.next_power_of_2(E)))
@@ -545,14 +552,13 @@ class ExpertCache:
         if topk_ids.device != self.device:
             topk_ids = topk_ids.to(self.device)
         TK = T * k
-        step = self._step
-        self._step += 1
+        self._step += 1  # the host's count (bound check); the stamp itself is the device's _step_d
         self.path_steps["device"] += 1
         lim = math.floor(self.insert_thresh * self.n_slots)  # distinct <= thresh * n  <=>  distinct <= floor
         if self._plan_tail is None:
             self._plan_tail = launcher(_plan_kernel).positional([None] * 15, self._plan_meta)
         tail, opts = self._plan_tail
-        launcher(_plan_kernel)((1,), (topk_ids, topk_ids.stride(0), topk_ids.stride(1), TK, step, lim,
+        launcher(_plan_kernel)((1,), (topk_ids, topk_ids.stride(0), topk_ids.stride(1), TK, self._step_d, lim,
                                 self._slot_of_d, self._expert_of_d, self._last_used_d, self._map_dev,
                                 self._rank_slot, self._rank_old, self._copy, self._counters, self._slot_ids)
                          + tail[15:], **opts)
@@ -564,7 +570,8 @@ class ExpertCache:
         return StepPlan(slot_ids=view, chunks=[(0, T)], stage_of_chunk=[[]], device=True)
 
     def _pull(self) -> None:
-        """Device state -> the host lists (syncs)."""
+        """Device state -> the host lists (syncs). The step index too: graph replays advance only the device's."""
+        self._step = int(self._step_d.item())
         self._slot_of = self._slot_of_d.tolist()
         self._expert_of = self._expert_of_d.tolist()
         self._last_used = self._last_used_d.tolist()
@@ -574,6 +581,7 @@ class ExpertCache:
         self._slot_of_d.copy_(torch.tensor(self._slot_of, dtype=torch.int32))
         self._expert_of_d.copy_(torch.tensor(self._expert_of, dtype=torch.int32))
         self._last_used_d.copy_(torch.tensor(self._last_used, dtype=torch.int64))
+        self._step_d.fill_(self._step)
 
     def _prepare_host(self, topk_ids: torch.Tensor) -> StepPlan:
         """The host path (the reference): syncs on the ids, Python bookkeeping, one copy per tensor and expert."""

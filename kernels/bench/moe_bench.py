@@ -3,7 +3,8 @@ top-k sum.
 
 Insert rate: steps whose routed experts are all misses (under the insert threshold, so every one is inserted),
 issued back to back with one sync at the end, timed end to end (prepare(): bookkeeping, the copies, the slot
-ids); bytes inserted / time. Both paths of ExpertCache are timed: the device path (two Triton launches per
+ids); bytes inserted / time. The device path also captured in a CUDA graph (how vLLM runs decode): the steps
+replayed from one graph, timed by CUDA events, so the host's launch cost is out of the figure. Both paths of ExpertCache are timed: the device path (two Triton launches per
 step, no sync, the copy a zero-copy gather from the pinned store) and the host path (device_plan=False, the
 old one: syncs every step). Floor: pinned H2D copies of the same size issued back to back (torch copy_,
 non_blocking) -- the link rate for that copy size. Each figure is the median of 3 runs (a fresh cache each,
@@ -105,6 +106,39 @@ def insert_rate(host: torch.Tensor, per_step: int, steps: int, device_plan: bool
                 path_steps=dict(cache.path_steps), inserts=st.inserts, misses=st.misses, evictions=st.evictions)
 
 
+def insert_rate_graph(host: torch.Tensor, per_step: int, steps: int) -> dict:
+    """Insert rate of the device path captured in a CUDA graph, as vLLM runs decode: ``steps`` all-miss steps
+    (each its own ids tensor) captured once after a warm-up step, the graph replayed RUNS + 1 times (the first
+    replay not counted), each replay timed by CUDA events. n_slots = per_step and every step's experts are new
+    within a replay, so every step of every replay inserts all of its experts. Median GB/s."""
+    cache = ExpertCache([host], n_slots=per_step, max_tokens=per_step, top_k=1, device="cuda",
+                        insert_thresh=1.0, stage_slots=per_step, device_plan=True)
+    ids = [torch.arange(s * per_step, (s + 1) * per_step, device="cuda").view(-1, 1) for s in range(steps + 1)]
+    cache.prepare(ids[0])
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for s in range(1, steps + 1):
+            plan = cache.prepare(ids[s])
+    torch.cuda.synchronize()
+    rates = []
+    for r in range(RUNS + 1):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        graph.replay()
+        e1.record()
+        e1.synchronize()
+        if r:
+            rates.append(per_step * EXPERT_BYTES * steps / (e0.elapsed_time(e1) * 1e-3) / 1e9)
+    got = cache.weights[0][plan.slot_ids.view(-1).long()]
+    want = host[ids[steps].view(-1).cpu()].to("cuda")
+    st = cache.stats
+    return dict(GBps=statistics.median(rates), runs_GBps=rates, bytes_ok=bool(torch.equal(got, want)),
+                inserts=st.inserts, inserts_expected=per_step * (1 + steps * (RUNS + 1)), misses=st.misses)
+
+
 def guarded(fn, *args, **kwargs) -> dict:
     """fn's result, or {"error": ...} with the traceback printed: one failing case must not cost the others."""
     try:
@@ -129,10 +163,12 @@ def main() -> None:
         host = make_host(per_step * (steps + 1))  # distinct experts for every step of a run
         dev = guarded(insert_rate, host, per_step, steps, device_plan=True)
         old = guarded(insert_rate, host, per_step, steps, device_plan=False)
+        gr = guarded(insert_rate_graph, host, per_step, steps)
         del host
         rows.append(dict(experts_per_step=per_step, bytes=nbytes, steps=steps, h2d_pinned_GBps=pinned,
                          insert_GBps=dev.get("GBps"), ratio=dev["GBps"] / pinned if "GBps" in dev else None,
-                         insert_host_path_GBps=old.get("GBps"),
+                         insert_host_path_GBps=old.get("GBps"), insert_graph_GBps=gr.get("GBps"),
+                         graph_ratio=gr["GBps"] / pinned if "GBps" in gr else None, graph=gr,
                          host_path_ratio=old["GBps"] / pinned if "GBps" in old else None,
                          device_path=dev, host_path=old))
         for name, r in (("device path", dev), ("host path", old)):
@@ -145,6 +181,13 @@ def main() -> None:
                   f"vs copy {nbytes / pinned / 1e3:.1f} us; syncs/step {r['syncs_per_step']:.1f}; bytes ok "
                   f"{r['bytes_ok']}; device_plan {r['device_plan']} {r['path_steps']}; inserts {r['inserts']}, "
                   f"misses {r['misses']}, evictions {r['evictions']})", flush=True)
+        if "error" in gr:
+            print(f"inserts of {per_step} per step, device path in a CUDA graph: FAILED {gr['error']}", flush=True)
+        else:
+            print(f"inserts of {per_step} x {EXPERT_BYTES / 2**20:.3f} MiB per step, device path in a CUDA graph: "
+                  f"{gr['GBps']:.1f} GB/s vs pinned H2D {pinned:.1f} GB/s: {100 * gr['GBps'] / pinned:.0f}%  (runs "
+                  f"{', '.join(f'{x:.1f}' for x in gr['runs_GBps'])}; bytes ok {gr['bytes_ok']}; inserts "
+                  f"{gr['inserts']} of {gr['inserts_expected']} expected)", flush=True)
     big = h2d_rate(256 * 2**20)
     print(f"pinned H2D 256 MiB: {big:.1f} GB/s", flush=True)
     rows.append(dict(h2d_256MiB_GBps=big))

@@ -227,6 +227,62 @@ def test_cache_device_path_does_not_sync(mode, device, gen):
     assert cache.stats.steps == 1 + len(steps)
 
 
+def test_cache_step_index_on_device(mode, device, gen):
+    """The LRU stamp is the device's step counter, advanced by the plan kernel (what makes a captured prepare()
+    replay as a new step): after n device steps it holds n, the stamps of the slots used by the last step equal
+    n - 1, and a host-path step in between reads and writes it back (the stamps stay one sequence)."""
+    E, k = 16, 2
+    cache = ExpertCache([torch.randn(E, 4, generator=gen)], n_slots=4, max_tokens=8, top_k=k, device=device,
+                        insert_thresh=1.0, stage_slots=k + 1)
+    assert cache.device_plan
+    for n in range(1, 6):
+        ids = torch.randint(0, E, (1, k), generator=gen)
+        cache.prepare(ids.to(device))
+        assert int(cache._step_d.item()) == n
+    used = {cache.resident()[int(e)] for e in ids[0]}
+    lu = cache._last_used_d.cpu().tolist()
+    assert all(lu[s] == 4 for s in used)
+    cache.prepare(torch.randint(0, E, (4, k), generator=gen).to(device))  # 8 ids > stage_slots: host path
+    assert cache.path_steps == {"device": 5, "host": 1} and int(cache._step_d.item()) == 6
+    cache.prepare(torch.tensor([[0, 1]], device=device))
+    assert int(cache._step_d.item()) == 7 and max(cache._last_used_d.cpu().tolist()) == 6
+
+
+@pytest.mark.gpu
+def test_cache_device_path_in_a_cuda_graph(mode, device, gen):
+    """prepare() captured once in a CUDA graph on a static ids buffer, then replayed for a routing trace (new ids
+    copied into the buffer before each replay): after every replay the same slot ids, resident set and counters
+    as the host path fed the same steps eagerly, and the slots hold the host bytes."""
+    if mode != "gpu":
+        pytest.skip("CUDA only")
+    E, k, T, n_slots = 64, 8, 4, 16
+    host = torch.randn(E, 2048, generator=gen)
+    kw = dict(n_slots=n_slots, max_tokens=T, top_k=k, device="cuda", insert_thresh=0.99, stage_slots=E)
+    dev = ExpertCache([host], device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)
+    steps = trace(gen, 41, E, k, T)
+    steps = [torch.cat([s, s[:1].expand(T - s.shape[0], k)]) for s in steps]  # every step T tokens (a graph's T)
+    buf = steps[0].cuda()
+    pd, pr = dev.prepare(buf), ref.prepare(buf)  # eager warm-up step (compiles)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s):
+        pd = dev.prepare(buf)                   # the captured step: not run now
+    torch.cuda.synchronize()
+    assert dev.stats == ref.stats
+    for i, ids in enumerate(steps[1:]):
+        buf.copy_(ids)
+        graph.replay()
+        pr = ref.prepare(buf)
+        assert torch.equal(pd.slot_ids, pr.slot_ids), i
+        assert dev.resident() == ref.resident(), i
+        assert torch.equal(dev.weights[0][pd.slot_ids.reshape(-1).long()].cpu(), host[ids.reshape(-1)]), i
+    st = dev.stats
+    assert st == ref.stats and st.steps == len(steps) and st.inserts > 0 and st.hits > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shared", ["gated", "none"])
 def test_topk_sum(mode, device, gen, dtype, shared):
