@@ -430,7 +430,8 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
 
     * M <= 64: the tile kernel at 16 x 32 (mma.sync; 18.6 us pre-quantised / 27.6 us fused at M=16, N=K=4096),
       faster there than every swap-AB split-K config tried (26.9-54.8 us): the small-M kernel stays available
-      (``config=dict(kernel="small_m", ...)``) but is not the default;
+      (``config=dict(kernel="small_m", ...)``) but is not the default; for M <= 16 two K-blocks a turn
+      (``python -m kernels.bench.fp8_bench --decode-tiles``, session 3: the best of 12 tiles at M = 1 and 16);
     * larger M, pre-quantised A: 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s at
       4096^3 / 8192^3);
     * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s).
@@ -440,6 +441,8 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
             return dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=1,
                         FAST_DIV=True)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=2, KPI=1, num_warps=4, num_stages=1, FAST_DIV=True)
+    if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 in --decode-tiles (see NOTES_II)
+        return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2, num_warps=4, num_stages=4, FAST_DIV=True)
     if M <= SMALL_M_MAX:
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=1, num_warps=4, num_stages=4, FAST_DIV=True)
     if quant_a:

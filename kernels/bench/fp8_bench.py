@@ -67,6 +67,25 @@ DECODE = {
     "s bn64 auto r2 s3": dict(_S, BN=64, REDUCE=2, num_stages=3),
     "old t16x32 (mma.sync)": dict(_T, BM=16, BN=32, GROUP_M=1, num_warps=4, num_stages=4),
 }
+# --decode-tiles: the tile kernel at small M with more bytes in flight per SM (more stages, narrower tiles for
+# more programs, two K-blocks a turn): at 16 x 32 x 4 stages one program per SM keeps ~16 KB of weights in
+# flight, which bounds the weight stream at ~0.9 TB/s (18.6 us for 16 MiB at M=16, N=K=4096)
+_D = dict(_T, BM=16, GROUP_M=1)
+DECODE_TILES = {
+    "t16x16 w1 s4": dict(_D, BN=16, num_warps=1, num_stages=4),
+    "t16x16 w2 s6": dict(_D, BN=16, num_warps=2, num_stages=6),
+    "t16x16 w2 s8": dict(_D, BN=16, num_warps=2, num_stages=8),
+    "t16x16 w4 s6": dict(_D, BN=16, num_warps=4, num_stages=6),
+    "t16x16 w2 s4 kpi2": dict(_D, BN=16, num_warps=2, num_stages=4, KPI=2),
+    "t16x32 w4 s4": dict(_D, BN=32, num_warps=4, num_stages=4),
+    "t16x32 w4 s6": dict(_D, BN=32, num_warps=4, num_stages=6),
+    "t16x32 w4 s8": dict(_D, BN=32, num_warps=4, num_stages=8),
+    "t16x32 w2 s6": dict(_D, BN=32, num_warps=2, num_stages=6),
+    "t16x32 w4 s4 kpi2": dict(_D, BN=32, num_warps=4, num_stages=4, KPI=2),
+    "t16x64 w4 s6": dict(_D, BN=64, num_warps=4, num_stages=6),
+    "t16x64 w4 s8": dict(_D, BN=64, num_warps=4, num_stages=8),
+}
+KERNEL_TIME_TILES = ["t16x32 w4 s4", "t16x32 w4 s4 kpi2", "t16x16 w2 s4 kpi2", "t16x64 w4 s8"]
 QUANT = {"bm16 gpp2": dict(BM=16, GPP=2), "bm8 gpp1": dict(BM=8, GPP=1), "bm32 gpp4": dict(BM=32, GPP=4)}
 BOUND = 4e-3
 DEV = "cuda"  # the dry run (tests) swaps in "cpu" under the interpreter
@@ -98,6 +117,13 @@ def main(args) -> None:
     def bench(fn) -> float:
         fn()
         torch.cuda.synchronize()
+        if args.decode_tiles:  # clocks up first: an idle H200 drops to ~345 MHz and small calls do not lift it
+            t_end = time.time() + 0.1
+            while time.time() < t_end:
+                for _ in range(20):
+                    fn()
+                torch.cuda.synchronize()
+            return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
         return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median") * 1e3  # us
 
     print(f"{'shape':>18} | {'variant':<10} | {'config':<24} | {'us':>9} | {'TFLOP/s':>8} | {'vs mm':>6} | rel err",
@@ -165,6 +191,32 @@ def main(args) -> None:
         attempt("bf16", "torch matmul", lambda: x @ w.t(), check=False)
 
         quant = {}
+        if args.decode_tiles:  # only the pre-quantised GEMM over DECODE_TILES
+            if args.kernel_time:  # the kernels' own durations (CUPTI): eager do_bench here is the host's launch
+                from kernels.bench.gdn_bench import bench_kernels
+
+                fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one,
+                                                             out_dtype=torch.bfloat16),
+                       "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb)}
+                fns.update({n: (lambda c=dict(DECODE_TILES[n]): F.fp8_block_gemm(qa, sa, qb, sb, config=c))
+                            for n in KERNEL_TIME_TILES})
+                for name, fn in fns.items():
+                    try:
+                        ms, nk = bench_kernels(fn, n=20)
+                        rows.append(dict(kind=kind, M=M, N=N, K=K, variant="kernel_time", config=name, us=ms * 1e3,
+                                         kernels=nk))
+                        print(f"{shape:>18} | kernel time | {name:<24} | {ms * 1e3:9.1f} us ({nk:.0f} kernels)",
+                              flush=True)
+                    except Exception as e:  # keep the others
+                        print(f"{shape:>18} | kernel time | {name:<24} | FAILED {e!r}"[:300], flush=True)
+                del ref
+                continue
+            attempt("block", "default", lambda: F.fp8_block_gemm(qa, sa, qb, sb))
+            for name, c in DECODE_TILES.items():
+                attempt("block", name, lambda c=dict(c): F.fp8_block_gemm(qa, sa, qb, sb, config=c))
+            del ref
+            torch.cuda.empty_cache()
+            continue
         for name, qc in QUANT.items():
             r = attempt("quant", name, lambda qc=qc: F.fp8_quant_group(x, **qc), check=False)
             if r:
@@ -250,7 +302,7 @@ def compile_check() -> int:
     cases = []
     for quant in (False, True):
         for M, N, K in ((16, 4096, 4096), (64, 4096, 4096)):
-            for name, c in DECODE.items():
+            for name, c in list(DECODE.items()) + list(DECODE_TILES.items()):
                 cases.append((("fused " if quant else "block ") + f"M={M} " + name, quant, _resolve(c, M, N, K)))
         for name, c in (PREFILL_QA if quant else PREFILL).items():
             cases.append((("fused " if quant else "block ") + name, quant, dict(c)))
@@ -277,7 +329,7 @@ def compile_check() -> int:
                   flush=True)
             if ck.metadata.shared > SMEM_MAX:
                 print(f"     ^ needs {ck.metadata.shared} B of shared memory > {SMEM_MAX}: fails at launch", flush=True)
-            if not wg and "mma.sync" not in label:
+            if not wg and (c["kernel"] == "small_m" or c["BM"] >= 64):  # wgmma needs 64 rows; 16-row tiles: mma.sync
                 bad += 1
                 print("     ^ no wgmma: the dot fell back to mma.sync", flush=True)
         except Exception as e:
@@ -305,5 +357,12 @@ if __name__ == "__main__":
     ap.add_argument("--budget", type=float, default=210.0, help="seconds; configs left after it are skipped")
     ap.add_argument("--only", choices=["prefill", "decode"])
     ap.add_argument("--compile-check", action="store_true")
+    ap.add_argument("--decode-tiles", action="store_true",
+                    help="decode shapes only: the pre-quantised tile kernel over DECODE_TILES against _scaled_mm")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="with --decode-tiles: only kernel durations (CUDA profiler) of _scaled_mm, the default "
+                         "and KERNEL_TIME_TILES")
     a = ap.parse_args()
+    if a.decode_tiles:
+        a.only = "decode"
     sys.exit(compile_check() if a.compile_check else main(a))
