@@ -430,8 +430,11 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
 
     * M <= 64: the tile kernel at 16 x 32 (mma.sync; 18.6 us pre-quantised / 27.6 us fused at M=16, N=K=4096),
       faster there than every swap-AB split-K config tried (26.9-54.8 us): the small-M kernel stays available
-      (``config=dict(kernel="small_m", ...)``) but is not the default; for M <= 16 two K-blocks a turn
-      (``python -m kernels.bench.fp8_bench --decode-tiles``, session 3: the best of 12 tiles at M = 1 and 16);
+      (``config=dict(kernel="small_m", ...)``) but is not the default. For M <= 16, two K-blocks a turn
+      (KPI 2; pre-quantised A only: the fused quant runs KPI 1 on the GPU, see _gemm): by kernel time
+      10.8 / 11.1 / 27.6 us at M = 1 / 16 x 4096^2 / 16 x 8192^2 against 13.7 / 14.5 / 35.6 with KPI 1, the
+      fastest of the 4 tiles timed that way (``python -m kernels.bench.fp8_bench --decode-tiles
+      --kernel-time``; kernels/NOTES_II.md);
     * larger M, pre-quantised A: 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s at
       4096^3 / 8192^3);
     * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s).

@@ -205,9 +205,13 @@ if triton is not None:
         mask_s = mask_v[:, None] & mask_k[None, :]
         p_o = o + i_hv * so_h + offs_v
 
+        if RNE_FIX:
+            hi = max_T  # the interpreter takes no tensor loop bound
+        else:
+            hi = T      # compiled: the sequence's own length, not the batch's token count
         if slot == pad_slot_id:
             zero = tl.zeros([BV], dtype=tl.float32)
-            for t in tl.range(0, max_T):
+            for t in tl.range(0, hi):
                 tl.store(p_o + (bos + t) * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX), mask=mask_v & ((offs_v * 0 + t) < T))
         else:
             p_s = state + slot * ss_n + i_hv * ss_h + offs_v[:, None] * ss_v + offs_k[None, :]
@@ -227,10 +231,9 @@ if triton is not None:
             for i in tl.static_range(U):
                 buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, offs_k, offs_v, mask_k, mask_v,
                                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
-            # The loop runs to max_T (the host's bound: the longest possible sequence) rather than T, which the
-            # interpreter cannot take as a loop bound; groups past T are skipped, and the masked loads make any
-            # step past T an exact no-op on the state.
-            for t0 in tl.range(0, max_T, U):
+            # Under the interpreter the loop runs to max_T (the host's bound: the longest possible sequence):
+            # groups past T are skipped, and the masked loads make any step past T an exact no-op on the state.
+            for t0 in tl.range(0, hi, U):
                 nxt = ()
                 for i in tl.static_range(U):
                     nxt = nxt + (_seq_load(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, offs_k, offs_v,
@@ -308,9 +311,13 @@ if triton is not None:
         p_o = o + i_hv * so_h + ov3
         first = oc == 0                          # o is stored by the KC = 0 copy of each row
 
+        if RNE_FIX:
+            hi = max_T  # the interpreter takes no tensor loop bound
+        else:
+            hi = T
         if slot == pad_slot_id:
             zero = tl.zeros([KC, BV, 1], dtype=tl.float32)
-            for t in tl.range(0, max_T):
+            for t in tl.range(0, hi):
                 tl.store(p_o + (bos + t) * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX),
                          mask=mask_v3 & first & ((ov3 * 0 + t) < T))
         else:
@@ -325,7 +332,7 @@ if triton is not None:
             for i in tl.static_range(U):
                 buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
                                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
-            for t0 in tl.range(0, max_T, U):
+            for t0 in tl.range(0, hi, U):
                 nxt = ()
                 for i in tl.static_range(U):
                     nxt = nxt + (_seq_load(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, ok3, ov3, mask_k3,
@@ -380,7 +387,9 @@ if triton is not None:
         Neumann product (I - L)(I + L^2)(I + L^4)... is not: with repeated keys its terms grow as binomial
         coefficients and cancel (measured: 1.5e-4 relative error at C = 16, overflow at C = 32).
         Every product is an fp32 tl.dot (PREC "ieee": no TF32 rounding). The decays enter only as
-        e^{G_t - G_s} with s <= t (<= 1), never as e^{-G_s}, so nothing overflows."""
+        e^{G_t - G_s} with s <= t (<= 1, each a direct sum over its segment), never as e^{-G_s}, so nothing
+        overflows. A NaN or Inf input makes every output of its chunk non-finite (0 * NaN in the products), not
+        only those from its token on as in the token-by-token kernels; other sequences are not affected."""
         b_q = b_q.to(tl.float32)
         b_k = b_k.to(tl.float32)
         b_v = b_v.to(tl.float32)
@@ -390,9 +399,13 @@ if triton is not None:
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
         b_q = b_q * scale
-        gam = tl.cumsum(b_g, 0)                                        # [C]
+        gam = tl.cumsum(b_g, 0)                                        # [C]: G_t, a sum from the chunk start
         g_last = tl.sum(b_g, 0)
-        decay = tl.exp(tl.where(causal, gam[:, None] - gam[None, :], float("-inf")))   # [C, C], 0 above the diagonal
+        # G_t - G_s as a direct sum over the segment (s, t] ("segsum", as Mamba2's chunked scan), not the
+        # difference of two running sums, which after one large |g| loses the small ones (and gives NaN for
+        # g = -inf): D[t, s] = sum_{s < r <= t} g_r
+        seg = tl.cumsum(tl.where(rows[:, None] > rows[None, :], b_g[:, None], 0.0), 0)
+        decay = tl.exp(tl.where(causal, seg, float("-inf")))           # [C, C], 0 above the diagonal
         kk = tl.dot(b_k, tl.trans(b_k), input_precision=PREC)         # [C, C]: k_t . k_s
         qk = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)         # [C, C]: q_t . k_s
         ks = tl.dot(b_k, tl.trans(S), input_precision=PREC)           # [C, BV]: (S_0 k_t)^T
@@ -407,8 +420,8 @@ if triton is not None:
             E = tl.where(((rt >> j) != (cs >> j)) & ((rt >> (j + 1)) == (cs >> (j + 1))), L, 0.0)
             X = X - tl.dot(tl.dot(X, E, input_precision=PREC), X, input_precision=PREC)
         u = tl.dot(X, u, input_precision=PREC)                         # (I + L)^-1 R
-        o = eg[:, None] * qs + tl.dot(decay * qk, u, input_precision=PREC)
-        w = tl.exp(g_last - gam)                                       # e^{G_C - G_s} <= 1
+        o = eg[:, None] * qs + tl.dot(tl.where(causal, decay * qk, 0.0), u, input_precision=PREC)
+        w = tl.exp(tl.sum(tl.where(rows[:, None] == (1 << LOG2C) - 1, seg, 0.0), 0))  # e^{G_C - G_s} <= 1
         S = S * tl.exp(g_last) + tl.dot(tl.trans(u * w[:, None]), b_k, input_precision=PREC)
         return S, o
 
@@ -434,9 +447,13 @@ if triton is not None:
         mask_v = offs_v < V
         mask_s = mask_v[:, None] & mask_k[None, :]
         p_o = o + i_hv * so_h + offs_v[None, :]
+        if RNE_FIX:
+            hi = max_T  # the interpreter takes no tensor loop bound
+        else:
+            hi = T
         if slot == pad_slot_id:
             zero = tl.zeros([C, BV], dtype=tl.float32)
-            for c0 in tl.range(0, max_T, C):
+            for c0 in tl.range(0, hi, C):
                 rows = c0 + offs_c
                 tl.store(p_o + (bos + rows)[:, None] * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX),
                          mask=(rows < T)[:, None] & mask_v[None, :])
@@ -453,8 +470,7 @@ if triton is not None:
             if PREFETCH:  # the next chunk's inputs are loaded in registers while this one is computed
                 nxt = _chunk_load(q, k, v, g, beta, 0, T, bos, i_h, i_hv, offs_c, offs_k, offs_v, mask_k, mask_v,
                                   sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h)
-                # to max_T, not T (the interpreter takes no tensor loop bound); chunks past T are skipped
-                for c0 in tl.range(0, max_T, C):
+                for c0 in tl.range(0, hi, C):  # chunks past T (interpreter: up to max_T) are skipped
                     b_q, b_k, b_v, b_g, b_b = nxt
                     nxt = _chunk_load(q, k, v, g, beta, c0 + C, T, bos, i_h, i_hv, offs_c, offs_k, offs_v, mask_k,
                                       mask_v, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h)
@@ -465,10 +481,6 @@ if triton is not None:
                         tl.store(p_o + (bos + rows)[:, None] * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
                                  mask=(rows < T)[:, None] & mask_v[None, :])
             else:  # loads left to Triton's software pipeliner (shared memory, NS stages)
-                if RNE_FIX:
-                    hi = max_T   # the interpreter takes no tensor loop bound
-                else:
-                    hi = T
                 for c0 in tl.range(0, hi, C, num_stages=NS):
                     b_q, b_k, b_v, b_g, b_b = _chunk_load(q, k, v, g, beta, c0, T, bos, i_h, i_hv, offs_c, offs_k,
                                                           offs_v, mask_k, mask_v, sq_t, sq_h, sk_t, sk_h, sv_t,
@@ -486,12 +498,12 @@ LOOKAHEAD_DEFAULT = False  # set from the H200 sweeps (kernels/NOTES.md)
 CHUNK_DEFAULT = 0  # tokens per step of the chunked kernel; 0 = token by token (the chunked one is slower on H200)
 
 
-def _default_seq_config(total_T: int, V: int) -> tuple[int, int, int, int]:
-    """(BV, num_warps, U, KC) for a gdn_seq call over total_T tokens: the [KC, BV, K/KC] kernel at BV = 16,
-    4 warps, U = 4, KC = 4, the fastest of the H200 sweeps at every T measured (kernels/NOTES.md): by kernel
-    time 0.0104 ms at T = 16 against 0.0122 for the [BV, K] kernel at BV = 4, one warp, U = 8 (the previous
-    default; ``python -m kernels.bench.gdn_bench --short-sweep``), and 0.458 against 0.544 ms in GPU time at
-    T = 1024 (``--sweep-kc``). U = 8 with KC = 4 spills: 3-4x slower.
+def _default_seq_config(V: int) -> tuple[int, int, int, int]:
+    """(BV, num_warps, U, KC) for gdn_seq on a GPU: the [KC, BV, K/KC] kernel at BV = 16, 4 warps, U = 4,
+    KC = 4 whatever the token count. From the H200 runs in kernels/NOTES.md: by kernel time at T = 16 it takes
+    0.0104 ms against 0.0122 for the [BV, K] kernel at BV = 4, one warp, U = 8, the default before it (the
+    fastest at T = 16 was BV = 8, 2 warps, KC = 4 at 0.0103; ``python -m kernels.bench.gdn_bench
+    --short-sweep``), and in GPU time 0.458 against 0.544 ms at T = 1024 (``--sweep-kc``).
 
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
@@ -503,10 +515,12 @@ def _default_seq_config(total_T: int, V: int) -> tuple[int, int, int, int]:
 def _cu_seqlens(T: int, B: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
     if cu_seqlens is not None:
         return cu_seqlens
+    if T == 0:  # B empty sequences (arange's step may not be 0)
+        return torch.zeros(B + 1, dtype=torch.int32, device=device)
     return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
 
 
-def _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens):
+def _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens, has_initial_state=None):
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q, k must be [B, T, H, K] of one shape, got {tuple(q.shape)} and {tuple(k.shape)}")
     B, T, H, K = q.shape
@@ -527,9 +541,15 @@ def _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens):
             raise ValueError(f"{name} must be contiguous in its last dimension")
     if cu_seqlens is not None and B != 1:
         raise ValueError("with cu_seqlens, the batch dimension must be 1 (fla's convention)")
+    for name, x in (("state_idx", state_idx), ("cu_seqlens", cu_seqlens)):
+        if x is not None and (x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool):
+            raise ValueError(f"{name} must hold integers, got {x.dtype}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if state_idx.shape != (N,):
         raise ValueError(f"state_idx must have one index per sequence ({N}), got {tuple(state_idx.shape)}")
+    if has_initial_state is not None and has_initial_state.shape != (N,):
+        raise ValueError(f"has_initial_state must have one flag per sequence ({N}), "
+                         f"got {tuple(has_initial_state.shape)}")
     return B, T, H, K, HV, V, N
 
 
@@ -581,7 +601,7 @@ def gdn_seq(
             the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`). Not
             combined with lookahead.
         chunk: run C = chunk tokens per step as matrix products (:func:`_chunk_step`, the same recurrence in
-            another rounding order), a power of two >= 16 with BV >= 16; 0 = token by token; default:
+            another rounding order), 16 or 32, with BV >= 16; 0 = token by token; default:
             :data:`CHUNK_DEFAULT`. Not combined with KC or lookahead.
         chunk_precision: tl.dot's input_precision in the chunked kernel: "ieee" (fp32 products) or "tf32x3".
         num_stages: the chunked kernel's input pipeline: Triton's software pipeliner with this many stages
@@ -593,47 +613,59 @@ def gdn_seq(
     Returns:
         o: ``[B, T, HV, V]``, ``o_t = S_t q_t`` per head.
     """
-    B, T, H, K, HV, V, N = _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens)
+    B, T, H, K, HV, V, N = _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens, has_initial_state)
     if scale is None:
         scale = K ** -0.5
     if out is None:
         out = torch.empty_like(v)
     elif out.shape != v.shape or out.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(v.shape)} with a contiguous last dim, got {tuple(out.shape)}")
-    dBV, dW, dU, dKC = _default_seq_config(B * T, V)
+    dBV, dW, dU, dKC = _default_seq_config(V)
+    # every tuning value is checked before any early return, so a bad one fails whatever the batch
+    for name, val, lo in (("BV", BV, 1), ("num_warps", num_warps, 1), ("U", U, 1)):
+        if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < lo
+                                or (name != "U" and val & (val - 1))):
+            raise ValueError(f"{name} must be a positive int{'' if name == 'U' else ', a power of two'}, "
+                             f"got {val!r}")
     BV_asked = BV
     BV = BV or dBV
     num_warps = num_warps or dW
     U = U or dU
     BK = _pow2(K)
     BV = min(BV, _pow2(V))
+    lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
+    chunk = CHUNK_DEFAULT if chunk is None else chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+        raise ValueError(f"chunk must be a non-negative int, got {chunk!r}")
+    if KC is None:
+        KC = 0 if lookahead or chunk else min(dKC, BK)
+    if isinstance(KC, bool) or not isinstance(KC, int) or KC < 0:
+        raise ValueError(f"KC must be a non-negative int, got {KC!r}")
+    if chunk:
+        if chunk not in (16, 32):
+            # tl.dot's smallest tile is 16; at 64 the sm_90 build spills ~26k registers and 128 barely compiles
+            raise ValueError(f"chunk={chunk} must be 16 or 32")
+        if KC or lookahead:
+            raise ValueError("chunk is not combined with KC or lookahead")
+        if BV_asked is not None and BV_asked < 16:
+            raise ValueError(f"the chunked kernel needs BV >= 16, got BV={BV_asked}")
+        BV = max(BV, 16)
+        if chunk_precision not in ("ieee", "tf32x3"):
+            raise ValueError(f"chunk_precision must be 'ieee' or 'tf32x3', got {chunk_precision!r}")
+        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
+            raise ValueError(f"num_stages must be a non-negative int, got {num_stages!r}")
+    elif KC:
+        if KC & (KC - 1) or BK % KC:
+            raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
+        if lookahead:
+            raise ValueError("KC and lookahead are not combined")
     if N == 0:
         return out
     # Flatten (B, T) to rows: with B > 1 the rows of sequence n are n*T .. n*T+T-1, as cu says.
     qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
     gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
     grid = (_cdiv(V, BV), N * HV)
-    lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
-    if KC is None:
-        KC = 0 if lookahead or chunk else min(dKC, BK)
-    if isinstance(KC, bool) or not isinstance(KC, int) or KC < 0:
-        raise ValueError(f"KC must be a non-negative int, got {KC!r}")
-    chunk = CHUNK_DEFAULT if chunk is None else chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
-        raise ValueError(f"chunk must be a non-negative int, got {chunk!r}")
     if chunk:
-        if chunk < 16 or chunk & (chunk - 1):
-            raise ValueError(f"chunk={chunk} must be a power of two >= 16 (tl.dot's smallest tile)")
-        if KC or lookahead:
-            raise ValueError("chunk is not combined with KC or lookahead")
-        if BV_asked is not None and BV_asked < 16:
-            raise ValueError(f"the chunked kernel needs BV >= 16, got BV={BV_asked}")
-        BV = max(BV, 16)
-        grid = (_cdiv(V, BV), N * HV)
-        if chunk_precision not in ("ieee", "tf32x3"):
-            raise ValueError(f"chunk_precision must be 'ieee' or 'tf32x3', got {chunk_precision!r}")
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
-            raise ValueError(f"num_stages must be a non-negative int, got {num_stages!r}")
         _launch(_gdn_seq_chunk_kernel, grid, (
             qf, kf, vf, gf, bf, of, state, state_idx,
             has_initial_state if has_initial_state is not None else state_idx,
@@ -647,10 +679,6 @@ def gdn_seq(
             chunk_precision, num_stages == 0, max(num_stages, 1),
         ), num_warps=num_warps)
     elif KC:
-        if KC & (KC - 1) or BK % KC:
-            raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
-        if lookahead:
-            raise ValueError("KC and lookahead are not combined")
         _launch(_gdn_seq_kc_kernel, grid, (
             qf, kf, vf, gf, bf, of, state, state_idx,
             has_initial_state if has_initial_state is not None else state_idx,

@@ -38,9 +38,11 @@ store) and the fused top-k weighted sum with the shared expert.
       consumer of step s must be enqueued there before step s + 1's prepare() (which rewrites the slot ids,
       the staging slots and may evict). The step index (the LRU stamp) lives on the device and the plan kernel
       advances it, so a device-path prepare() captured in a CUDA graph (``torch.cuda.graph``) replays as a
-      new step each time: capture it on the tensor that the router writes (a static ``[T, k]`` buffer) and
-      replay with the same T; every launch argument is fixed for a given T. The host's bound check on the step
-      count (2**31 - 2) sees only eager steps.
+      new step each time: run one eager step at that T first (it compiles the kernels and builds the slot-id
+      view), then capture it on the tensor that the router writes (a static ``[T, k]`` buffer) and replay
+      with the same T; every launch argument is fixed for a given T. Host-side counts see only eager calls
+      and the capture, not replays: ``path_steps`` and the bound check on the step count (2**31 - 2);
+      :attr:`stats` reads the device's counters and includes them.
 
       A step takes the device path when its read-through misses are sure to fit the staging slots:
       ``min(E, T*k) <= stage_slots``. Any other step (a large prefill with a small staging area) takes the host
@@ -514,6 +516,9 @@ class ExpertCache:
     def prepare(self, topk_ids: torch.Tensor) -> StepPlan:
         """LRU bookkeeping, inserts and read-through plan for one step; returns the plan (see the module doc).
 
+        A device-path step (``plan.device``) can be captured in a CUDA graph and replayed as new steps: run one
+        eager step at the same T first, capture on a static ids buffer (module doc, "the device path").
+
         Args:
             topk_ids: ``[T, k]`` integer expert ids (any integer dtype and strides), ``T <= max_tokens``.
         Returns:
@@ -642,15 +647,19 @@ class ExpertCache:
         st.chunks += len(plan.chunks)
         self._topk = topk_ids
         if len(plan.chunks) == 1:
-            self.stage(plan, 0)
+            self._stage(plan, 0)
         return plan
 
     def stage(self, plan: StepPlan, chunk: int) -> torch.Tensor:
         """Copy chunk ``chunk``'s read-through experts into the staging slots and write its tokens' slot ids
         into ``plan.slot_ids``; returns the chunk's ``[t1 - t0, k]`` slot ids. A device plan is ready already:
-        returns its slot ids."""
-        if plan.device:
+        returns its slot ids, as does a host plan of one chunk (its slot ids were written by prepare())."""
+        if plan.device or len(plan.chunks) == 1:
             return plan.slot_ids
+        return self._stage(plan, chunk)
+
+    def _stage(self, plan: StepPlan, chunk: int) -> torch.Tensor:
+        """stage()'s work on the host path; prepare() runs it for a one-chunk plan."""
         t0, t1 = plan.chunks[chunk]
         m = self._map_host
         m.copy_(torch.tensor(self._slot_of, dtype=torch.int32))

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Every kernel gate and bench in two device calls (a call may run 10 minutes): the gates (~4-5 min on one
-# H200; on 2+ GPUs also the all-reduce's), then the benches (~8 min; on 2+ GPUs the all-reduce's too, +1.5
-# min: give that machine its own call). Usage, from the repository root on the GPU machine:
+# H200; on 2+ GPUs also the all-reduce's), then the benches (~8-9 min: gdn by kernel time, the expert cache
+# eager and in a CUDA graph, fp8 decode by kernel time, the fp8 sweep; on 2+ GPUs the all-reduce's too, +1.5
+# min: give that machine its own call). The sweeps (gdn_bench --sweep-kc / --sweep-chunk / --short-sweep,
+# fp8_bench --decode-tiles) take calls of their own. Usage, from the repository root on the GPU machine:
 #   bash kernels/bench/device_run.sh OUTDIR gates
 #   bash kernels/bench/device_run.sh OUTDIR benches
 # fla-core (the gdn bench's baseline) must be importable: carry its wheel (README of the device tool).
@@ -24,8 +26,9 @@ if [ "$PHASE" = gates ]; then
   [ "$NGPU" -ge 2 ] && run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
       tests/kernels/test_allreduce.py
 elif [ "$PHASE" = benches ]; then
-  run gdn_bench 200 python3 -m kernels.bench.gdn_bench --sweep-kc --json "$OUT/gdn.json"
-  run moe_bench 100 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
+  run gdn_bench 150 python3 -m kernels.bench.gdn_bench --kernel-time --json "$OUT/gdn.json"
+  run moe_bench 150 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
+  run fp8_decode 60 python3 -m kernels.bench.fp8_bench --decode-tiles --kernel-time --json "$OUT/fp8_decode.json"
   run fp8_bench 230 python3 -m kernels.bench.fp8_bench --json "$OUT/fp8.json"
   [ "$NGPU" -ge 2 ] && run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"
 else

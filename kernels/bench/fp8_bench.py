@@ -10,7 +10,12 @@ product (rel. Frobenius error, bf16 output: < 4e-3 passes; "BAD" marks a wrong r
 to compile or run prints its error and the sweep goes on, and a time budget (--budget seconds, default 210)
 skips what is left once spent.
 
+Decode times from do_bench are the host's on the lent hosts (Triton's JIT launch costs tens of us a call), so
+`--decode-tiles --kernel-time` times the decode shapes by the kernels' own durations (CUDA profiler, via
+kernels.bench.gdn_bench.bench_kernels) for _scaled_mm, the default and KERNEL_TIME_TILES.
+
 Usage (device):  python -m kernels.bench.fp8_bench [--json OUT.json] [--budget S] [--only prefill|decode]
+                 python -m kernels.bench.fp8_bench --decode-tiles [--kernel-time] [--json OUT.json]
 Offline (no GPU): python -m kernels.bench.fp8_bench --compile-check   (every swept kernel compiled for sm_90;
 wgmma / div.rn / SASS counts; do not set TRITON_INTERPRET)
 """
@@ -254,7 +259,7 @@ def main(args) -> None:
               f"vs mm {r['vs_mm'] or 0:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, configs=dict(prefill=PREFILL, prefill_qa=PREFILL_QA, decode=DECODE,
+            json.dump(dict(rows=rows, configs=dict(prefill=PREFILL, prefill_qa=PREFILL_QA, decode=DECODE, decode_tiles=DECODE_TILES,
                                                    quant=QUANT)), f, indent=1, default=str)
 
 
@@ -363,6 +368,10 @@ if __name__ == "__main__":
                     help="with --decode-tiles: only kernel durations (CUDA profiler) of _scaled_mm, the default "
                          "and KERNEL_TIME_TILES")
     a = ap.parse_args()
+    if a.kernel_time and not a.decode_tiles:
+        ap.error("--kernel-time needs --decode-tiles")
     if a.decode_tiles:
+        if a.only == "prefill":
+            ap.error("--decode-tiles times decode shapes only; drop --only prefill")
         a.only = "decode"
     sys.exit(compile_check() if a.compile_check else main(a))

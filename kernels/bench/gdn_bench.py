@@ -2,7 +2,10 @@
 
 Shapes: B=1 sequence, H=16 key heads, HV=32 value heads, K=V=128, bf16 q/k/v, fp32 g/beta, fp32 state in vLLM's
 layout [N, HV, V, K] (fla is called with state_v_first=True, so all three read and write the same state), T in
-16, 45, 128, 256, 512, 1024. Each time is the median of triton.testing.do_bench. Two floors per T:
+16, 45, 128, 256, 512, 1024. Three times per call: the eager median of triton.testing.do_bench (what a caller
+sees, host included), the median of CUDA-graph replays (bench_graph: GPU time, with a ~8 us floor of graph
+launch and events), and with --kernel-time the kernels' own durations from the CUDA profiler (bench_kernels).
+Two floors per T:
 * bytes: q, k, v, g, beta read once, o written once, the state read and written once, over the measured
   device-to-device copy bandwidth (bytes read + written / time of a 2 GiB copy);
 * flops: 7 fp32 operations per state element per token (a = S k and b = S q: 2 FMAs; S e + u k^T: a multiply
@@ -28,8 +31,8 @@ from kernels.gdn import gdn_conv, gdn_seq
 TS = (16, 45, 128, 256, 512, 1024)
 B, H, HV, K, V = 1, 16, 32, 128, 128
 SWEEP = [  # gdn_seq tuning: BV, U (tokens per prefetched group), num_warps, lookahead, KC ([KC, BV, K/KC] state)
-    dict(BV=4, U=8, num_warps=1), dict(BV=4, U=4, num_warps=1), dict(BV=2, U=8, num_warps=1),
-    dict(BV=4, U=8, num_warps=1, lookahead=True),
+    dict(BV=4, U=8, num_warps=1, KC=0), dict(BV=4, U=4, num_warps=1, KC=0), dict(BV=2, U=8, num_warps=1, KC=0),
+    dict(BV=4, U=8, num_warps=1, lookahead=True, KC=0),
     dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=8, num_warps=1, KC=2), dict(BV=2, U=8, num_warps=1, KC=4),
     dict(BV=8, U=4, num_warps=2, KC=4),
 ]
@@ -49,8 +52,8 @@ SWEEP_CHUNK = [  # the chunked kernel (C tokens a step as fp32 matrix products);
 ]
 
 SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time
-    dict(BV=4, U=8, num_warps=1), dict(BV=4, U=16, num_warps=1), dict(BV=2, U=8, num_warps=1),
-    dict(BV=2, U=16, num_warps=1), dict(BV=8, U=8, num_warps=1), dict(BV=4, U=8, num_warps=2),
+    dict(BV=4, U=8, num_warps=1, KC=0), dict(BV=4, U=16, num_warps=1, KC=0), dict(BV=2, U=8, num_warps=1, KC=0),
+    dict(BV=2, U=16, num_warps=1, KC=0), dict(BV=8, U=8, num_warps=1, KC=0), dict(BV=4, U=8, num_warps=2, KC=0),
     dict(BV=4, U=8, num_warps=1, KC=2), dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=16, num_warps=1, KC=4),
     dict(BV=2, U=8, num_warps=1, KC=4), dict(BV=8, U=8, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4),
     dict(BV=8, U=8, num_warps=1, KC=8), dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=16, U=8, num_warps=4, KC=4),
@@ -96,6 +99,8 @@ def short_sweep() -> dict:
 
 
 def cfg_name(c: dict) -> str:
+    """A sweep entry's row name: its tile (BV, U, warps) and kernel (lookahead, KC, chunk). Entries of the
+    [BV, K] kernel carry KC=0 explicitly: gdn_seq's default KC on a GPU is 4."""
     if c.get("chunk"):
         return ("gdn_seq_bv%d_w%d_c%d" % (c["BV"], c["num_warps"], c["chunk"])
                 + (f"_ns{c['num_stages']}" if "num_stages" in c else "")
@@ -271,11 +276,12 @@ def floors(T: int, bw: float, rate: float) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", action="store_true", help="time every gdn_seq config in SWEEP")
-    ap.add_argument("--sweep-kc", action="store_true", help="time the configs of SWEEP_KC instead")
-    ap.add_argument("--sweep-chunk", action="store_true", help="time the configs of SWEEP_CHUNK instead")
-    ap.add_argument("--short-sweep", action="store_true",
-                    help="only SWEEP_SHORT at T = 16 and 45, by graph replay and kernel time")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("--sweep", action="store_true", help="time every gdn_seq config in SWEEP")
+    which.add_argument("--sweep-kc", action="store_true", help="time the configs of SWEEP_KC instead")
+    which.add_argument("--sweep-chunk", action="store_true", help="time the configs of SWEEP_CHUNK instead")
+    which.add_argument("--short-sweep", action="store_true",
+                       help="only SWEEP_SHORT at T = 16 and 45, by graph replay and kernel time")
     ap.add_argument("--kernel-time", action="store_true",
                     help="also time gdn_seq and fla recurrent by their kernels' durations (CUDA profiler)")
     ap.add_argument("--json", help="write all numbers here")

@@ -1,7 +1,8 @@
 """Offline look at gdn_seq's machine code: compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas
 and nvdisasm) with the runtime's divisibility specialisation, finds the token loop (the longest backward
 branch in the SASS) and prints its instructions per token: all, shuffles (SHFL: the K-reductions' lane
-exchanges), FFMA/FADD/FMUL, and shared-memory traffic (layout conversions).
+exchanges), FFMA/FADD/FMUL, shared-memory traffic (layout conversions) and barriers; for the chunked kernel,
+per token = per chunk / C. Also the whole kernel's register spills (LDL/STL).
 
 Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
 
@@ -19,7 +20,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from kernels.gdn import _gdn_seq_kc_kernel, _gdn_seq_kernel
+from kernels.gdn import _gdn_seq_chunk_kernel, _gdn_seq_kc_kernel, _gdn_seq_kernel
 
 PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*fp32", "o": "*bf16", "state": "*fp32",
        "state_idx": "*i32", "has_init": "*i32", "cu_seqlens": "*i32"}
@@ -28,6 +29,10 @@ CONFIGS = [  # (name, kernel, constexprs, num_warps)
     ("[BV, K] bv4 u4 lookahead", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=True), 1),
     ("[KC, BV, K/KC] bv4 u4 kc4", _gdn_seq_kc_kernel, dict(BV=4, U=4, KC=4), 1),
     ("[KC, BV, K/KC] bv16 u4 kc4 w4", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4), 4),
+    ("chunked c16 bv16 w4", _gdn_seq_chunk_kernel,
+     dict(BV=16, C=16, LOG2C=4, PREC="ieee", PREFETCH=False, NS=2), 4),
+    ("chunked c16 bv16 w8", _gdn_seq_chunk_kernel,
+     dict(BV=16, C=16, LOG2C=4, PREC="ieee", PREFETCH=False, NS=2), 8),
 ]
 
 
@@ -67,15 +72,18 @@ def main(argv=None) -> int:
     ap.add_argument("--l2norm", action="store_true", help="compile with the in-kernel L2 norm of q and k")
     args = ap.parse_args(argv)
     print(f"{'config':32} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
-          f"{'STS+LDS':>7}")
+          f"{'STS+LDS':>7} {'BAR':>5}  spills (LDL/STL, whole kernel)")
     for name, fn, cons, nw in CONFIGS:
         full = dict(H=16, HV=32, K=128, V=128, BK=128, L2NORM=args.l2norm, HAS_INIT=False, IS_VARLEN=False,
                     RNE_FIX=False, **cons)
-        body = "\n".join(loop_body(sass(fn, full, nw)))
-        n = len(body.splitlines()) / cons["U"]
-        per = {op: body.count(op) / cons["U"] for op in ("SHFL", "FFMA", "FADD", "FMUL", "STS", "LDS")}
+        text = sass(fn, full, nw)
+        body = "\n".join(loop_body(text))
+        per_loop = cons.get("U") or cons["C"]  # tokens per trip of the loop: a prefetch group, or a chunk
+        n = len(body.splitlines()) / per_loop
+        per = {op: body.count(op) / per_loop for op in ("SHFL", "FFMA", "FADD", "FMUL", "STS", "LDS", "BAR")}
         print(f"{name:32} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
-              f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f}")
+              f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f} {per['BAR']:5.1f}  "
+              f"{text.count('LDL')}/{text.count('STL')}")
     return 0
 
 
