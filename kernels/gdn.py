@@ -100,11 +100,14 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
-    def _seq_program(state_idx, cu_seqlens, max_T, H: tl.constexpr, HV: tl.constexpr, IS_VARLEN: tl.constexpr):
+    def _seq_program(state_idx, cu_seqlens, max_T, H: tl.constexpr, HV: tl.constexpr, IS_VARLEN: tl.constexpr,
+                     RNE_FIX: tl.constexpr):
         """What a gdn_seq program works on, from its ids on the grid (cdiv(V, BV), N * HV): (V-block i_v,
         sequence i_n, value head i_hv, its key head i_h, the sequence's first row bos (int64) and length T,
-        its state slot (int64)). Varlen: max_T is the total token count, a bound on every length; otherwise
-        every sequence has max_T tokens."""
+        its state slot (int64), the bound of its token loops hi). Varlen: max_T is the total token count, a
+        bound on every length; otherwise every sequence has max_T tokens. hi is T when compiled (the
+        sequence's own length, not the batch's token count) and max_T under the interpreter (RNE_FIX), which
+        takes no tensor loop bound; the loops skip trips past T."""
         i_v = tl.program_id(0)
         i_nh = tl.program_id(1)
         i_n = i_nh // HV
@@ -117,7 +120,23 @@ if triton is not None:
             bos = i_n.to(tl.int64) * max_T
             T = max_T
         slot = tl.load(state_idx + i_n).to(tl.int64)
-        return i_v, i_n, i_hv, i_h, bos, T, slot
+        if RNE_FIX:
+            hi = max_T
+        else:
+            hi = T
+        return i_v, i_n, i_hv, i_h, bos, T, slot, hi
+
+    @triton.jit
+    def _seq_init_state(p_s, mask_s, has_init, i_n, HAS_INIT: tl.constexpr):
+        """The state block at the pointers p_s (any shape) as fp32: loaded, or zeros for a sequence whose
+        has_initial_state flag is False."""
+        S = tl.zeros(p_s.shape, dtype=tl.float32)
+        load_state = True
+        if HAS_INIT:
+            load_state = tl.load(has_init + i_n) != 0
+        if load_state:
+            S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+        return S
 
     @triton.jit
     def _seq_load(q, k, v, g, beta, t, T, bos, i_h, i_hv, offs_k, offs_v, mask_k, mask_v,
@@ -196,7 +215,8 @@ if triton is not None:
         LOOKAHEAD: tl.constexpr = False,
     ):
         # grid: (cdiv(V, BV), N * HV). One program owns one [BV, K] block of one sequence's state.
-        i_v, i_n, i_hv, i_h, bos, T, slot = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN)
+        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
+                                                                    RNE_FIX)
 
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
@@ -205,22 +225,13 @@ if triton is not None:
         mask_s = mask_v[:, None] & mask_k[None, :]
         p_o = o + i_hv * so_h + offs_v
 
-        if RNE_FIX:
-            hi = max_T  # the interpreter takes no tensor loop bound
-        else:
-            hi = T      # compiled: the sequence's own length, not the batch's token count
         if slot == pad_slot_id:
             zero = tl.zeros([BV], dtype=tl.float32)
             for t in tl.range(0, hi):
                 tl.store(p_o + (bos + t) * so_t, _cast(zero, o.dtype.element_ty, RNE_FIX), mask=mask_v & ((offs_v * 0 + t) < T))
         else:
             p_s = state + slot * ss_n + i_hv * ss_h + offs_v[:, None] * ss_v + offs_k[None, :]
-            S = tl.zeros([BV, BK], dtype=tl.float32)
-            load_state = True
-            if HAS_INIT:
-                load_state = tl.load(has_init + i_n) != 0
-            if load_state:
-                S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+            S = _seq_init_state(p_s, mask_s, has_init, i_n, HAS_INIT)
 
             # lookahead: the pending update starts as a no-op (S * 1 + 0 k^T is exact)
             u_p = tl.zeros([BV], dtype=tl.float32)
@@ -231,8 +242,8 @@ if triton is not None:
             for i in tl.static_range(U):
                 buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, offs_k, offs_v, mask_k, mask_v,
                                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
-            # Under the interpreter the loop runs to max_T (the host's bound: the longest possible sequence):
-            # groups past T are skipped, and the masked loads make any step past T an exact no-op on the state.
+            # Groups past T (interpreter: up to max_T) are skipped, and the masked loads make any step past T
+            # an exact no-op on the state.
             for t0 in tl.range(0, hi, U):
                 nxt = ()
                 for i in tl.static_range(U):
@@ -297,7 +308,8 @@ if triton is not None:
         the lanes spread over V too (e.g. 8 lanes on K, 4 on V: 3 levels). Same math and order of tokens as
         _gdn_seq_kernel; grid (cdiv(V, BV), N * HV)."""
         KK: tl.constexpr = BK // KC
-        i_v, i_n, i_hv, i_h, bos, T, slot = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN)
+        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
+                                                                    RNE_FIX)
 
         oc = tl.arange(0, KC)[:, None, None]
         ov = i_v * BV + tl.arange(0, BV)[None, :, None]
@@ -311,10 +323,6 @@ if triton is not None:
         p_o = o + i_hv * so_h + ov3
         first = oc == 0                          # o is stored by the KC = 0 copy of each row
 
-        if RNE_FIX:
-            hi = max_T  # the interpreter takes no tensor loop bound
-        else:
-            hi = T
         if slot == pad_slot_id:
             zero = tl.zeros([KC, BV, 1], dtype=tl.float32)
             for t in tl.range(0, hi):
@@ -322,12 +330,7 @@ if triton is not None:
                          mask=mask_v3 & first & ((ov3 * 0 + t) < T))
         else:
             p_s = state + slot * ss_n + i_hv * ss_h + ov * ss_v + okk
-            S = tl.zeros([KC, BV, KK], dtype=tl.float32)
-            load_state = True
-            if HAS_INIT:
-                load_state = tl.load(has_init + i_n) != 0
-            if load_state:
-                S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+            S = _seq_init_state(p_s, mask_s, has_init, i_n, HAS_INIT)
             buf = ()
             for i in tl.static_range(U):
                 buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
@@ -439,7 +442,8 @@ if triton is not None:
         """gdn_seq C tokens at a time (:func:`_chunk_step`), the state block [BV, K] in registers across chunks;
         the next chunk's inputs are loaded while this one is computed. Grid (cdiv(V, BV), N * HV); C, BV and
         BK >= 16 (tl.dot's smallest tile)."""
-        i_v, i_n, i_hv, i_h, bos, T, slot = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN)
+        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
+                                                                    RNE_FIX)
         offs_c = tl.arange(0, C)
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
@@ -447,10 +451,6 @@ if triton is not None:
         mask_v = offs_v < V
         mask_s = mask_v[:, None] & mask_k[None, :]
         p_o = o + i_hv * so_h + offs_v[None, :]
-        if RNE_FIX:
-            hi = max_T  # the interpreter takes no tensor loop bound
-        else:
-            hi = T
         if slot == pad_slot_id:
             zero = tl.zeros([C, BV], dtype=tl.float32)
             for c0 in tl.range(0, hi, C):
@@ -459,12 +459,7 @@ if triton is not None:
                          mask=(rows < T)[:, None] & mask_v[None, :])
         else:
             p_s = state + slot * ss_n + i_hv * ss_h + offs_v[:, None] * ss_v + offs_k[None, :]
-            S = tl.zeros([BV, BK], dtype=tl.float32)
-            load_state = True
-            if HAS_INIT:
-                load_state = tl.load(has_init + i_n) != 0
-            if load_state:
-                S = tl.load(p_s, mask=mask_s, other=0.0).to(tl.float32)
+            S = _seq_init_state(p_s, mask_s, has_init, i_n, HAS_INIT)
             causal = offs_c[:, None] >= offs_c[None, :]
             strict = offs_c[:, None] > offs_c[None, :]
             if PREFETCH:  # the next chunk's inputs are loaded in registers while this one is computed
@@ -665,43 +660,23 @@ def gdn_seq(
     qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
     gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
     grid = (_cdiv(V, BV), N * HV)
+    # the three kernels' arguments in signature order: the tensors, scalars and strides, then the shape and
+    # tile constexprs of each kernel, then the flags
+    head = (qf, kf, vf, gf, bf, of, state, state_idx,
+            has_initial_state if has_initial_state is not None else state_idx,
+            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
+            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
+            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
+            state.stride(0), state.stride(1), state.stride(2),
+            pad_slot_id, H, HV, K, V)
+    flags = (bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting())
     if chunk:
-        _launch(_gdn_seq_chunk_kernel, grid, (
-            qf, kf, vf, gf, bf, of, state, state_idx,
-            has_initial_state if has_initial_state is not None else state_idx,
-            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
-            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
-            state.stride(0), state.stride(1), state.stride(2),
-            pad_slot_id,
-            H, HV, K, V, max(BK, 16), BV, chunk, chunk.bit_length() - 1,
-            bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting(),
-            chunk_precision, num_stages == 0, max(num_stages, 1),
-        ), num_warps=num_warps)
+        _launch(_gdn_seq_chunk_kernel, grid, head + (max(BK, 16), BV, chunk, chunk.bit_length() - 1) + flags
+                + (chunk_precision, num_stages == 0, max(num_stages, 1)), num_warps=num_warps)
     elif KC:
-        _launch(_gdn_seq_kc_kernel, grid, (
-            qf, kf, vf, gf, bf, of, state, state_idx,
-            has_initial_state if has_initial_state is not None else state_idx,
-            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
-            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
-            state.stride(0), state.stride(1), state.stride(2),
-            pad_slot_id,
-            H, HV, K, V, BK, BV, U, KC,
-            bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting(),
-        ), num_warps=num_warps)
+        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags, num_warps=num_warps)
     else:
-        _launch(_gdn_seq_kernel, grid, (
-            qf, kf, vf, gf, bf, of, state, state_idx,
-            has_initial_state if has_initial_state is not None else state_idx,
-            cu_seqlens if cu_seqlens is not None else state_idx, float(scale), B * T if cu_seqlens is not None else T,
-            qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
-            gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
-            state.stride(0), state.stride(1), state.stride(2),
-            pad_slot_id,
-            H, HV, K, V, BK, BV, U,
-            bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting(), lookahead,
-        ), num_warps=num_warps)
+        _launch(_gdn_seq_kernel, grid, head + (BK, BV, U) + flags + (lookahead,), num_warps=num_warps)
     if B > 1 and of.data_ptr() != out.data_ptr():  # pragma: no cover - reshape of a strided out copied
         out.copy_(of.view_as(out))
     return out

@@ -153,6 +153,20 @@ if triton is not None:
         so = tl.load(slot_of + e, mask=me, other=-1)
         return e, me, p, so
 
+    @triton.jit
+    def _ids_tile(ids, s0, s1, TK, i0, t_one, ids_one, K: tl.constexpr, E: tl.constexpr, ONE_TILE: tl.constexpr):
+        """Routed (token, choice) pairs i0 .. i0 + BT - 1 of the step's [T, k] ids (flattened row-major, strides
+        s0, s1): (flat index, in range, expert id (0 past the end), valid id in 0..E-1). With ONE_TILE every
+        pair fits one tile, loaded once by the caller as ids_one."""
+        i = i0 + t_one
+        m = i < TK
+        if ONE_TILE:
+            ex = ids_one
+        else:
+            ex = tl.load(ids + (i // K) * s0 + (i % K) * s1, mask=m, other=0)
+        ok = m & (ex >= 0) & (ex < E)
+        return i, m, ex, ok
+
     @triton.jit(do_not_specialize=["s0", "s1", "TK", "lim"])
     def _plan_kernel(ids, s0, s1, TK, step, lim,
                      slot_of, expert_of, last_used, smap, rank_slot, rank_old, copy, counters, slot_ids,
@@ -178,6 +192,8 @@ if triton is not None:
         t_one = tl.arange(0, BT)
         if ONE_TILE:  # every step's ids fit one tile: load them once, reuse for the slot ids
             ids_one = tl.load(ids + (t_one // K) * s0 + (t_one % K) * s1, mask=t_one < TK, other=0)
+        else:
+            ids_one = t_one  # unused: _ids_tile loads each tile
         # A: presence := 0
         for e0 in range(0, E, BE):
             e = e0 + tl.arange(0, BE)
@@ -186,13 +202,7 @@ if triton is not None:
         # B: presence[ids] := 1 (duplicates store the same value); invalid ids counted, never stored
         nbad = tl.sum(tl.zeros([BT], dtype=tl.int32), 0)
         for i0 in range(0, TK, BT):
-            i = i0 + t_one
-            m = i < TK
-            if ONE_TILE:
-                ex = ids_one
-            else:
-                ex = tl.load(ids + (i // K) * s0 + (i % K) * s1, mask=m, other=0)
-            ok = m & (ex >= 0) & (ex < E)
+            i, m, ex, ok = _ids_tile(ids, s0, s1, TK, i0, t_one, ids_one, K, E, ONE_TILE)
             nbad += tl.sum((m & (ok == 0)).to(tl.int32), 0)
             tl.store(smap + ex, tl.full([BT], 1, tl.int32), mask=ok)
         tl.debug_barrier()
@@ -244,13 +254,7 @@ if triton is not None:
         tl.store(copy, nmiss)                                # the copy kernel's count: every miss is copied
         # F: slot ids (smap is now the step's expert -> slot map)
         for i0 in range(0, TK, BT):
-            i = i0 + t_one
-            m = i < TK
-            if ONE_TILE:
-                ex = ids_one
-            else:
-                ex = tl.load(ids + (i // K) * s0 + (i % K) * s1, mask=m, other=0)
-            ok = m & (ex >= 0) & (ex < E)
+            i, m, ex, ok = _ids_tile(ids, s0, s1, TK, i0, t_one, ids_one, K, E, ONE_TILE)
             tl.store(slot_ids + i, tl.load(smap + ex, mask=ok, other=-1), mask=m)
         # G: counters, CacheStats field order
         ninsert = nmiss * ins
