@@ -61,14 +61,31 @@ def make_host(E: int) -> torch.Tensor:
     return host
 
 
+def all_miss_cache(host: torch.Tensor, per_step: int, device_plan: bool) -> ExpertCache:
+    """A cache of ``per_step`` slots over the host store, every step's experts inserted (threshold 1.0)."""
+    return ExpertCache([host], n_slots=per_step, max_tokens=per_step, top_k=1, device="cuda",
+                       insert_thresh=1.0, stage_slots=per_step, device_plan=device_plan)
+
+
+def step_ids(per_step: int, steps: int) -> list[torch.Tensor]:
+    """The ids of steps 0..steps, ``[per_step, 1]`` each: experts s*per_step .. (s+1)*per_step - 1 at step s,
+    so no step routes to an expert of another."""
+    return [torch.arange(s * per_step, (s + 1) * per_step, device="cuda").view(-1, 1) for s in range(steps + 1)]
+
+
+def slots_hold(cache: ExpertCache, plan, host: torch.Tensor, ids: torch.Tensor) -> bool:
+    """The byte check: the slots of ``plan`` hold the host bytes of the experts ``ids`` routed to."""
+    got = cache.weights[0][plan.slot_ids.view(-1).long()]
+    return bool(torch.equal(got, host[ids.view(-1).cpu()].to("cuda")))
+
+
 def insert_rate(host: torch.Tensor, per_step: int, steps: int, device_plan: bool) -> dict:
     """Insert rate of one path: RUNS fresh caches, each warmed by one step, then ``steps`` all-miss steps of
     ``per_step`` experts issued back to back, one sync. Returns the median GB/s and diagnostics."""
     def make():
-        return ExpertCache([host], n_slots=per_step, max_tokens=per_step, top_k=1, device="cuda",
-                           insert_thresh=1.0, stage_slots=per_step, device_plan=device_plan)
+        return all_miss_cache(host, per_step, device_plan)
 
-    ids = [torch.arange(s * per_step, (s + 1) * per_step, device="cuda").view(-1, 1) for s in range(steps + 1)]
+    ids = step_ids(per_step, steps)
     # warm-up cache: compiles the kernels, then counts the synchronising torch calls of 3 steps
     cache = make()
     for s in range(3):
@@ -98,11 +115,9 @@ def insert_rate(host: torch.Tensor, per_step: int, steps: int, device_plan: bool
         rates.append(per_step * EXPERT_BYTES * steps / dt / 1e9)
         issue.append((t1 - t0) / steps * 1e6)
     # byte check of the last run's last step: every routed expert's slot holds the host bytes
-    got = cache.weights[0][plan.slot_ids.view(-1).long()]
-    want = host[ids[steps].view(-1).cpu()].to("cuda")
     st = cache.stats
     return dict(GBps=statistics.median(rates), runs_GBps=rates, issue_us_per_step=statistics.median(issue),
-                syncs_per_step=syncs, bytes_ok=bool(torch.equal(got, want)), device_plan=cache.device_plan,
+                syncs_per_step=syncs, bytes_ok=slots_hold(cache, plan, host, ids[steps]), device_plan=cache.device_plan,
                 path_steps=dict(cache.path_steps), inserts=st.inserts, misses=st.misses, evictions=st.evictions)
 
 
@@ -111,9 +126,8 @@ def insert_rate_graph(host: torch.Tensor, per_step: int, steps: int) -> dict:
     (each its own ids tensor) captured once after a warm-up step, the graph replayed RUNS + 1 times (the first
     replay not counted), each replay timed by CUDA events. n_slots = per_step and every step's experts are new
     within a replay, so every step of every replay inserts all of its experts. Median GB/s."""
-    cache = ExpertCache([host], n_slots=per_step, max_tokens=per_step, top_k=1, device="cuda",
-                        insert_thresh=1.0, stage_slots=per_step, device_plan=True)
-    ids = [torch.arange(s * per_step, (s + 1) * per_step, device="cuda").view(-1, 1) for s in range(steps + 1)]
+    cache = all_miss_cache(host, per_step, device_plan=True)
+    ids = step_ids(per_step, steps)
     cache.prepare(ids[0])
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
@@ -132,10 +146,8 @@ def insert_rate_graph(host: torch.Tensor, per_step: int, steps: int) -> dict:
         e1.synchronize()
         if r:
             rates.append(per_step * EXPERT_BYTES * steps / (e0.elapsed_time(e1) * 1e-3) / 1e9)
-    got = cache.weights[0][plan.slot_ids.view(-1).long()]
-    want = host[ids[steps].view(-1).cpu()].to("cuda")
     st = cache.stats
-    return dict(GBps=statistics.median(rates), runs_GBps=rates, bytes_ok=bool(torch.equal(got, want)),
+    return dict(GBps=statistics.median(rates), runs_GBps=rates, bytes_ok=slots_hold(cache, plan, host, ids[steps]),
                 inserts=st.inserts, inserts_expected=per_step * (1 + steps * (RUNS + 1)), misses=st.misses)
 
 
