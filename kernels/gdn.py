@@ -158,6 +158,23 @@ if triton is not None:
         return b_q, b_k, b_v, b_g, b_b
 
     @triton.jit
+    def _seq_load_clamped(pq, pk, pv, pg, pb, t, T, Tm1, sq_t, sk_t, sv_t, sg_t, sb_t, mask_k, mask_v):
+        """_seq_load for the token loop, from the sequence's base pointers (pq, pk: [KC, BV, KK] blocks of
+        pointers; pv: [KC, BV, 1]; pg, pb: scalars; see _gdn_seq_kc_kernel): past the end, q, k and v are read
+        from the sequence's last row (clamped at Tm1 = max(T - 1, 0): no per-element time mask, so no
+        predicated loads and no zero fill in the loop) and g = 0, beta = 0, which makes the step an exact no-op
+        on the state (u = 0 * (v - e a) = 0 for finite inputs). The row offset is one 32 x 32 -> 64-bit
+        multiply per tensor: the sequence's base row is added once, outside the loop."""
+        ok = t < T
+        tm = tl.minimum(t, Tm1).to(tl.int64)
+        b_q = tl.load(pq + tm * sq_t, mask=mask_k, other=0.0)
+        b_k = tl.load(pk + tm * sk_t, mask=mask_k, other=0.0)
+        b_v = tl.load(pv + tm * sv_t, mask=mask_v, other=0.0)
+        b_g = tl.load(pg + tm * sg_t, mask=ok, other=0.0)
+        b_b = tl.load(pb + tm * sb_t, mask=ok, other=0.0)
+        return b_q, b_k, b_v, b_g, b_b
+
+    @triton.jit
     def _seq_prep(b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
         """Token inputs to fp32 for the [BV, K] steps: q and k optionally L2-normalised (x / sqrt(|x|^2 + 1e-6),
         as fla), q scaled; returns (q, k, v, exp(g), beta)."""
@@ -293,6 +310,72 @@ if triton is not None:
         return S, o
 
     @triton.jit
+    def _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM: tl.constexpr):
+        """Token inputs to fp32 for the [KC, BV, KK] steps, q and k optionally L2-normalised."""
+        b_q = b_q.to(tl.float32)
+        b_k = b_k.to(tl.float32)
+        if L2NORM:
+            b_q = b_q / tl.sqrt(_ksum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(_ksum(b_k * b_k) + 1e-6)
+        return b_q, b_k, b_v.to(tl.float32), b_b.to(tl.float32)
+
+    @triton.jit
+    def _seq_step_kc_fast(X, c1, b_q, b_k, b_v, b_b, scale, L2NORM: tl.constexpr):
+        """One token on the scaled state S = c X with the decay folded into the scalar: c1 = c exp(g_t) is
+        S_t's scale, so the token costs no per-element multiply by exp(g):
+        a = c1 (X k); u = beta (v - a); X += (u / c1) k^T; o = c1 (X q) (o after the update, as the definition
+        o_t = S_t q_t, off the token-to-token chain since the next token's reduction reads the same X).
+        The caller keeps c1 within [2^-40, 2^40] (see _gdn_seq_kc_kernel). Returns (X_t, o_t [KC, BV, 1])."""
+        b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
+        a = _ksum(X * b_k)
+        u = b_b * (b_v - c1 * a)
+        X = X + (u * (1.0 / c1)) * b_k
+        o = _ksum(X * b_q) * (c1 * scale)
+        return X, o
+
+    @triton.jit
+    def _seq_group_kc_la(X, cs, buf, o_grp, ou, scale, U: tl.constexpr, L2NORM: tl.constexpr):
+        """A group of U tokens on the scaled state (as _seq_step_kc_fast) with a one-token lookahead: token
+        i's state product reads X before token i-1's rank-1 update, p = X_{t-2} k_t, and adds that update's
+        share, a_t = c_t (p + w_{t-1} (k_{t-1} . k_t)) with w = u / c. The K-reduction then waits on the
+        previous token's X, not its u, so the token-to-token chain is a few per-row scalar operations; the
+        price is one more reduction per token (k_{t-1} . k_t). o_{t-1} = c_{t-1} (X_{t-1} q_{t-1}) is formed
+        once that update is applied; the group ends with every update applied. Returns (X, o_grp)."""
+        w_p = tl.zeros([X.shape[0], X.shape[1], 1], dtype=tl.float32)
+        k_p = tl.zeros(X.shape, dtype=tl.float32)
+        q_p = tl.zeros(X.shape, dtype=tl.float32)
+        c_p = tl.full([], 1.0, tl.float32)
+        for i in tl.static_range(U):
+            b_q, b_k, b_v, b_g, b_b = buf[i]
+            b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
+            c1 = cs[i]
+            p = _ksum(X * b_k)
+            if i > 0:
+                a = c1 * (p + w_p * _ksum(k_p * b_k))
+                X = X + w_p * k_p
+                o_grp = tl.where(ou == i - 1, _ksum(X * q_p) * (c_p * scale), o_grp)
+            else:
+                a = c1 * p
+            u = b_b * (b_v - a)
+            w_p = u * (1.0 / c1)
+            k_p = b_k
+            q_p = b_q
+            c_p = c1
+        X = X + w_p * k_p
+        o_grp = tl.where(ou == U - 1, _ksum(X * q_p) * (c_p * scale), o_grp)
+        return X, o_grp
+
+    @triton.jit
+    def _seq_step_kc_plain(S, e, b_q, b_k, b_v, b_b, scale, L2NORM: tl.constexpr):
+        """One token on the unscaled state with o after the update (o_t = S_t q_t); e = exp(g_t)."""
+        b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
+        S = S * e
+        u = b_b * (b_v - _ksum(S * b_k))
+        S = S + u * b_k
+        o = _ksum(S * b_q) * scale
+        return S, o
+
+    @triton.jit
     def _gdn_seq_kc_kernel(
         q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
@@ -301,6 +384,7 @@ if triton is not None:
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr, KC: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
+        DEFER: tl.constexpr, LA: tl.constexpr = False,
     ):
         """gdn_seq with the state block held as [KC, BV, KK] (element (c, v, j) = S[v, c * KK + j]).
         Why: with K on one axis Triton puts all 32 lanes of a warp along K, so each K-reduction on the
@@ -322,6 +406,9 @@ if triton is not None:
         mask_s = mask_k3 & (ov < V)
         p_o = o + i_hv * so_h + ov3
         first = oc == 0                          # o is stored by the KC = 0 copy of each row
+        ou = tl.arange(0, U)[None, None, :]      # [1, 1, U]: a token of a group (DEFER's one store per group)
+        ovg = ov + ou * 0 + oc * 0               # [KC, BV, U]
+        p_og = o + i_hv * so_h + ovg
 
         if slot == pad_slot_id:
             zero = tl.zeros([KC, BV, 1], dtype=tl.float32)
@@ -335,18 +422,64 @@ if triton is not None:
             for i in tl.static_range(U):
                 buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
                                           sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
+            c = tl.full([], 1.0, tl.float32)     # DEFER: the state is c * S
+            # the loop's loads start from the sequence's first row; for T = 0 (only the interpreter runs the
+            # loop then) from the row before it, which exists whenever the batch has a token
+            Tm1 = tl.maximum(T - 1, 0)
+            b0 = tl.where(T > 0, bos, tl.maximum(bos - 1, 0))
+            pq = q + b0 * sq_t + i_h * sq_h + ok3
+            pk = k + b0 * sk_t + i_h * sk_h + ok3
+            pv = v + b0 * sv_t + i_hv * sv_h + ov3
+            pg = g + b0 * sg_t + i_hv * sg_h
+            pb = beta + b0 * sb_t + i_hv * sb_h
             for t0 in tl.range(0, hi, U):
                 nxt = ()
                 for i in tl.static_range(U):
-                    nxt = nxt + (_seq_load(q, k, v, g, beta, t0 + U + i, T, bos, i_h, i_hv, ok3, ov3, mask_k3,
-                                              mask_v3, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
+                    nxt = nxt + (_seq_load_clamped(pq, pk, pv, pg, pb, t0 + U + i, T, Tm1, sq_t, sk_t, sv_t, sg_t,
+                                                   sb_t, mask_k3, mask_v3),)
                 if t0 < T:
-                    for i in tl.static_range(U):
-                        b_q, b_k, b_v, b_g, b_b = buf[i]
-                        S, b_o = _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
-                        tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
-                                 mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
+                    if DEFER:
+                        # the group's scales c_i = c exp(g_0 + ... + g_i); when all stay within [2^-40, 2^40] the
+                        # group runs on the scaled state, else (rare: |g| of tens, g = -inf, NaN) it folds c into
+                        # the state and runs plain steps, and c restarts at 1
+                        cs = ()
+                        ci = c
+                        fast = True
+                        for i in tl.static_range(U):
+                            ci = ci * tl.exp(buf[i][3].to(tl.float32))
+                            fast = fast & (ci >= 9.094947017729282e-13) & (ci <= 1.099511627776e12)
+                            cs = cs + (ci,)
+                        if fast:
+                            # the group's outputs gathered into one [KC, BV, U] block and stored once
+                            o_grp = tl.zeros([KC, BV, U], dtype=tl.float32)
+                            if LA:
+                                S, o_grp = _seq_group_kc_la(S, cs, buf, o_grp, ou, scale, U, L2NORM)
+                            else:
+                                for i in tl.static_range(U):
+                                    b_q, b_k, b_v, b_g, b_b = buf[i]
+                                    S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, scale, L2NORM)
+                                    o_grp = tl.where(ou == i, b_o, o_grp)
+                            tl.store(p_og + (bos + t0 + ou) * so_t, _cast(o_grp, o.dtype.element_ty, RNE_FIX),
+                                     mask=(ovg < V) & (oc == 0) & ((t0 + ou) < T))
+                            c = cs[U - 1]
+                        else:
+                            S = S * c
+                            for i in tl.static_range(U):
+                                b_q, b_k, b_v, b_g, b_b = buf[i]
+                                S, b_o = _seq_step_kc_plain(S, tl.exp(b_g.to(tl.float32)), b_q, b_k, b_v, b_b,
+                                                            scale, L2NORM)
+                                tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                         mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
+                            c = 1.0
+                    else:
+                        for i in tl.static_range(U):
+                            b_q, b_k, b_v, b_g, b_b = buf[i]
+                            S, b_o = _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
+                            tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                     mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
                 buf = nxt
+            if DEFER:
+                S = S * c
             tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
 
 
@@ -490,6 +623,7 @@ if triton is not None:
 
 
 LOOKAHEAD_DEFAULT = False  # set from the H200 sweeps (kernels/NOTES.md)
+DEFER_DEFAULT = True  # the [KC, BV, K/KC] kernel on the scaled state (_seq_step_kc_fast); kernels/NOTES.md
 CHUNK_DEFAULT = 0  # tokens per step of the chunked kernel; 0 = token by token (the chunked one is slower on H200)
 
 
@@ -567,6 +701,7 @@ def gdn_seq(
     U: int | None = None,
     lookahead: bool | None = None,
     KC: int | None = None,
+    defer_decay: bool | None = None,
     chunk: int | None = None,
     chunk_precision: str = "ieee",
     num_stages: int = 2,
@@ -590,11 +725,14 @@ def gdn_seq(
             v's dtype.
         BV, num_warps, U: tuning (V-block per program, warps per program, tokens per prefetched group).
         lookahead: compute token t's state products from S_{t-2} plus the pending rank-1 update of token
-            t-1 (:func:`_seq_step_la`), which takes the K-reductions off the token-to-token dependency chain;
-            default: :data:`LOOKAHEAD_DEFAULT`.
+            t-1 (:func:`_seq_step_la`; with KC and defer_decay, :func:`_seq_group_kc_la`), which takes the
+            K-reductions off the token-to-token dependency chain; default: :data:`LOOKAHEAD_DEFAULT`.
         KC: hold the state block as [KC, BV, K / KC] (:func:`_gdn_seq_kc_kernel`), a power of two dividing
-            the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`). Not
-            combined with lookahead.
+            the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`), 0 when
+            lookahead is asked for and KC is not. With lookahead it needs defer_decay.
+        defer_decay: with KC, keep the state as c * X with the decays multiplied into the scalar c
+            (:func:`_seq_step_kc_fast`: no per-element multiply by exp(g) per token, o = S_t q_t after the
+            update); False: the plain step (:func:`_seq_step_kc`). Default: :data:`DEFER_DEFAULT`.
         chunk: run C = chunk tokens per step as matrix products (:func:`_chunk_step`, the same recurrence in
             another rounding order), 16 or 32, with BV >= 16; 0 = token by token; default:
             :data:`CHUNK_DEFAULT`. Not combined with KC or lookahead.
@@ -652,8 +790,8 @@ def gdn_seq(
     elif KC:
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
-        if lookahead:
-            raise ValueError("KC and lookahead are not combined")
+        if lookahead and not (DEFER_DEFAULT if defer_decay is None else defer_decay):
+            raise ValueError("KC with lookahead needs defer_decay (the lookahead is a scaled-state step)")
     if N == 0:
         return out
     # Flatten (B, T) to rows: with B > 1 the rows of sequence n are n*T .. n*T+T-1, as cu says.
@@ -674,7 +812,9 @@ def gdn_seq(
         _launch(_gdn_seq_chunk_kernel, grid, head + (max(BK, 16), BV, chunk, chunk.bit_length() - 1) + flags
                 + (chunk_precision, num_stages == 0, max(num_stages, 1)), num_warps=num_warps)
     elif KC:
-        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags, num_warps=num_warps)
+        defer = DEFER_DEFAULT if defer_decay is None else bool(defer_decay)
+        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, lookahead),
+                num_warps=num_warps)
     else:
         _launch(_gdn_seq_kernel, grid, head + (BK, BV, U) + flags + (lookahead,), num_warps=num_warps)
     if B > 1 and of.data_ptr() != out.data_ptr():  # pragma: no cover - reshape of a strided out copied

@@ -51,13 +51,13 @@ SWEEP_CHUNK = [  # the chunked kernel (C tokens a step as fp32 matrix products);
     dict(chunk=16, BV=16, num_warps=8, chunk_precision="tf32x3"),
 ]
 
-SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time
-    dict(BV=4, U=8, num_warps=1, KC=0), dict(BV=4, U=16, num_warps=1, KC=0), dict(BV=2, U=8, num_warps=1, KC=0),
-    dict(BV=2, U=16, num_warps=1, KC=0), dict(BV=8, U=8, num_warps=1, KC=0), dict(BV=4, U=8, num_warps=2, KC=0),
-    dict(BV=4, U=8, num_warps=1, KC=2), dict(BV=4, U=8, num_warps=1, KC=4), dict(BV=4, U=16, num_warps=1, KC=4),
-    dict(BV=2, U=8, num_warps=1, KC=4), dict(BV=8, U=8, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4),
-    dict(BV=8, U=8, num_warps=1, KC=8), dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=16, U=8, num_warps=4, KC=4),
-    dict(BV=16, U=16, num_warps=4, KC=4), dict(chunk=16, BV=16, num_warps=4), dict(chunk=16, BV=16, num_warps=2),
+SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time. The [KC, BV, K/KC] kernel
+    # on the scaled state (the default) around its tile, with the lookahead, against the plain step
+    dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=16, U=4, num_warps=4, KC=4, lookahead=True),
+    dict(BV=8, U=4, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4, lookahead=True),
+    dict(BV=16, U=2, num_warps=4, KC=4, lookahead=True), dict(BV=4, U=4, num_warps=1, KC=4, lookahead=True),
+    dict(BV=16, U=4, num_warps=4, KC=2, lookahead=True), dict(BV=16, U=4, num_warps=4, KC=4, defer_decay=False),
+    dict(BV=4, U=4, num_warps=1, KC=4), dict(BV=32, U=4, num_warps=8, KC=4, lookahead=True),
 ]
 
 
@@ -106,7 +106,7 @@ def cfg_name(c: dict) -> str:
                 + (f"_ns{c['num_stages']}" if "num_stages" in c else "")
                 + ("_tf32x3" if c.get("chunk_precision") == "tf32x3" else ""))
     return ("gdn_seq_bv%d_u%d_w%d" % (c["BV"], c["U"], c["num_warps"]) + ("_la" if c.get("lookahead") else "")
-            + (f"_kc{c['KC']}" if c.get("KC") else ""))
+            + (f"_kc{c['KC']}" if c.get("KC") else "") + ("_plain" if c.get("defer_decay") is False else ""))
 _SPIN: list = []
 
 

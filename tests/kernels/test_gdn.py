@@ -75,15 +75,17 @@ def make_seq_inputs(gen, device, c, dtype, state_dtype=torch.float32, l2norm_in_
 
 
 # the kernel variants of gdn_seq: the [BV, K] state block, with the one-token lookahead, the [KC, BV, K/KC] block
-# and the [KC, BV, K/KC] block at the fastest configuration of the H200 sweep (BV=16, 4 warps, U=4); the chunked
+# (on the scaled state with deferred decays, and with the plain step) and the [KC, BV, K/KC] block at the fastest configuration of the H200 sweep (BV=16, 4 warps, U=4); the chunked
 # kernel (16 or 32 tokens a step as matrix products), with its inputs pipelined by Triton or prefetched in registers
 LOOKAHEAD = pytest.mark.parametrize("variant", [dict(lookahead=False, KC=0), dict(lookahead=True, KC=0),
                                                 dict(lookahead=False, KC=4),
+                                                dict(lookahead=False, KC=4, defer_decay=False),
+                                                dict(lookahead=True, KC=4, BV=16, num_warps=4, U=4),
                                                 dict(lookahead=False, KC=4, BV=16, num_warps=4, U=4),
                                                 dict(chunk=16, BV=16, num_warps=8),
                                                 dict(chunk=16, BV=16, num_warps=8, num_stages=0),
                                                 dict(chunk=32, BV=32, num_warps=8)],
-                                    ids=["serial", "lookahead", "kc4", "kc4_bv16_w4", "chunk16", "chunk16_regpf",
+                                    ids=["serial", "lookahead", "kc4", "kc4_plain", "kc4_la_bv16_w4", "kc4_bv16_w4", "chunk16", "chunk16_regpf",
                                          "chunk32_bv32"])
 
 

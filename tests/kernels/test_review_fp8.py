@@ -20,13 +20,20 @@ def _operands(gen, device, M=16, N=256, K=384):
     return x, qa, sa, qb, sb, ref
 
 
+def _bound(device) -> float:
+    """Relative bound of an fp32 product against the float64-accumulated reference: 1e-5 in the interpreter
+    (fp32 sums of exact fp8 products); 1e-3 on CUDA, where Hopper's fp8 MMA accumulates a 128-deep K-block
+    with fewer than fp32's bits (DeepSeek-V3 technical report, sec. 3.3.2; tests/kernels/test_fp8.py's bound)."""
+    return 1e-3 if str(device).startswith("cuda") else 1e-5
+
+
 def _right_or_refused(fn, ref):
     try:
         out = fn()
     except ValueError:
         return
     rel = ((out.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-    assert rel < 1e-5, f"silently wrong: rel err {rel:.3g}"
+    assert rel < _bound(out.device), f"silently wrong: rel err {rel:.3g}"
 
 
 KERNELS = pytest.mark.parametrize("kernel", ["tile", "small_m"])
@@ -88,7 +95,7 @@ def test_default_and_small_m_configs_give_the_product(mode, device, gen, M):
     x, qa, sa, qb, sb, ref = _operands(gen, device, M=M, N=200, K=256)
     for cfg in (None, small_m_config(M)):
         out = fp8_block_gemm(qa, sa, qb, sb, torch.float32, cfg)
-        assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
+        assert ((out - ref).abs().max() / ref.abs().max()).item() < _bound(device)
         fused = fp8_block_gemm_qa(x, qb, sb, out_dtype=torch.float32, config=cfg)
-        assert ((fused - ref).abs().max() / ref.abs().max()).item() < 1e-5
+        assert ((fused - ref).abs().max() / ref.abs().max()).item() < _bound(device)
     assert default_gemm_config(M, 200, 256)["kernel"] in ("tile", "small_m")
