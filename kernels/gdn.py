@@ -334,38 +334,6 @@ if triton is not None:
         return X, o
 
     @triton.jit
-    def _seq_group_kc_la(X, cs, buf, o_grp, ou, scale, U: tl.constexpr, L2NORM: tl.constexpr):
-        """A group of U tokens on the scaled state (as _seq_step_kc_fast) with a one-token lookahead: token
-        i's state product reads X before token i-1's rank-1 update, p = X_{t-2} k_t, and adds that update's
-        share, a_t = c_t (p + w_{t-1} (k_{t-1} . k_t)) with w = u / c. The K-reduction then waits on the
-        previous token's X, not its u, so the token-to-token chain is a few per-row scalar operations; the
-        price is one more reduction per token (k_{t-1} . k_t). o_{t-1} = c_{t-1} (X_{t-1} q_{t-1}) is formed
-        once that update is applied; the group ends with every update applied. Returns (X, o_grp)."""
-        w_p = tl.zeros([X.shape[0], X.shape[1], 1], dtype=tl.float32)
-        k_p = tl.zeros(X.shape, dtype=tl.float32)
-        q_p = tl.zeros(X.shape, dtype=tl.float32)
-        c_p = tl.full([], 1.0, tl.float32)
-        for i in tl.static_range(U):
-            b_q, b_k, b_v, b_g, b_b = buf[i]
-            b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
-            c1 = cs[i]
-            p = _ksum(X * b_k)
-            if i > 0:
-                a = c1 * (p + w_p * _ksum(k_p * b_k))
-                X = X + w_p * k_p
-                o_grp = tl.where(ou == i - 1, _ksum(X * q_p) * (c_p * scale), o_grp)
-            else:
-                a = c1 * p
-            u = b_b * (b_v - a)
-            w_p = u * (1.0 / c1)
-            k_p = b_k
-            q_p = b_q
-            c_p = c1
-        X = X + w_p * k_p
-        o_grp = tl.where(ou == U - 1, _ksum(X * q_p) * (c_p * scale), o_grp)
-        return X, o_grp
-
-    @triton.jit
     def _seq_step_kc_plain(S, e, b_q, b_k, b_v, b_b, scale, L2NORM: tl.constexpr):
         """One token on the unscaled state with o after the update (o_t = S_t q_t); e = exp(g_t)."""
         b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
@@ -384,7 +352,7 @@ if triton is not None:
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr, KC: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
-        DEFER: tl.constexpr, LA: tl.constexpr = False,
+        DEFER: tl.constexpr, UP: tl.constexpr,
     ):
         """gdn_seq with the state block held as [KC, BV, KK] (element (c, v, j) = S[v, c * KK + j]).
         Why: with K on one axis Triton puts all 32 lanes of a warp along K, so each K-reduction on the
@@ -406,8 +374,8 @@ if triton is not None:
         mask_s = mask_k3 & (ov < V)
         p_o = o + i_hv * so_h + ov3
         first = oc == 0                          # o is stored by the KC = 0 copy of each row
-        ou = tl.arange(0, U)[None, None, :]      # [1, 1, U]: a token of a group (DEFER's one store per group)
-        ovg = ov + ou * 0 + oc * 0               # [KC, BV, U]
+        ou = tl.arange(0, UP)[None, None, :]     # [1, 1, UP]: a token of a group (DEFER's one store per group;
+        ovg = ov + ou * 0 + oc * 0               # UP = U's next power of two, arange's need) [KC, BV, UP]
         p_og = o + i_hv * so_h + ovg
 
         if slot == pad_slot_id:
@@ -451,16 +419,13 @@ if triton is not None:
                             cs = cs + (ci,)
                         if fast:
                             # the group's outputs gathered into one [KC, BV, U] block and stored once
-                            o_grp = tl.zeros([KC, BV, U], dtype=tl.float32)
-                            if LA:
-                                S, o_grp = _seq_group_kc_la(S, cs, buf, o_grp, ou, scale, U, L2NORM)
-                            else:
-                                for i in tl.static_range(U):
-                                    b_q, b_k, b_v, b_g, b_b = buf[i]
-                                    S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, scale, L2NORM)
-                                    o_grp = tl.where(ou == i, b_o, o_grp)
+                            o_grp = tl.zeros([KC, BV, UP], dtype=tl.float32)
+                            for i in tl.static_range(U):
+                                b_q, b_k, b_v, b_g, b_b = buf[i]
+                                S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, scale, L2NORM)
+                                o_grp = tl.where(ou == i, b_o, o_grp)
                             tl.store(p_og + (bos + t0 + ou) * so_t, _cast(o_grp, o.dtype.element_ty, RNE_FIX),
-                                     mask=(ovg < V) & (oc == 0) & ((t0 + ou) < T))
+                                     mask=(ovg < V) & (oc == 0) & (ou < U) & ((t0 + ou) < T))
                             c = cs[U - 1]
                         else:
                             S = S * c
@@ -725,11 +690,11 @@ def gdn_seq(
             v's dtype.
         BV, num_warps, U: tuning (V-block per program, warps per program, tokens per prefetched group).
         lookahead: compute token t's state products from S_{t-2} plus the pending rank-1 update of token
-            t-1 (:func:`_seq_step_la`; with KC and defer_decay, :func:`_seq_group_kc_la`), which takes the
-            K-reductions off the token-to-token dependency chain; default: :data:`LOOKAHEAD_DEFAULT`.
+            t-1 (:func:`_seq_step_la`), which takes the K-reductions off the token-to-token dependency chain;
+            default: :data:`LOOKAHEAD_DEFAULT`.
         KC: hold the state block as [KC, BV, K / KC] (:func:`_gdn_seq_kc_kernel`), a power of two dividing
             the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`), 0 when
-            lookahead is asked for and KC is not. With lookahead it needs defer_decay.
+            lookahead is asked for and KC is not. Not combined with lookahead.
         defer_decay: with KC, keep the state as c * X with the decays multiplied into the scalar c
             (:func:`_seq_step_kc_fast`: no per-element multiply by exp(g) per token, o = S_t q_t after the
             update); False: the plain step (:func:`_seq_step_kc`). Default: :data:`DEFER_DEFAULT`.
@@ -790,8 +755,9 @@ def gdn_seq(
     elif KC:
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
-        if lookahead and not (DEFER_DEFAULT if defer_decay is None else defer_decay):
-            raise ValueError("KC with lookahead needs defer_decay (the lookahead is a scaled-state step)")
+        if lookahead:
+            # a one-token lookahead on the scaled state was built and timed (kernels/NOTES.md): no faster
+            raise ValueError("KC and lookahead are not combined")
     if N == 0:
         return out
     # Flatten (B, T) to rows: with B > 1 the rows of sequence n are n*T .. n*T+T-1, as cu says.
@@ -813,7 +779,7 @@ def gdn_seq(
                 + (chunk_precision, num_stages == 0, max(num_stages, 1)), num_warps=num_warps)
     elif KC:
         defer = DEFER_DEFAULT if defer_decay is None else bool(defer_decay)
-        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, lookahead),
+        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, _pow2(U)),
                 num_warps=num_warps)
     else:
         _launch(_gdn_seq_kernel, grid, head + (BK, BV, U) + flags + (lookahead,), num_warps=num_warps)

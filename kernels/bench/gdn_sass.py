@@ -2,7 +2,10 @@
 and nvdisasm) with the runtime's divisibility specialisation, finds the token loop (the longest backward
 branch in the SASS) and prints its instructions per token: all, shuffles (SHFL: the K-reductions' lane
 exchanges), FFMA/FADD/FMUL, shared-memory traffic (layout conversions) and barriers; for the chunked kernel,
-per token = per chunk / C. Also the whole kernel's register spills (LDL/STL).
+per token = per chunk / C. Also the whole kernel's register spills (LDL/STL). *: the scaled-state kernel's
+loop holds two bodies of a group (on the scaled state, and the plain steps it falls back to), so its count is
+both; ``--hot`` compiles it with the fallback cut out (a copy of the source, for counting only) to count the
+path that runs.
 
 Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
 
@@ -27,8 +30,9 @@ PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*fp32", 
 CONFIGS = [  # (name, kernel, constexprs, num_warps)
     ("[BV, K] bv4 u4", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=False), 1),
     ("[BV, K] bv4 u4 lookahead", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=True), 1),
-    ("[KC, BV, K/KC] bv4 u4 kc4", _gdn_seq_kc_kernel, dict(BV=4, U=4, KC=4), 1),
-    ("[KC, BV, K/KC] bv16 u4 kc4 w4", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4), 4),
+    ("[KC, BV, K/KC] bv4 u4 kc4 plain", _gdn_seq_kc_kernel, dict(BV=4, U=4, KC=4, DEFER=False, UP=4), 1),
+    ("[KC, BV, K/KC] bv16 u4 kc4 w4 plain", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4, DEFER=False, UP=4), 4),
+    ("[KC, BV, K/KC] bv16 u4 kc4 w4 scaled*", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4, DEFER=True, UP=4), 4),
     ("chunked c16 bv16 w4", _gdn_seq_chunk_kernel,
      dict(BV=16, C=16, LOG2C=4, PREC="ieee", PREFETCH=False, NS=2), 4),
     ("chunked c16 bv16 w8", _gdn_seq_chunk_kernel,
@@ -67,13 +71,38 @@ def loop_body(text: str) -> list[str]:
     return best
 
 
+def hot_kc_kernel():
+    """_gdn_seq_kc_kernel with its plain-step fallback cut out: kernels/gdn.py copied to a temporary module
+    with the fast-group test replaced by True (Triton drops the dead branch). For counting only."""
+    import importlib.util
+    import kernels.gdn as G
+    src = open(G.__file__).read()
+    line = "                        if fast:\n"
+    if src.count(line) != 1:
+        raise RuntimeError("kernels/gdn.py: the scaled-state kernel's 'if fast:' line was not found once")
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "gdn_hot.py")
+    with open(path, "w") as f:
+        f.write(src.replace(line, "                        if True:\n"))
+    spec = importlib.util.spec_from_file_location("gdn_hot", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._gdn_seq_kc_kernel
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--l2norm", action="store_true", help="compile with the in-kernel L2 norm of q and k")
+    ap.add_argument("--hot", action="store_true",
+                    help="also count the scaled-state kernel's fast path alone (see the module docstring)")
     args = ap.parse_args(argv)
-    print(f"{'config':32} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
+    configs = list(CONFIGS)
+    if args.hot:
+        configs.append(("[KC, BV, K/KC] ... scaled, hot path", hot_kc_kernel(),
+                        dict(BV=16, U=4, KC=4, DEFER=True, UP=4), 4))
+    print(f"{'config':40} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
           f"{'STS+LDS':>7} {'BAR':>5}  spills (LDL/STL, whole kernel)")
-    for name, fn, cons, nw in CONFIGS:
+    for name, fn, cons, nw in configs:
         full = dict(H=16, HV=32, K=128, V=128, BK=128, L2NORM=args.l2norm, HAS_INIT=False, IS_VARLEN=False,
                     RNE_FIX=False, **cons)
         text = sass(fn, full, nw)
@@ -81,7 +110,7 @@ def main(argv=None) -> int:
         per_loop = cons.get("U") or cons["C"]  # tokens per trip of the loop: a prefetch group, or a chunk
         n = len(body.splitlines()) / per_loop
         per = {op: body.count(op) / per_loop for op in ("SHFL", "FFMA", "FADD", "FMUL", "STS", "LDS", "BAR")}
-        print(f"{name:32} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
+        print(f"{name:40} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
               f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f} {per['BAR']:5.1f}  "
               f"{text.count('LDL')}/{text.count('STL')}")
     return 0

@@ -80,12 +80,11 @@ def make_seq_inputs(gen, device, c, dtype, state_dtype=torch.float32, l2norm_in_
 LOOKAHEAD = pytest.mark.parametrize("variant", [dict(lookahead=False, KC=0), dict(lookahead=True, KC=0),
                                                 dict(lookahead=False, KC=4),
                                                 dict(lookahead=False, KC=4, defer_decay=False),
-                                                dict(lookahead=True, KC=4, BV=16, num_warps=4, U=4),
                                                 dict(lookahead=False, KC=4, BV=16, num_warps=4, U=4),
                                                 dict(chunk=16, BV=16, num_warps=8),
                                                 dict(chunk=16, BV=16, num_warps=8, num_stages=0),
                                                 dict(chunk=32, BV=32, num_warps=8)],
-                                    ids=["serial", "lookahead", "kc4", "kc4_plain", "kc4_la_bv16_w4", "kc4_bv16_w4", "chunk16", "chunk16_regpf",
+                                    ids=["serial", "lookahead", "kc4", "kc4_plain", "kc4_bv16_w4", "chunk16", "chunk16_regpf",
                                          "chunk32_bv32"])
 
 
