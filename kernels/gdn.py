@@ -17,10 +17,18 @@ Two Triton kernels and their float64 references:
 
     This is flash-linear-attention's ``naive_recurrent_gated_delta_rule`` (fla/ops/gated_delta_rule/naive.py)
     and its ``fused_recurrent_gated_delta_rule`` with ``state_v_first=True``; fla writes the state ``[K, V]``
-    and ``o = q^T S``, which is the same with S transposed. The kernel evaluates the step in the algebraically
-    identical order ``a = S_{t-1} k_t, b = S_{t-1} q_t, e = exp(g_t), u = beta (v - e a),
-    o = e b + u (k_t . q_t), S_t = e S_{t-1} + u k_t^T``: the two reductions read the same old state and
-    run side by side, and only ``a`` is on the token-to-token dependency chain.
+    and ``o = q^T S``, which is the same with S transposed. The kernels evaluate the step in algebraically
+    identical orders:
+
+    * the [BV, K] kernel and the [KC, BV, K/KC] kernel's plain step (``defer_decay=False``):
+      ``a = S_{t-1} k_t, b = S_{t-1} q_t, e = exp(g_t), u = beta (v - e a), o = e b + u (k_t . q_t),
+      S_t = e S_{t-1} + u k_t^T``: the two reductions read the same old state and run side by side, and only
+      ``a`` is on the token-to-token dependency chain;
+    * the [KC, BV, K/KC] kernel on the scaled state (``defer_decay=True``, the GPU default): ``S = c X`` with
+      c a scalar, ``c' = c exp(g_t), a = c' (X k_t), u = beta (v - a), X <- X + (u / c') k_t^T,
+      o = c' (X q_t)``: no per-element multiply by exp(g), o after the update (no k.q reduction). A group of
+      U tokens whose running scale leaves [2^-40, 2^40] folds c into X and runs the first order with o after
+      the update instead (:func:`_seq_step_kc_plain`).
 
 ``gdn_conv`` / ``gdn_conv_ref``
     The short causal depthwise conv1d that precedes the recurrence in a GDN layer (vLLM's ``causal_conv1d_fn``,
@@ -357,8 +365,16 @@ if triton is not None:
         """gdn_seq with the state block held as [KC, BV, KK] (element (c, v, j) = S[v, c * KK + j]).
         Why: with K on one axis Triton puts all 32 lanes of a warp along K, so each K-reduction on the
         token-to-token chain takes 5 shuffle levels; splitting K into KC in-thread chunks and KK lanes lets
-        the lanes spread over V too (e.g. 8 lanes on K, 4 on V: 3 levels). Same math and order of tokens as
-        _gdn_seq_kernel; grid (cdiv(V, BV), N * HV)."""
+        the lanes spread over V too (e.g. 8 lanes on K, 4 on V: 3 levels). Same recurrence and order of tokens
+        as _gdn_seq_kernel; grid (cdiv(V, BV), N * HV).
+
+        DEFER (the scaled state, see the module docstring): S = c X; before each group of U tokens the running
+        scales c_i = c exp(g_0 + ... + g_i) are formed; if all lie in [2^-40, 2^40] the group runs
+        _seq_step_kc_fast (X keeps within fp32's range since |log2 c| <= 40) and its outputs are stored as one
+        [KC, BV, UP] block (UP: U's next power of two, as tl.arange needs); else c is folded into X, the group
+        runs _seq_step_kc_plain, and c restarts at 1. The rounding order differs from _gdn_seq_kernel's.
+        Without DEFER: _seq_step_kc, one output store a token. In the token loop q, k, v are read from the
+        sequence's last row past its end (_seq_load_clamped)."""
         KK: tl.constexpr = BK // KC
         i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
                                                                     RNE_FIX)
@@ -418,7 +434,7 @@ if triton is not None:
                             fast = fast & (ci >= 9.094947017729282e-13) & (ci <= 1.099511627776e12)
                             cs = cs + (ci,)
                         if fast:
-                            # the group's outputs gathered into one [KC, BV, U] block and stored once
+                            # the group's outputs gathered into one [KC, BV, UP] block and stored once
                             o_grp = tl.zeros([KC, BV, UP], dtype=tl.float32)
                             for i in tl.static_range(U):
                                 b_q, b_k, b_v, b_g, b_b = buf[i]
@@ -594,10 +610,11 @@ CHUNK_DEFAULT = 0  # tokens per step of the chunked kernel; 0 = token by token (
 
 def _default_seq_config(V: int) -> tuple[int, int, int, int]:
     """(BV, num_warps, U, KC) for gdn_seq on a GPU: the [KC, BV, K/KC] kernel at BV = 16, 4 warps, U = 4,
-    KC = 4 whatever the token count. From the H200 runs in kernels/NOTES.md: by kernel time at T = 16 it takes
-    0.0104 ms against 0.0122 for the [BV, K] kernel at BV = 4, one warp, U = 8, the default before it (the
-    fastest at T = 16 was BV = 8, 2 warps, KC = 4 at 0.0103; ``python -m kernels.bench.gdn_bench
-    --short-sweep``), and in GPU time 0.458 against 0.544 ms at T = 1024 (``--sweep-kc``).
+    KC = 4 whatever the token count, on the scaled state (:data:`DEFER_DEFAULT`). From the H200 runs in
+    kernels/NOTES.md, by kernel time (``python -m kernels.bench.gdn_bench --short-sweep`` / ``--kernel-time``):
+    at T = 16, 0.0100 ms (session 4; BV = 8 at 2 warps ties at 0.0100-0.0101), against 0.0104-0.0108 for the
+    same tile with the session-3 step and 0.0122 for the [BV, K] kernel at BV = 4, one warp, U = 8; at
+    T = 1024, 0.418 ms against 0.451 (session 3's). U = 8 at this tile spills on sm_90 (0.335 ms at T = 16).
 
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
@@ -693,17 +710,18 @@ def gdn_seq(
             t-1 (:func:`_seq_step_la`), which takes the K-reductions off the token-to-token dependency chain;
             default: :data:`LOOKAHEAD_DEFAULT`.
         KC: hold the state block as [KC, BV, K / KC] (:func:`_gdn_seq_kc_kernel`), a power of two dividing
-            the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`), 0 when
-            lookahead is asked for and KC is not. Not combined with lookahead.
+            the padded K; 0 = the [BV, K] kernel; default: 4 on a GPU (:func:`_default_seq_config`), 0 under
+            TRITON_INTERPRET=1 and when lookahead or chunk is asked for. Not combined with lookahead.
         defer_decay: with KC, keep the state as c * X with the decays multiplied into the scalar c
             (:func:`_seq_step_kc_fast`: no per-element multiply by exp(g) per token, o = S_t q_t after the
-            update); False: the plain step (:func:`_seq_step_kc`). Default: :data:`DEFER_DEFAULT`.
+            update); False: the session-3 step (:func:`_seq_step_kc`, o from the old state). Default:
+            :data:`DEFER_DEFAULT`. Ignored without KC.
         chunk: run C = chunk tokens per step as matrix products (:func:`_chunk_step`, the same recurrence in
             another rounding order), 16 or 32, with BV >= 16; 0 = token by token; default:
             :data:`CHUNK_DEFAULT`. Not combined with KC or lookahead.
         chunk_precision: tl.dot's input_precision in the chunked kernel: "ieee" (fp32 products) or "tf32x3".
         num_stages: the chunked kernel's input pipeline: Triton's software pipeliner with this many stages
-            (shared memory), or 0 = the next chunk loaded into registers by the kernel itself.
+            (shared memory), or 0 = the next chunk loaded into registers by the kernel itself; default 2.
 
     Raises:
         ValueError: shapes, strides or layouts that do not match the above, or an invalid tuning value.
@@ -735,6 +753,12 @@ def gdn_seq(
     chunk = CHUNK_DEFAULT if chunk is None else chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
         raise ValueError(f"chunk must be a non-negative int, got {chunk!r}")
+    if defer_decay is not None and not isinstance(defer_decay, bool):
+        raise ValueError(f"defer_decay must be a bool or None, got {defer_decay!r}")
+    if chunk_precision not in ("ieee", "tf32x3"):
+        raise ValueError(f"chunk_precision must be 'ieee' or 'tf32x3', got {chunk_precision!r}")
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
+        raise ValueError(f"num_stages must be a non-negative int, got {num_stages!r}")
     if KC is None:
         KC = 0 if lookahead or chunk else min(dKC, BK)
     if isinstance(KC, bool) or not isinstance(KC, int) or KC < 0:
@@ -748,10 +772,6 @@ def gdn_seq(
         if BV_asked is not None and BV_asked < 16:
             raise ValueError(f"the chunked kernel needs BV >= 16, got BV={BV_asked}")
         BV = max(BV, 16)
-        if chunk_precision not in ("ieee", "tf32x3"):
-            raise ValueError(f"chunk_precision must be 'ieee' or 'tf32x3', got {chunk_precision!r}")
-        if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
-            raise ValueError(f"num_stages must be a non-negative int, got {num_stages!r}")
     elif KC:
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
@@ -778,7 +798,7 @@ def gdn_seq(
         _launch(_gdn_seq_chunk_kernel, grid, head + (max(BK, 16), BV, chunk, chunk.bit_length() - 1) + flags
                 + (chunk_precision, num_stages == 0, max(num_stages, 1)), num_warps=num_warps)
     elif KC:
-        defer = DEFER_DEFAULT if defer_decay is None else bool(defer_decay)
+        defer = DEFER_DEFAULT if defer_decay is None else defer_decay
         _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, _pow2(U)),
                 num_warps=num_warps)
     else:

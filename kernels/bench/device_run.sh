@@ -14,23 +14,28 @@ OUT=${1:?usage: device_run.sh OUTDIR gates|benches}
 PHASE=${2:?usage: device_run.sh OUTDIR gates|benches}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+FAILED=0
 run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status and the log's tail
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$2 rc; shift 2
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc=$? ($(date +%T))"; tail -n 4 "$OUT/$name.log"
+  rc=$?
+  echo "== $name rc=$rc ($(date +%T))"; tail -n 4 "$OUT/$name.log"
+  [ "$rc" -eq 0 ] || FAILED=1
 }
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 if [ "$PHASE" = gates ]; then
   run gates 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
       --ignore=tests/kernels/test_allreduce.py
-  [ "$NGPU" -ge 2 ] && run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
-      tests/kernels/test_allreduce.py
+  if [ "$NGPU" -ge 2 ]; then run allreduce_gates 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/kernels/test_allreduce.py; fi
 elif [ "$PHASE" = benches ]; then
   run gdn_bench 150 python3 -m kernels.bench.gdn_bench --kernel-time --json "$OUT/gdn.json"
   run moe_bench 150 python3 -m kernels.bench.moe_bench --json "$OUT/moe.json"
   run fp8_decode 60 python3 -m kernels.bench.fp8_bench --decode-tiles --kernel-time --json "$OUT/fp8_decode.json"
   run fp8_bench 230 python3 -m kernels.bench.fp8_bench --json "$OUT/fp8.json"
-  [ "$NGPU" -ge 2 ] && run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"
+  if [ "$NGPU" -ge 2 ]; then
+    run allreduce_bench 100 python3 -m kernels.bench.allreduce_multigpu --json "$OUT/allreduce.json"; fi
 else
   echo "phase must be gates or benches" >&2; exit 2
 fi
+exit $FAILED  # 1 when any step failed or ran out of time

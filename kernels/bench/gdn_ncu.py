@@ -10,7 +10,7 @@ T tokens, three calls. Usage (device; ncu reads the counters on Firecracker mach
 """
 from __future__ import annotations
 
-import sys
+import argparse
 
 import torch
 
@@ -18,8 +18,9 @@ from kernels.gdn import gdn_seq
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    T = int(argv[0]) if argv else 16
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("T", type=int, nargs="?", default=16, help="tokens (default 16)")
+    T = ap.parse_args(argv).T
     g0 = torch.Generator(device="cuda")
     g0.manual_seed(0)
     q = torch.randn(1, T, 16, 128, device="cuda", generator=g0).bfloat16()

@@ -1,5 +1,6 @@
-"""Offline look at gdn_seq's machine code: compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas
-and nvdisasm) with the runtime's divisibility specialisation, finds the token loop (the longest backward
+"""Offline look at gdn_seq's machine code: the token loop's instructions per token, compiled for sm_90.
+
+Compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas and nvdisasm) with the runtime's divisibility specialisation, finds the token loop (the longest backward
 branch in the SASS) and prints its instructions per token: all, shuffles (SHFL: the K-reductions' lane
 exchanges), FFMA/FADD/FMUL, shared-memory traffic (layout conversions) and barriers; for the chunked kernel,
 per token = per chunk / C. Also the whole kernel's register spills (LDL/STL). *: the scaled-state kernel's
@@ -9,14 +10,19 @@ path that runs.
 
 Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
 
-Usage: python -m kernels.bench.gdn_sass [--l2norm]
+Counts depend on the Triton version: the H200 machines run 3.6 (session 4's figures in kernels/NOTES.md are
+from 3.6: ``PYTHONPATH=<a triton 3.6 install> python -m kernels.bench.gdn_sass --hot``); this repo's venv has 3.9.
+
+Usage: python -m kernels.bench.gdn_sass [--l2norm] [--hot]
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 
@@ -81,6 +87,7 @@ def hot_kc_kernel():
     if src.count(line) != 1:
         raise RuntimeError("kernels/gdn.py: the scaled-state kernel's 'if fast:' line was not found once")
     d = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, d, True)
     path = os.path.join(d, "gdn_hot.py")
     with open(path, "w") as f:
         f.write(src.replace(line, "                        if True:\n"))
