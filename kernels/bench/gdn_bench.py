@@ -54,11 +54,12 @@ SWEEP_CHUNK = [  # the chunked kernel (C tokens a step as fp32 matrix products);
 ]
 
 SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time. The [KC, BV, K/KC] kernel
-    # on the scaled state (the default) around its tile, against the plain step and the [BV, K] kernel
-    dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=16, U=4, num_warps=4, KC=4, defer_decay=False),
-    dict(BV=8, U=4, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4, defer_decay=False),
-    dict(BV=16, U=2, num_warps=4, KC=4), dict(BV=16, U=4, num_warps=4, KC=2), dict(BV=4, U=4, num_warps=1, KC=4),
-    dict(BV=8, U=4, num_warps=4, KC=4), dict(BV=32, U=4, num_warps=8, KC=4), dict(BV=4, U=8, num_warps=1, KC=0),
+    # on the scaled state (the default) around its tile; one row per thread (BV = 2 lanes x warps) at <= 128
+    # registers, so that all 2048 warps fit at once; the session-3 step; the [BV, K] kernel
+    dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=8, U=2, num_warps=4, KC=4), dict(BV=16, U=2, num_warps=8, KC=4),
+    dict(BV=4, U=2, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4), dict(BV=16, U=2, num_warps=4, KC=4),
+    dict(BV=16, U=4, num_warps=4, KC=4, defer_decay=False), dict(BV=16, U=4, num_warps=8, KC=4),
+    dict(BV=4, U=8, num_warps=1, KC=0),
 ]
 
 
