@@ -91,6 +91,10 @@ DECODE_TILES = {
     "t16x64 w4 s8": dict(_D, BN=64, num_warps=4, num_stages=8),
 }
 KERNEL_TIME_TILES = ["t16x32 w4 s4", "t16x32 w4 s4 kpi2", "t16x16 w2 s4 kpi2", "t16x64 w4 s8"]
+# the swap-AB split-K kernel by kernel time too: its earlier rejection (26.9-54.8 us) was eager do_bench on a
+# host whose launch cost dominated, and it is two launches (r1) or one (r2)
+KERNEL_TIME_SMALL_M = ["s bn64 auto r1", "s bn64 auto r2", "s bn64 x2 r2", "s bn128 auto r2", "s bn128 w8 auto r2",
+                       "s bn64 auto r2 s3"]
 QUANT = {"bm16 gpp2": dict(BM=16, GPP=2), "bm8 gpp1": dict(BM=8, GPP=1), "bm32 gpp4": dict(BM=32, GPP=4)}
 BOUND = 4e-3
 DEV = "cuda"  # the dry run (tests) swaps in "cpu" under the interpreter
@@ -206,12 +210,20 @@ def main(args) -> None:
                 fns = {"scaled_mm": scaled_mm, "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb)}
                 fns.update({n: (lambda c=dict(DECODE_TILES[n]): F.fp8_block_gemm(qa, sa, qb, sb, config=c))
                             for n in KERNEL_TIME_TILES})
+                if M <= F.SMALL_M_MAX:
+                    fns.update({n: (lambda c=_resolve(DECODE[n], M, N, K): F.fp8_block_gemm(qa, sa, qb, sb,
+                                                                                          config=c))
+                                for n in KERNEL_TIME_SMALL_M})
                 for name, fn in fns.items():
                     try:
                         ms, nk = bench_kernels(fn, n=20)
+                        err = None
+                        if name != "scaled_mm":  # after the timing: REDUCE=2 reuses its counters across launches
+                            err = ((fn().float() - ref).norm().item() / ref_norm)
                         rows.append(dict(kind=kind, M=M, N=N, K=K, variant="kernel_time", config=name, us=ms * 1e3,
-                                         kernels=nk))
-                        print(f"{shape:>18} | kernel time | {name:<24} | {ms * 1e3:9.1f} us ({nk:.0f} kernels)",
+                                         kernels=nk, rel_err=err))
+                        e = "" if err is None else (f" rel {err:.1e}" + ("" if err < BOUND else " BAD"))
+                        print(f"{shape:>18} | kernel time | {name:<24} | {ms * 1e3:9.1f} us ({nk:.0f} kernels){e}",
                               flush=True)
                     except Exception as e:  # keep the others
                         print(f"{shape:>18} | kernel time | {name:<24} | FAILED {e!r}"[:300], flush=True)
