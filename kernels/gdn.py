@@ -27,8 +27,9 @@ Two Triton kernels and their float64 references:
     * the [KC, BV, K/KC] kernel on the scaled state (``defer_decay=True``, the GPU default): ``S = c X`` with
       c a scalar, ``c' = c exp(g_t), a = c' (X k_t), u = beta (v - a), X <- X + (u / c') k_t^T,
       o = c' (X q_t)``: no per-element multiply by exp(g), o after the update (no k.q reduction). A group of
-      U tokens whose running scale leaves [2^-40, 2^40] folds c into X and runs the first order with o after
-      the update instead (:func:`_seq_step_kc_plain`).
+      U tokens starts with c folded into X if it is outside [2^-12, 2^12]; a group whose running scale leaves
+      [2^-24, 2^24] folds c into X and runs the first order with o after the update instead
+      (:func:`_seq_step_kc_plain`).
 
 ``gdn_conv`` / ``gdn_conv_ref``
     The short causal depthwise conv1d that precedes the recurrence in a GDN layer (vLLM's ``causal_conv1d_fn``,
@@ -198,19 +199,21 @@ if triton is not None:
         return b_q, b_k, b_v, tl.exp(b_g), b_b
 
     @triton.jit
-    def _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
-        """One token of the gated delta rule on the state block S [BV, BK]; returns (S_t, o_t [BV])."""
+    def _seq_step(S, b_q, b_k, b_v, b_g, b_b, live, scale, L2NORM: tl.constexpr):
+        """One token of the gated delta rule on the state block S [BV, BK]; returns (S_t, o_t [BV]). live: False
+        for a step past the sequence's end, whose u is set to 0 outright (0 * (v - e a) is NaN once the state
+        holds an inf)."""
         b_q, b_k, b_v, e, b_b = _seq_prep(b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
         a = tl.sum(S * b_k[None, :], 1)          # S_{t-1} k_t        (the dependency chain)
         b = tl.sum(S * b_q[None, :], 1)          # S_{t-1} q_t        (independent of a)
         kq = tl.sum(b_k * b_q)                   # k_t . q_t          (independent of the state)
-        u = b_b * (b_v - e * a)
+        u = tl.where(live, b_b * (b_v - e * a), 0.0)
         o = e * b + u * kq
         S = S * e + u[:, None] * b_k[None, :]
         return S, o
 
     @triton.jit
-    def _seq_step_la(S, u_p, e_p, k_p, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
+    def _seq_step_la(S, u_p, e_p, k_p, b_q, b_k, b_v, b_g, b_b, live, scale, L2NORM: tl.constexpr):
         """One token with a one-token lookahead. S holds S_{t-2}; the pending rank-1 update (e_p, u_p, k_p)
         turns it into S_{t-1} = e_p S_{t-2} + u_p k_p^T. The state reductions read S_{t-2}, so they do not wait
         for u_{t-1}: a_t = S_{t-1} k_t = e_p (S_{t-2} k_t) + u_p (k_p . k_t), and likewise S_{t-1} q_t. Returns
@@ -223,7 +226,7 @@ if triton is not None:
         kq = tl.sum(b_k * b_q)
         a = e_p * p + u_p * kk                   # S_{t-1} k_t
         bq = e_p * r + u_p * kq_p                # S_{t-1} q_t
-        u = b_b * (b_v - e * a)
+        u = tl.where(live, b_b * (b_v - e * a), 0.0)
         o = e * bq + u * kq
         S = S * e_p + u_p[:, None] * k_p[None, :]
         return S, u, e, b_k, o
@@ -280,9 +283,9 @@ if triton is not None:
                         b_q, b_k, b_v, b_g, b_b = buf[i]
                         if LOOKAHEAD:
                             S, u_p, e_p, k_p, b_o = _seq_step_la(S, u_p, e_p, k_p, b_q, b_k, b_v, b_g, b_b,
-                                                                 scale, L2NORM)
+                                                                 t0 + i < T, scale, L2NORM)
                         else:
-                            S, b_o = _seq_step(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
+                            S, b_o = _seq_step(S, b_q, b_k, b_v, b_g, b_b, t0 + i < T, scale, L2NORM)
                         tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
                                  mask=mask_v & ((offs_v * 0 + t0 + i) < T))
                 buf = nxt
@@ -297,8 +300,10 @@ if triton is not None:
         return tl.sum(tl.sum(x, 2, keep_dims=True), 0, keep_dims=True)
 
     @triton.jit
-    def _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM: tl.constexpr):
-        """_seq_step on the [KC, BV, KK] state block; returns (S_t, o_t [KC, BV, 1])."""
+    def _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, live, scale, L2NORM: tl.constexpr):
+        """_seq_step on the [KC, BV, KK] state block; returns (S_t, o_t [KC, BV, 1]). live: False for a step past
+        the sequence's end (its u is set to 0 outright: with the clamped loads, 0 * (v - e a) is NaN once
+        S k overflows or v is inf)."""
         b_q = b_q.to(tl.float32)
         b_k = b_k.to(tl.float32)
         b_v = b_v.to(tl.float32)
@@ -312,7 +317,7 @@ if triton is not None:
         # q's scale on the two sums, not on q: each lane holds K/KK elements of q, its row's copy of it
         b = _ksum(S * b_q) * scale
         kq = _ksum(b_k * b_q) * scale
-        u = b_b * (b_v - e * a)                   # [KC, BV, 1]
+        u = tl.where(live, b_b * (b_v - e * a), 0.0)   # [KC, BV, 1]
         o = e * b + u * kq
         S = S * e + u * b_k
         return S, o
@@ -328,25 +333,27 @@ if triton is not None:
         return b_q, b_k, b_v.to(tl.float32), b_b.to(tl.float32)
 
     @triton.jit
-    def _seq_step_kc_fast(X, c1, b_q, b_k, b_v, b_b, scale, L2NORM: tl.constexpr):
+    def _seq_step_kc_fast(X, c1, b_q, b_k, b_v, b_b, live, scale, L2NORM: tl.constexpr):
         """One token on the scaled state S = c X with the decay folded into the scalar: c1 = c exp(g_t) is
         S_t's scale, so the token costs no per-element multiply by exp(g):
         a = c1 (X k); u = beta (v - a); X += (u / c1) k^T; o = c1 (X q) (o after the update, as the definition
         o_t = S_t q_t, off the token-to-token chain since the next token's reduction reads the same X).
-        The caller keeps c1 within [2^-40, 2^40] (see _gdn_seq_kc_kernel). Returns (X_t, o_t [KC, BV, 1])."""
+        The caller keeps c1 within [2^-24, 2^24] (see _gdn_seq_kc_kernel); live as in _seq_step_kc.
+        Returns (X_t, o_t [KC, BV, 1])."""
         b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
         a = _ksum(X * b_k)
-        u = b_b * (b_v - c1 * a)
+        u = tl.where(live, b_b * (b_v - c1 * a), 0.0)
         X = X + (u * (1.0 / c1)) * b_k
         o = _ksum(X * b_q) * (c1 * scale)
         return X, o
 
     @triton.jit
-    def _seq_step_kc_plain(S, e, b_q, b_k, b_v, b_b, scale, L2NORM: tl.constexpr):
-        """One token on the unscaled state with o after the update (o_t = S_t q_t); e = exp(g_t)."""
+    def _seq_step_kc_plain(S, e, b_q, b_k, b_v, b_b, live, scale, L2NORM: tl.constexpr):
+        """One token on the unscaled state with o after the update (o_t = S_t q_t); e = exp(g_t); live as in
+        _seq_step_kc."""
         b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
         S = S * e
-        u = b_b * (b_v - _ksum(S * b_k))
+        u = tl.where(live, b_b * (b_v - _ksum(S * b_k)), 0.0)
         S = S + u * b_k
         o = _ksum(S * b_q) * scale
         return S, o
@@ -368,9 +375,10 @@ if triton is not None:
         the lanes spread over V too (e.g. 8 lanes on K, 4 on V: 3 levels). Same recurrence and order of tokens
         as _gdn_seq_kernel; grid (cdiv(V, BV), N * HV).
 
-        DEFER (the scaled state, see the module docstring): S = c X; before each group of U tokens the running
-        scales c_i = c exp(g_0 + ... + g_i) are formed; if all lie in [2^-40, 2^40] the group runs
-        _seq_step_kc_fast (X keeps within fp32's range since |log2 c| <= 40) and its outputs are stored as one
+        DEFER (the scaled state, see the module docstring): S = c X; a group of U tokens starts with c folded
+        into X if c is outside [2^-12, 2^12]; then the running scales c_i = c exp(g_0 + ... + g_i) are formed;
+        if all lie in [2^-24, 2^24] the group runs _seq_step_kc_fast (|X| <= 2^24 |S|: finite for |S| up to
+        ~2e31) and its outputs are stored as one
         [KC, BV, UP] block (UP: U's next power of two, as tl.arange needs); else c is folded into X, the group
         runs _seq_step_kc_plain, and c restarts at 1. The rounding order differs from _gdn_seq_kernel's.
         Without DEFER: _seq_step_kc, one output store a token. In the token loop q, k, v are read from the
@@ -423,23 +431,36 @@ if triton is not None:
                                                    sb_t, mask_k3, mask_v3),)
                 if t0 < T:
                     if DEFER:
-                        # the group's scales c_i = c exp(g_0 + ... + g_i); when all stay within [2^-40, 2^40] the
-                        # group runs on the scaled state, else (rare: |g| of tens, g = -inf, NaN) it folds c into
-                        # the state and runs plain steps, and c restarts at 1
+                        # X = S / c: a group starts with c within [2^-12, 2^12] (else c is folded into X first),
+                        # so that X stays within 2^24 of S on the scaled path. The group's scales
+                        # c_i = c exp(g_0 + ... + g_i): when all stay within [2^-24, 2^24] the group runs on the
+                        # scaled state, else (rare: |g| of several units, g = -inf, NaN) it folds c into the
+                        # state and runs plain steps, and c restarts at 1
+                        if (c < 2.44140625e-4) | (c > 4096.0):
+                            S = S * c
+                            c = 1.0
                         cs = ()
                         ci = c
                         fast = True
                         for i in tl.static_range(U):
                             ci = ci * tl.exp(buf[i][3].to(tl.float32))
-                            fast = fast & (ci >= 9.094947017729282e-13) & (ci <= 1.099511627776e12)
+                            fast = fast & (ci >= 5.960464477539063e-08) & (ci <= 16777216.0)
                             cs = cs + (ci,)
                         if fast:
-                            # the group's outputs gathered into one [KC, BV, UP] block and stored once
+                            # the group's outputs gathered into one [KC, BV, UP] block and stored once; a group
+                            # wholly inside the sequence runs without the past-the-end masks
                             o_grp = tl.zeros([KC, BV, UP], dtype=tl.float32)
-                            for i in tl.static_range(U):
-                                b_q, b_k, b_v, b_g, b_b = buf[i]
-                                S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, scale, L2NORM)
-                                o_grp = tl.where(ou == i, b_o, o_grp)
+                            if t0 + U <= T:
+                                for i in tl.static_range(U):
+                                    b_q, b_k, b_v, b_g, b_b = buf[i]
+                                    S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, True, scale, L2NORM)
+                                    o_grp = tl.where(ou == i, b_o, o_grp)
+                            else:
+                                for i in tl.static_range(U):
+                                    b_q, b_k, b_v, b_g, b_b = buf[i]
+                                    S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, t0 + i < T, scale,
+                                                               L2NORM)
+                                    o_grp = tl.where(ou == i, b_o, o_grp)
                             tl.store(p_og + (bos + t0 + ou) * so_t, _cast(o_grp, o.dtype.element_ty, RNE_FIX),
                                      mask=(ovg < V) & (oc == 0) & (ou < U) & ((t0 + ou) < T))
                             c = cs[U - 1]
@@ -448,14 +469,14 @@ if triton is not None:
                             for i in tl.static_range(U):
                                 b_q, b_k, b_v, b_g, b_b = buf[i]
                                 S, b_o = _seq_step_kc_plain(S, tl.exp(b_g.to(tl.float32)), b_q, b_k, b_v, b_b,
-                                                            scale, L2NORM)
+                                                            t0 + i < T, scale, L2NORM)
                                 tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
                                          mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
                             c = 1.0
                     else:
                         for i in tl.static_range(U):
                             b_q, b_k, b_v, b_g, b_b = buf[i]
-                            S, b_o = _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, scale, L2NORM)
+                            S, b_o = _seq_step_kc(S, b_q, b_k, b_v, b_g, b_b, t0 + i < T, scale, L2NORM)
                             tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
                                      mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
                 buf = nxt
@@ -612,9 +633,10 @@ def _default_seq_config(V: int) -> tuple[int, int, int, int]:
     """(BV, num_warps, U, KC) for gdn_seq on a GPU: the [KC, BV, K/KC] kernel at BV = 16, 4 warps, U = 4,
     KC = 4 whatever the token count, on the scaled state (:data:`DEFER_DEFAULT`). From the H200 runs in
     kernels/NOTES.md, by kernel time (``python -m kernels.bench.gdn_bench --short-sweep`` / ``--kernel-time``):
-    at T = 16, 0.0100 ms (session 4; BV = 8 at 2 warps ties at 0.0100-0.0101), against 0.0104-0.0108 for the
-    same tile with the session-3 step and 0.0122 for the [BV, K] kernel at BV = 4, one warp, U = 8; at
-    T = 1024, 0.418 ms against 0.451 (session 3's). U = 8 at this tile spills on sm_90 (0.335 ms at T = 16).
+    at T = 16, 0.0100 ms before the session-4 review's fixes and 0.0105 after (BV = 8 at 2 warps tied), against
+    0.0104-0.0108 for the same tile with the session-3 step and 0.0122 for the [BV, K] kernel at BV = 4, one
+    warp, U = 8; at T = 1024, 0.418 / 0.439 ms against 0.451 (session 3's). U = 8 at this tile spills on sm_90
+    (0.335 ms at T = 16).
 
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
@@ -715,7 +737,8 @@ def gdn_seq(
         defer_decay: with KC, keep the state as c * X with the decays multiplied into the scalar c
             (:func:`_seq_step_kc_fast`: no per-element multiply by exp(g) per token, o = S_t q_t after the
             update); False: the session-3 step (:func:`_seq_step_kc`, o from the old state). Default:
-            :data:`DEFER_DEFAULT`. Ignored without KC.
+            :data:`DEFER_DEFAULT`. Given with an explicit KC=0 or chunk: ValueError; ignored where KC only
+            defaults to 0 (TRITON_INTERPRET=1, lookahead).
         chunk: run C = chunk tokens per step as matrix products (:func:`_chunk_step`, the same recurrence in
             another rounding order), 16 or 32, with BV >= 16; 0 = token by token; default:
             :data:`CHUNK_DEFAULT`. Not combined with KC or lookahead.
@@ -749,12 +772,14 @@ def gdn_seq(
     U = U or dU
     BK = _pow2(K)
     BV = min(BV, _pow2(V))
-    lookahead = LOOKAHEAD_DEFAULT if lookahead is None else bool(lookahead)
+    for name, val in (("defer_decay", defer_decay), ("lookahead", lookahead)):
+        if val is not None and not isinstance(val, bool):
+            raise ValueError(f"{name} must be a bool or None, got {val!r}")
+    lookahead = LOOKAHEAD_DEFAULT if lookahead is None else lookahead
+    chunk_asked, KC_asked = chunk, KC
     chunk = CHUNK_DEFAULT if chunk is None else chunk
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
         raise ValueError(f"chunk must be a non-negative int, got {chunk!r}")
-    if defer_decay is not None and not isinstance(defer_decay, bool):
-        raise ValueError(f"defer_decay must be a bool or None, got {defer_decay!r}")
     if chunk_precision not in ("ieee", "tf32x3"):
         raise ValueError(f"chunk_precision must be 'ieee' or 'tf32x3', got {chunk_precision!r}")
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
@@ -772,7 +797,11 @@ def gdn_seq(
         if BV_asked is not None and BV_asked < 16:
             raise ValueError(f"the chunked kernel needs BV >= 16, got BV={BV_asked}")
         BV = max(BV, 16)
-    elif KC:
+    if defer_decay is not None and (chunk_asked or KC_asked == 0):
+        # asked for together with an explicit other kernel; where KC only defaulted to 0 (the interpreter's
+        # default, or lookahead) it is ignored, so that one call runs on the CPU and on a GPU
+        raise ValueError("defer_decay applies to the [KC, BV, K/KC] kernel only, not with KC=0 or chunk")
+    if KC and not chunk:
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
         if lookahead:

@@ -79,13 +79,17 @@ def loop_body(text: str) -> list[str]:
 
 def hot_kc_kernel():
     """_gdn_seq_kc_kernel with its plain-step fallback cut out: kernels/gdn.py copied to a temporary module
-    with the fast-group test replaced by True (Triton drops the dead branch). For counting only."""
+    with the fast-group and full-group tests replaced by True (Triton drops the dead branches: what a group
+wholly inside a sequence runs). For counting only."""
     import importlib.util
     import kernels.gdn as G
     src = open(G.__file__).read()
     line = "                        if fast:\n"
-    if src.count(line) != 1:
-        raise RuntimeError("kernels/gdn.py: the scaled-state kernel's 'if fast:' line was not found once")
+    full = "                            if t0 + U <= T:\n"
+    if src.count(line) != 1 or src.count(full) != 1:
+        raise RuntimeError("kernels/gdn.py: the scaled-state kernel's 'if fast:' / full-group lines were not "
+                           "found once")
+    src = src.replace(full, "                            if True:\n")
     d = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, d, True)
     path = os.path.join(d, "gdn_hot.py")

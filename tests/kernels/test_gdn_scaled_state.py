@@ -1,6 +1,7 @@
 """gdn_seq's [KC, BV, K/KC] kernel on the scaled state (defer_decay, the GPU default): the state is held as
 c * X with each token's exp(g) multiplied into the scalar c, and a group of U tokens whose running scale
-leaves [2^-40, 2^40] runs plain steps instead (kernels/gdn.py, _gdn_seq_kc_kernel). These gates drive both
+leaves [2^-24, 2^24] runs plain steps instead, and c is folded into X at a group's start when it is outside
+[2^-12, 2^12] (kernels/gdn.py, _gdn_seq_kc_kernel). These gates drive both
 paths and the switch between them with gates that push c out of range (large |g|, g = -inf, growth g > 0),
 against the float64 reference, on the CPU through Triton's interpreter and at the same shapes on a GPU.
 """
@@ -36,11 +37,11 @@ def inputs(seed, lens, H=2, HV=4, K=32, V=16, slots=5, device="cpu"):
 # Each rewrites g [1, T, HV]; the comment says which path the scaled-state kernel takes.
 GATES = {
     "mild": lambda g: g,                                             # every group on the scaled state
-    "g=-30": lambda g: torch.full_like(g, -30.0),                    # exp(-30) < 2^-40: every group plain
-    "g=+1.5": lambda g: torch.full_like(g, 1.5),                     # c grows past 2^40 at ~19 tokens
+    "g=-30": lambda g: torch.full_like(g, -30.0),                    # exp(-30) < 2^-24: every group plain
+    "g=+1.5": lambda g: torch.full_like(g, 1.5),                     # c passes 2^12: folded every 2nd group
     "every 7th g=-50": lambda g: g.index_fill(1, torch.arange(0, g.shape[1], 7, device=g.device), -50.0),
     "every 9th g=-inf": lambda g: g.index_fill(1, torch.arange(3, g.shape[1], 9, device=g.device), float("-inf")),
-    "g=-4": lambda g: torch.full_like(g, -4.0),                      # plain every ~7th token as c runs down
+    "g=-4": lambda g: torch.full_like(g, -4.0),                      # a group's scale leaves 2^-24: plain
     "alternating +-20": lambda g: torch.where(torch.arange(g.shape[1], device=g.device)[None, :, None] % 2 == 0,
                                               20.0, -20.0).expand_as(g).contiguous(),
 }

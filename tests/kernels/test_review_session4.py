@@ -1,0 +1,411 @@
+"""Fault-injection review of session 4's change: gdn_seq's [KC, BV, K/KC] kernel on a scaled state
+(defer_decay; _gdn_seq_kc_kernel, _seq_step_kc_fast, _seq_step_kc_plain, _seq_load_clamped).
+
+Tests named ``test_defect_*`` reproduce a defect the review found (each failed on the code as reviewed and
+passes since its fix; the docstring says what was wrong); the others pin behaviour that was checked and held.
+Fixes: steps past a sequence's end set u = 0 outright (all three token kernels); the scaled state folds c into
+X when it leaves [2^-12, 2^12] at a group's start and runs a group on it only within [2^-24, 2^24] (was
+[2^-40, 2^40]); defer_decay and lookahead are checked as bools; defer_decay with an explicit KC=0 or chunk
+raises. Small shapes, so the file
+runs on the CPU under TRITON_INTERPRET=1 (tests/kernels/conftest.py).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels.gdn import PAD_SLOT_ID, gdn_seq, gdn_seq_ref
+
+BOUND = 1e-5  # fp32 against float64, as tests/kernels/test_gdn.py
+DEFER = pytest.mark.parametrize("defer", [True, False], ids=["scaled", "plain"])
+
+
+def rel(out, ref) -> float:
+    out, ref = out.double().cpu(), ref.double().cpu()
+    den = ref.norm().item()
+    return ((out - ref).norm() / den).item() if den else (out - ref).norm().item()
+
+
+def inputs(seed, lens, H=1, HV=2, K=16, V=8, slots=None, device="cpu"):
+    """Varlen inputs [1, sum(lens), ...]; keys and queries unit-norm (so use_qk_l2norm is not needed)."""
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    slots = slots or len(lens) + 1
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    q = q / q.norm(dim=-1, keepdim=True)
+    k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    g = -(torch.rand(1, T, HV, generator=gen) * 0.5 + 0.01)
+    beta = torch.rand(1, T, HV, generator=gen) * 0.98 + 0.01
+    state = torch.randn(slots, HV, V, K, generator=gen) * 0.5
+    cu = torch.tensor([0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32)
+    idx = torch.randperm(slots, generator=gen)[:len(lens)].to(torch.int32)
+    return [x.to(device) for x in (q, k, v, g, beta, state, idx, cu)]
+
+
+def check(q, k, v, g, beta, st, idx, cu=None, bound=BOUND, **kw):
+    """gdn_seq (on a copy of st) against gdn_seq_ref; returns (out, new state)."""
+    ref_kw = {n: kw[n] for n in ("scale", "use_qk_l2norm", "has_initial_state") if n in kw}
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu, **ref_kw)
+    s = st.clone()
+    out = gdn_seq(q, k, v, g, beta, s, idx, cu_seqlens=cu, **kw)
+    assert torch.isfinite(out).all() and torch.isfinite(s).all()
+    assert rel(out, o_ref) <= bound, rel(out, o_ref)
+    assert rel(s, s_ref) <= bound, rel(s, s_ref)
+    return out, s
+
+
+# ============================================================================================================
+# Defects
+# ============================================================================================================
+@pytest.mark.parametrize("U", [2, 3])
+@DEFER
+def test_defect_clamped_past_end_step_turns_a_finite_state_nan(mode, device, U, defer):
+    """_seq_load_clamped re-reads the sequence's last row for the steps of the last group past T and relies on
+    beta = 0 to make them no-ops: u = 0 * (v - S k). When S_T k overflows fp32 although S_T itself is finite,
+    that is 0 * inf = NaN, and the whole stored state goes NaN. The reference (and the [BV, K] kernel, KC=0,
+    whose masked loads give k = 0 there) keep S_T = 1e29 finite. Here T = 3 with U = 2 or 3 (the last group
+    has a step past T; it is a clamped load only from the second group on): tokens 0, 1 are no-ops (beta = 0),
+    token 2 writes S = 1e29 with k = 1e10, so S k = 4e39 > fp32 max."""
+    H = HV = 1
+    K = V = 4
+    T = 3 if U == 2 else 4
+    q = torch.full((1, T, H, K), 1e-10, device=device)
+    k = torch.full((1, T, H, K), 1e10, device=device)
+    v = torch.full((1, T, HV, V), 1e19, device=device)
+    g = torch.zeros(1, T, HV, device=device)
+    beta = torch.zeros(1, T, HV, device=device)
+    beta[0, -1] = 1.0
+    st = torch.zeros(1, HV, V, K, device=device)
+    idx = torch.zeros(1, dtype=torch.int32, device=device)
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, scale=1.0)
+    assert torch.isfinite(s_ref.float()).all() and float(s_ref[0, 0, 0, 0]) == pytest.approx(1e29)
+    s0 = st.clone()
+    gdn_seq(q, k, v, g, beta, s0, idx, scale=1.0, KC=0, U=U)         # the [BV, K] kernel: finite
+    assert torch.isfinite(s0).all()
+    s = st.clone()
+    out = gdn_seq(q, k, v, g, beta, s, idx, scale=1.0, KC=4, U=U, defer_decay=defer)
+    assert rel(out, o_ref) <= BOUND
+    assert torch.isfinite(s).all(), s.flatten()                     # observed: all NaN
+    assert rel(s, s_ref) <= BOUND
+
+
+@DEFER
+def test_defect_clamped_past_end_step_turns_inf_state_row_into_nan(mode, device, defer):
+    """Same cause, non-finite input: v = +inf in one element of the last token. The reference's (and KC=0's)
+    state row is +inf (u = beta (inf - a) = inf, k > 0); the clamped past-end step then computes
+    u = 0 * (inf - ...) = NaN, so the KC kernel stores NaN there instead of inf."""
+    H = HV = 1
+    K, V, T, U = 4, 4, 3, 2
+    q = torch.full((1, T, H, K), 0.5, device=device)
+    k = torch.full((1, T, H, K), 0.5, device=device)
+    v = torch.ones(1, T, HV, V, device=device)
+    v[0, -1, 0, 1] = float("inf")
+    g = torch.full((1, T, HV), -0.1, device=device)
+    beta = torch.full((1, T, HV), 0.5, device=device)
+    st = torch.zeros(1, HV, V, K, device=device)
+    idx = torch.zeros(1, dtype=torch.int32, device=device)
+    _, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx)
+    assert torch.isposinf(s_ref[0, 0, 1]).all()
+    s0 = st.clone()
+    gdn_seq(q, k, v, g, beta, s0, idx, KC=0, U=U)
+    assert torch.isposinf(s0[0, 0, 1]).all()
+    s = st.clone()
+    gdn_seq(q, k, v, g, beta, s, idx, KC=4, U=U, defer_decay=defer)
+    assert torch.isposinf(s[0, 0, 1]).all(), s[0, 0, 1]              # observed: NaN
+
+
+def test_defect_scaled_state_overflows_on_large_values_under_decay(mode, device):
+    """_seq_step_kc_fast keeps X = S / c, so with c near its 2^-40 floor X ~ |S| * 2^40: any |v| above
+    ~3e26 (fp32 max / 2^40) at c = 2^-40, representable and handled by the plain step (defer_decay=False) and by the
+    reference, overflows X to inf and the outputs/state to inf/NaN. Here g = -0.68 per token (c falls to
+    e^-27.2 = 1.5e-12 over 40 tokens, within [2^-40, 2^40], so every group stays on the scaled state) and v, S0 ~ 1e28."""
+    q, k, v, g, beta, st, idx, cu = inputs(5, [40], H=1, HV=1, K=8, V=4, device=device)
+    g = torch.full_like(g, -0.68)
+    v = v * 1e28
+    st = st * 1e28
+    check(q, k, v, g, beta, st, idx, cu, KC=4, defer_decay=False)   # the plain step: exact
+    check(q, k, v, g, beta, st, idx, cu, KC=4, defer_decay=True)    # observed: non-finite
+
+
+@pytest.mark.parametrize("bad", ["no", "False", 2, 0.0, "yes"])
+def test_defect_defer_decay_non_bool_refused(mode, device, bad):
+    """defer_decay is taken through bool() unchecked: defer_decay="False" or "no" silently runs the scaled
+    state (bool of a non-empty string is True), 2 or 0.0 are accepted; every other flag-like tuning value
+    (KC, chunk, BV, U) raises ValueError naming itself."""
+    q, k, v, g, beta, st, idx, cu = inputs(0, [3], device=device)
+    with pytest.raises(ValueError, match="defer_decay"):
+        gdn_seq(q, k, v, g, beta, st, idx, cu_seqlens=cu, KC=4, defer_decay=bad)
+
+
+@pytest.mark.parametrize("kw", [dict(KC=0, defer_decay=True), dict(chunk=16, defer_decay=False)],
+                         ids=["KC0", "chunk"])
+def test_defect_defer_decay_without_kc_kernel_refused(mode, device, kw):
+    """defer_decay is documented as an option of the KC kernel; with KC=0 or chunk given explicitly it is
+    silently ignored, whereas lookahead/chunk/KC combinations that cannot apply raise ValueError."""
+    q, k, v, g, beta, st, idx, cu = inputs(0, [3], device=device)
+    with pytest.raises(ValueError, match="defer_decay"):
+        gdn_seq(q, k, v, g, beta, st, idx, cu_seqlens=cu, **kw)
+
+
+# ============================================================================================================
+# Checked, held: gates, thresholds, drift
+# ============================================================================================================
+GATES = {
+    "g=-inf at 0,5,13": lambda g: g.index_fill(1, torch.tensor([0, 5, 13], device=g.device), float("-inf")),
+    "g=-inf everywhere": lambda g: torch.full_like(g, float("-inf")),
+    "g=-100": lambda g: torch.full_like(g, -100.0),
+    "g=+20 once": lambda g: g.index_fill(1, torch.tensor([6], device=g.device), 20.0),
+    "g=0": lambda g: torch.zeros_like(g),
+    "c at 2^-40 (g=-10ln2)": lambda g: torch.full_like(g, -10 * math.log(2)),
+    "c at 2^-40 (g=-20ln2)": lambda g: torch.full_like(g, -20 * math.log(2)),
+    "growth past 2^40 (g=+2.5ln2)": lambda g: torch.full_like(g, 2.5 * math.log(2)),
+    "just past 2^-40": lambda g: torch.full_like(g, -10 * math.log(2) - 1e-3),
+    "just within 2^-40": lambda g: torch.full_like(g, -10 * math.log(2) + 1e-3),
+    # the fixed thresholds: a group starts folded outside [2^-12, 2^12], runs scaled within [2^-24, 2^24]
+    "fold at 2^-12 (g=-3ln2)": lambda g: torch.full_like(g, -3 * math.log(2)),
+    "group edge 2^-24 (g=-6ln2)": lambda g: torch.full_like(g, -6 * math.log(2)),
+    "just past 2^-24 (g=-6ln2-1e-3)": lambda g: torch.full_like(g, -6 * math.log(2) - 1e-3),
+    "fold at 2^12 (g=+3ln2)": lambda g: torch.full_like(g, 3 * math.log(2)),
+}
+
+
+@pytest.mark.parametrize("gate", list(GATES), ids=list(GATES))
+@pytest.mark.parametrize("U", [1, 3, 4, 5])
+@DEFER
+def test_gates_and_scale_thresholds_match_reference(mode, device, gate, U, defer):
+    q, k, v, g, beta, st, idx, cu = inputs(1, [1, 17], device=device)
+    g = GATES[gate](g)
+    check(q, k, v, g, beta, st, idx, cu, KC=4, U=U, defer_decay=defer)
+
+
+@pytest.mark.parametrize("U", [4, 8])
+def test_long_sequence_scale_drift(mode, device, U):
+    """1200 tokens with g = -0.02 (c stays on the scaled path for ~1380 tokens: no restart) and with
+    g = -2e-3, one head, K = V = 4: the products in c do not drift past the fp32 bound."""
+    for gv in (-0.02, -2e-3):
+        q, k, v, g, beta, st, idx, cu = inputs(2, [1200], H=1, HV=1, K=4, V=4, device=device)
+        g = torch.full_like(g, gv)
+        check(q, k, v, g, beta, st, idx, cu, KC=4, U=U, defer_decay=True)
+
+
+# ============================================================================================================
+# Checked, held: non-finite inputs stay in their sequence / head
+# ============================================================================================================
+@pytest.mark.parametrize("what", ["q", "k", "v", "g", "beta", "g=+inf"])
+@pytest.mark.parametrize("pos", [0, 4, 8], ids=["first", "mid", "last"])
+@DEFER
+def test_non_finite_input_stays_in_its_sequence(mode, device, what, pos, defer):
+    """NaN (or g = +inf) at token pos of sequence 1 (9 tokens, U = 4: the last group has 3 steps past T),
+    value head 1 (q, k: key head 0 shared by both value heads, so both heads). Sequences 0 and 2, their slots
+    and the untouched slots are bit-identical to the clean run; sequence 1's outputs before pos are too; its
+    non-finite outputs and NaN state elements are where the reference's are."""
+    lens = [5, 9, 6]
+    q, k, v, g, beta, st, idx, cu = inputs(3, lens, HV=2, device=device)
+    s_clean, s_bad = st.clone(), st.clone()
+    o_clean = gdn_seq(q, k, v, g, beta, s_clean, idx, cu_seqlens=cu, KC=4, U=4, defer_decay=defer)
+    t = 5 + pos
+    x = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "g=+inf": g}[what].clone()
+    if what in ("q", "k"):
+        x[0, t, 0, 3] = float("nan")
+    elif what == "v":
+        x[0, t, 1, 2] = float("nan")
+    else:
+        x[0, t, 1] = float("inf") if what == "g=+inf" else float("nan")
+    args = dict(q=q, k=k, v=v, g=g, beta=beta)
+    args["g" if what == "g=+inf" else what] = x
+    o_bad = gdn_seq(**args, state=s_bad, state_idx=idx, cu_seqlens=cu, KC=4, U=4, defer_decay=defer)
+    o_ref, s_ref = gdn_seq_ref(**args, state=st, state_idx=idx, cu_seqlens=cu)
+    assert torch.equal(o_bad[:, :5], o_clean[:, :5]) and torch.equal(o_bad[:, 14:], o_clean[:, 14:])
+    assert torch.equal(o_bad[:, 5:t], o_clean[:, 5:t])
+    # where the reference is non-finite the kernel is too (at a g = +inf token the plain step's
+    # o = e b + u kq gives +-inf where the reference's S_t q_t is NaN, as the KC=0 kernel: not compared)
+    assert torch.equal(torch.isfinite(o_bad), torch.isfinite(o_ref))
+    slot1 = int(idx[1])
+    for s in range(st.shape[0]):
+        if s != slot1:
+            assert torch.equal(s_bad[s], s_clean[s]), s
+    if what == "g=+inf":
+        # S e with e = inf: the plain steps (and KC=0) form e (S k) before S e, so some elements are +-inf
+        # where the reference's are NaN; non-finite where the reference is
+        assert torch.equal(torch.isfinite(s_bad), torch.isfinite(s_ref))
+    else:
+        assert torch.equal(torch.isnan(s_bad), torch.isnan(s_ref))
+    fin = torch.isfinite(o_ref)
+    assert rel(o_bad[fin], o_ref[fin]) <= BOUND
+
+
+# ============================================================================================================
+# Checked, held: empty sequences, pads, has_initial_state
+# ============================================================================================================
+@pytest.mark.parametrize("lens", [[0, 5, 7], [5, 0, 7], [5, 7, 0], [0, 0, 3], [0, 9, 0, 0]],
+                         ids=["start", "middle", "end", "two-first", "mixed"])
+@pytest.mark.parametrize("U", [3, 4])
+@DEFER
+def test_empty_sequences(mode, device, lens, U, defer):
+    q, k, v, g, beta, st, idx, cu = inputs(4, lens, device=device)
+    hi = torch.tensor([i % 2 == 0 for i in range(len(lens))], device=device)
+    check(q, k, v, g, beta, st, idx, cu, KC=4, U=U, defer_decay=defer)
+    check(q, k, v, g, beta, st, idx, cu, KC=4, U=U, defer_decay=defer, has_initial_state=hi)
+
+
+@DEFER
+def test_zero_token_batch(mode, device, defer):
+    """Three empty sequences (varlen) and B = 2 of T = 0: out is empty, the used slots are zeroed only where
+    has_initial_state is False, the others untouched (as the reference)."""
+    q, k, v, g, beta, st, idx, cu = inputs(4, [0, 0, 0], device=device)
+    hi = torch.tensor([True, False, True], device=device)
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu, has_initial_state=hi)
+    s = st.clone()
+    out = gdn_seq(q, k, v, g, beta, s, idx, cu_seqlens=cu, has_initial_state=hi, KC=4, defer_decay=defer)
+    assert out.shape == (1, 0, 2, 8) and torch.equal(s.double(), s_ref)
+    assert torch.equal(s[int(idx[1])], torch.zeros_like(s[0]))
+    qb, kb, vb = q.expand(2, 0, -1, -1), k.expand(2, 0, -1, -1), v.expand(2, 0, -1, -1)
+    gb, bb = g.expand(2, 0, -1), beta.expand(2, 0, -1)
+    s = st.clone()
+    out = gdn_seq(qb, kb, vb, gb, bb, s, idx[:2], KC=4, defer_decay=defer)
+    assert out.shape == (2, 0, 2, 8) and torch.equal(s, st)
+
+
+@pytest.mark.parametrize("with_init", [False, True])
+@DEFER
+def test_pad_slots(mode, device, with_init, defer):
+    """PAD_SLOT_ID sequences (first, middle, last) get zero outputs and leave every slot alone, even with a
+    NaN in their own inputs; has_initial_state False for the others starts from zero."""
+    lens = [4, 6, 5, 3]
+    q, k, v, g, beta, st, idx, cu = inputs(6, lens, slots=4, device=device)
+    idx = torch.tensor([PAD_SLOT_ID, 2, PAD_SLOT_ID, 0], dtype=torch.int32, device=device)
+    v = v.clone()
+    v[0, 0:4] = float("nan")
+    g = g.clone()
+    g[0, 10:15] = float("nan")
+    hi = torch.tensor([True, False, True, True], device=device) if with_init else None
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu, has_initial_state=hi)
+    s = st.clone()
+    out = gdn_seq(q, k, v, g, beta, s, idx, cu_seqlens=cu, has_initial_state=hi, KC=4, U=3, defer_decay=defer)
+    assert torch.equal(out[0, 0:4], torch.zeros_like(out[0, 0:4]))
+    assert torch.equal(out[0, 10:15], torch.zeros_like(out[0, 10:15]))
+    assert torch.equal(s[1], st[1]) and torch.equal(s[3], st[3])
+    assert rel(out, o_ref) <= BOUND and rel(s, s_ref) <= BOUND
+
+
+# ============================================================================================================
+# Checked, held: shapes, group sizes, dtypes, strides, split calls
+# ============================================================================================================
+@pytest.mark.parametrize("U", [1, 2, 3, 5, 7, 8])
+@pytest.mark.parametrize("shape", [dict(K=12, V=5, BV=4), dict(K=32, V=24, BV=16), dict(K=5, V=3, BV=2),
+                                   dict(K=16, V=8, BV=8)], ids=["K12V5", "K32V24", "K5V3", "K16V8"])
+@DEFER
+def test_group_sizes_and_odd_shapes(mode, device, U, shape, defer):
+    sh = dict(shape)
+    BV = sh.pop("BV")
+    q, k, v, g, beta, st, idx, cu = inputs(8, [1, 11, 6], H=2, HV=4, **sh, device=device)
+    g = g.clone()
+    g[0, 9, 2] = -60.0                                                # one plain group in the middle
+    check(q, k, v, g, beta, st, idx, cu, KC=4, U=U, BV=BV, defer_decay=defer)
+    check(q, k, v, g, beta, st, idx, cu, KC=2, U=U, BV=BV, defer_decay=defer, use_qk_l2norm=True)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_bf16_inputs_and_state(mode, device, state_dtype):
+    """bf16 q/k/v/g/beta (and state): both KC paths within bf16 rounding of the reference run on the same
+    bf16 values, and of each other."""
+    q, k, v, g, beta, st, idx, cu = inputs(9, [7, 13], device=device)
+    q, k, v, g, beta = (x.bfloat16() for x in (q, k, v, g, beta))
+    st = st.to(state_dtype)
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu)
+    res = []
+    for defer in (True, False):
+        s = st.clone()
+        out = gdn_seq(q, k, v, g, beta, s, idx, cu_seqlens=cu, KC=4, U=3, defer_decay=defer)
+        assert out.dtype == torch.bfloat16 and s.dtype == state_dtype
+        assert rel(out, o_ref) <= 1e-2 and rel(s, s_ref) <= 1e-2
+        res.append((out, s))
+    assert rel(res[0][0], res[1][0]) <= 1e-2 and rel(res[0][1], res[1][1]) <= 1e-2
+
+
+@DEFER
+def test_non_contiguous_inputs_state_and_odd_out(mode, device, defer):
+    """q/k/v slices of bigger tensors, g/beta strided, state every other slot of a bigger tensor, out a
+    strided slice; B = 2 fixed length with a transposed out (reshape copies, then copies back)."""
+    q, k, v, g, beta, st, idx, cu = inputs(10, [6, 9], H=2, HV=4, K=12, V=5, device=device)
+    T = q.shape[1]
+    qb = torch.zeros(1, T, 3, 20, device=device)
+    qb[:, :, :2, 3:15] = q
+    kb = torch.zeros(1, T, 2, 40, device=device)
+    kb[..., 7:19] = k
+    vb = torch.zeros(1, T, 8, 9, device=device)
+    vb[:, :, ::2, 2:7] = v
+    gb = torch.zeros(1, T, 4, 3, device=device)
+    gb[..., 1] = g
+    bb = torch.zeros(1, T, 8, device=device)
+    bb[..., 1::2] = beta
+    qs, ks, vs, gs, bs = qb[:, :, :2, 3:15], kb[..., 7:19], vb[:, :, ::2, 2:7], gb[..., 1], bb[..., 1::2]
+    assert not any(x.is_contiguous() for x in (qs, ks, vs, gs, bs))
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu)
+    big = torch.zeros(st.shape[0] * 2, *st.shape[1:], device=device)
+    big[::2] = st
+    ob = torch.full((1, T, 4, 11), 7.0, device=device)
+    out = gdn_seq(qs, ks, vs, gs, bs, big[::2], idx, cu_seqlens=cu, out=ob[..., 3:8], KC=4, U=3,
+                  defer_decay=defer)
+    assert rel(out, o_ref) <= BOUND and rel(big[::2], s_ref) <= BOUND
+    assert torch.equal(big[1::2], torch.zeros_like(big[1::2]))
+    assert (ob[..., :3] == 7).all() and (ob[..., 8:] == 7).all()
+    # fixed length B = 2, out transposed in (B, T)
+    q2, k2, v2, g2, b2 = (x.reshape(2, 5, *x.shape[2:])[:, :5] for x in (q[:, :10], k[:, :10], v[:, :10],
+                                                                             g[:, :10], beta[:, :10]))
+    idx2 = idx[:2]
+    o_ref, s_ref = gdn_seq_ref(q2, k2, v2, g2, b2, st, idx2)
+    outT = torch.zeros(5, 2, 4, 5, device=device).transpose(0, 1)
+    s = st.clone()
+    out = gdn_seq(q2, k2, v2, g2, b2, s, idx2, out=outT, KC=4, U=3, defer_decay=defer)
+    assert out is outT and rel(outT, o_ref) <= BOUND and rel(s, s_ref) <= BOUND
+
+
+@pytest.mark.parametrize("U", [1, 3, 5, 7])
+@DEFER
+def test_one_call_equals_single_token_calls(mode, device, U, defer):
+    """29 tokens in one call against 29 one-token calls (fixed length B = 2), with a plain group in the
+    middle (g = -50) and a -inf gate."""
+    q, k, v, g, beta, st, idx, cu = inputs(11, [29, 29], device=device)
+    q, k, v, g, beta = (x.reshape(2, 29, *x.shape[2:]) for x in (q, k, v, g, beta))
+    g = g.clone()
+    g[0, 6] = -50.0
+    g[1, 17] = float("-inf")
+    s_one, s_split = st.clone(), st.clone()
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx)
+    out = gdn_seq(q, k, v, g, beta, s_one, idx, KC=4, U=U, defer_decay=defer)
+    assert rel(out, o_ref) <= BOUND and rel(s_one, s_ref) <= BOUND
+    outs = [gdn_seq(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1], beta[:, t:t + 1], s_split, idx,
+                    KC=4, U=U, defer_decay=defer) for t in range(29)]
+    assert rel(torch.cat(outs, 1), out) <= BOUND and rel(s_split, s_one) <= BOUND
+
+
+# ============================================================================================================
+# Checked, held: argument checks around KC
+# ============================================================================================================
+@pytest.mark.parametrize("kw, msg", [
+    (dict(KC=4, lookahead=True), "lookahead"),
+    (dict(KC=3), "KC"),
+    (dict(KC=32), "KC"),            # BK = 16
+    (dict(KC=-4), "KC"),
+    (dict(KC=4.0), "KC"),
+    (dict(KC=True), "KC"),
+    (dict(KC=4, U=0), "U"),
+    (dict(KC=4, U=2.0), "U"),
+    (dict(KC=4, BV=3), "BV"),
+    (dict(KC=4, chunk=16), "chunk"),
+])
+def test_kc_bad_arguments_refused(mode, device, kw, msg):
+    q, k, v, g, beta, st, idx, cu = inputs(0, [3], device=device)
+    with pytest.raises(ValueError, match=msg):
+        gdn_seq(q, k, v, g, beta, st, idx, cu_seqlens=cu, **kw)
+
+
+@pytest.mark.parametrize("defer", [True, False, None])
+def test_defer_decay_bools_accepted_and_agree(mode, device, defer):
+    q, k, v, g, beta, st, idx, cu = inputs(12, [5, 8], device=device)
+    check(q, k, v, g, beta, st, idx, cu, KC=4, defer_decay=defer)
