@@ -16,7 +16,7 @@ prints, per repeat and for the medians, output tok/s and TTFT p50 of each and th
 It starts no server:
 
     .venv/bin/python -m bench.vs_vllm_bench --url http://127.0.0.1:8000 --model smol \\
-        --tokenizer /root/.cache/r9k/models/SmolLM2-135M-Instruct.Q4_1-bfloat16-b17
+        --tokenizer ~/.cache/r9k/models/SmolLM2-135M-Instruct.Q4_1-bfloat16-b17
 """
 from __future__ import annotations
 
