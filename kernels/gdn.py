@@ -304,15 +304,8 @@ if triton is not None:
         """_seq_step on the [KC, BV, KK] state block; returns (S_t, o_t [KC, BV, 1]). live: False for a step past
         the sequence's end (its u is set to 0 outright: with the clamped loads, 0 * (v - e a) is NaN once
         S k overflows or v is inf)."""
-        b_q = b_q.to(tl.float32)
-        b_k = b_k.to(tl.float32)
-        b_v = b_v.to(tl.float32)
-        b_g = b_g.to(tl.float32)
-        b_b = b_b.to(tl.float32)
-        if L2NORM:
-            b_q = b_q / tl.sqrt(_ksum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(_ksum(b_k * b_k) + 1e-6)
-        e = tl.exp(b_g)
+        b_q, b_k, b_v, b_b = _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM)
+        e = tl.exp(b_g.to(tl.float32))
         a = _ksum(S * b_k)                        # [1, BV, 1]
         # q's scale on the two sums, not on q: each lane holds K/KK elements of q, its row's copy of it
         b = _ksum(S * b_q) * scale
@@ -346,6 +339,19 @@ if triton is not None:
         X = X + (u * (1.0 / c1)) * b_k
         o = _ksum(X * b_q) * (c1 * scale)
         return X, o
+
+    @triton.jit
+    def _seq_group_kc_fast(X, cs, buf, o_grp, ou, t0, T, scale, U: tl.constexpr, L2NORM: tl.constexpr,
+                           FULL: tl.constexpr):
+        """A group of U tokens on the scaled state (_seq_step_kc_fast with the group's scales cs), their outputs
+        gathered into o_grp [KC, BV, UP] at ou == i. FULL: the group lies wholly inside its sequence, so no
+        step needs the past-the-end mask (~3 instructions a token fewer, `gdn_sass --hot`). Returns (X, o_grp)."""
+        for i in tl.static_range(U):
+            b_q, b_k, b_v, b_g, b_b = buf[i]
+            live = True if FULL else t0 + i < T
+            X, b_o = _seq_step_kc_fast(X, cs[i], b_q, b_k, b_v, b_b, live, scale, L2NORM)
+            o_grp = tl.where(ou == i, b_o, o_grp)
+        return X, o_grp
 
     @triton.jit
     def _seq_step_kc_plain(S, e, b_q, b_k, b_v, b_b, live, scale, L2NORM: tl.constexpr):
@@ -439,11 +445,13 @@ if triton is not None:
                         if (c < 2.44140625e-4) | (c > 4096.0):
                             S = S * c
                             c = 1.0
+                        es = ()
                         cs = ()
                         ci = c
                         fast = True
                         for i in tl.static_range(U):
-                            ci = ci * tl.exp(buf[i][3].to(tl.float32))
+                            es = es + (tl.exp(buf[i][3].to(tl.float32)),)
+                            ci = ci * es[i]
                             fast = fast & (ci >= 5.960464477539063e-08) & (ci <= 16777216.0)
                             cs = cs + (ci,)
                         if fast:
@@ -451,16 +459,9 @@ if triton is not None:
                             # wholly inside the sequence runs without the past-the-end masks
                             o_grp = tl.zeros([KC, BV, UP], dtype=tl.float32)
                             if t0 + U <= T:
-                                for i in tl.static_range(U):
-                                    b_q, b_k, b_v, b_g, b_b = buf[i]
-                                    S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, True, scale, L2NORM)
-                                    o_grp = tl.where(ou == i, b_o, o_grp)
+                                S, o_grp = _seq_group_kc_fast(S, cs, buf, o_grp, ou, t0, T, scale, U, L2NORM, True)
                             else:
-                                for i in tl.static_range(U):
-                                    b_q, b_k, b_v, b_g, b_b = buf[i]
-                                    S, b_o = _seq_step_kc_fast(S, cs[i], b_q, b_k, b_v, b_b, t0 + i < T, scale,
-                                                               L2NORM)
-                                    o_grp = tl.where(ou == i, b_o, o_grp)
+                                S, o_grp = _seq_group_kc_fast(S, cs, buf, o_grp, ou, t0, T, scale, U, L2NORM, False)
                             tl.store(p_og + (bos + t0 + ou) * so_t, _cast(o_grp, o.dtype.element_ty, RNE_FIX),
                                      mask=(ovg < V) & (oc == 0) & (ou < U) & ((t0 + ou) < T))
                             c = cs[U - 1]
@@ -468,8 +469,8 @@ if triton is not None:
                             S = S * c
                             for i in tl.static_range(U):
                                 b_q, b_k, b_v, b_g, b_b = buf[i]
-                                S, b_o = _seq_step_kc_plain(S, tl.exp(b_g.to(tl.float32)), b_q, b_k, b_v, b_b,
-                                                            t0 + i < T, scale, L2NORM)
+                                S, b_o = _seq_step_kc_plain(S, es[i], b_q, b_k, b_v, b_b, t0 + i < T, scale,
+                                                            L2NORM)
                                 tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
                                          mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
                             c = 1.0
