@@ -424,7 +424,7 @@ def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, s
     return triton.cdiv(kb, triton.cdiv(kb, split))
 
 
-def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
+def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsize: int = 2) -> dict:
     """Tile config by shape. Under the interpreter small tiles. On the GPU, the winners of the H200 sweep of
     2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096 and 8192):
 
@@ -437,7 +437,10 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
       --kernel-time``; kernels/NOTES_II.md);
     * larger M, pre-quantised A: 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s at
       4096^3 / 8192^3);
-    * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s).
+    * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s); 3 stages when A has more
+      than 2 bytes an element (``a_itemsize``: the fused tile holds A in its own dtype, and fp32 A at 4 stages
+      needs 232 KiB of shared memory, past the H200's 227 KiB: OutOfResources in the GPU gate
+      test_default_and_small_m_configs_give_the_product[gpu-65], 2026-11-30).
     """
     if _interpreting():
         if M <= SMALL_M_MAX:
@@ -449,7 +452,8 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False) -> dict:
     if M <= SMALL_M_MAX:
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=1, num_warps=4, num_stages=4, FAST_DIV=True)
     if quant_a:
-        return dict(kernel="tile", BM=64, BN=256, GROUP_M=8, KPI=1, num_warps=8, num_stages=4, FAST_DIV=True)
+        return dict(kernel="tile", BM=64, BN=256, GROUP_M=8, KPI=1, num_warps=8,
+                    num_stages=4 if a_itemsize <= 2 else 3, FAST_DIV=True)
     return dict(TILE_DEFAULT, KPI=2)
 
 
@@ -488,13 +492,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         raise ValueError(f"sb must be [{triton.cdiv(N, GROUP)}, {K // GROUP}], got {tuple(sb.shape)}")
     sb = sb.contiguous()  # the kernels read scales row-major; a column-major (DeepGEMM-style) layout is copied
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
-    cfg = dict(default_gemm_config(M, N, K, quant_a))
-    if (quant_a and not (config and ("num_stages" in config or "kernel" in config)) and a.element_size() > 2
-            and cfg["kernel"] == "tile" and cfg["BM"] >= 64):
-        # the fused tile holds A in its own dtype: fp32 A at 64 x 256 needs 232 KiB of shared memory over four
-        # stages, past the H200's 227 KiB (OutOfResources in the GPU gate test_default_and_small_m_configs_...
-        # [gpu-65], 2026-11-30); three fit
-        cfg["num_stages"] = min(cfg["num_stages"], 3)
+    cfg = dict(default_gemm_config(M, N, K, quant_a, a.element_size() if quant_a else 1))
     if config and config.get("kernel", cfg["kernel"]) != cfg["kernel"]:
         cfg = dict(TILE_DEFAULT) if config["kernel"] == "tile" else small_m_config(M)
     cfg.update(config or {})
