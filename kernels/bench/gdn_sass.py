@@ -1,12 +1,12 @@
 """Offline look at gdn_seq's machine code: the token loop's instructions per token, compiled for sm_90.
 
-Compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas and nvdisasm) with the runtime's divisibility specialisation, finds the token loop (the longest backward
-branch in the SASS) and prints its instructions per token: all, shuffles (SHFL: the K-reductions' lane
-exchanges), FFMA/FADD/FMUL, shared-memory traffic (layout conversions) and barriers; for the chunked kernel,
-per token = per chunk / C. Also the whole kernel's register spills (LDL/STL). *: the scaled-state kernel's
-loop holds two bodies of a group (on the scaled state, and the plain steps it falls back to), so its count is
-both; ``--hot`` compiles it with the fallback cut out (a copy of the source, for counting only) to count the
-path that runs.
+Compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas and nvdisasm) with the runtime's
+divisibility specialisation, finds the token loop (the longest backward branch in the SASS) and prints its
+instructions per token: all, shuffles (SHFL: the K-reductions' lane exchanges), FFMA/FADD/FMUL, shared-memory
+traffic (layout conversions) and barriers; for the chunked kernel, per token = per chunk / C. Also the whole kernel's register spills (LDL/STL). *: the scaled-state kernel's
+loop holds every body of a group (on the scaled state inside and at the end of a sequence, the plain steps it
+falls back to, the fold of c), so its count is all of them; ``--hot`` compiles it with all but the first cut
+out (HOT_CUTS; a copy of the source, for counting only) to count the path that runs.
 
 Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
 
@@ -77,24 +77,32 @@ def loop_body(text: str) -> list[str]:
     return best
 
 
+HOT_CUTS = [  # (line of kernels/gdn.py, its replacement): the branches a group wholly inside its sequence takes
+    ("                        if (c < 2.44140625e-4) | (c > 4096.0):\n", "                        if False:\n"),
+    ("                        if fast:\n", "                        if True:\n"),
+    ("                            if t0 + U <= T:\n", "                            if True:\n"),
+]
+
+
 def hot_kc_kernel():
-    """_gdn_seq_kc_kernel with its plain-step fallback cut out: kernels/gdn.py copied to a temporary module
-    with the fast-group and full-group tests replaced by True (Triton drops the dead branches: what a group
-wholly inside a sequence runs). For counting only."""
+    """_gdn_seq_kc_kernel as a group wholly inside its sequence runs it on the scaled state: kernels/gdn.py
+    copied to a temporary module with HOT_CUTS applied (the rare fold of c, the plain-step fallback and the
+    past-the-end group cut out; Triton drops the dead branches). For counting only.
+
+    Raises:
+        RuntimeError: a line of HOT_CUTS is not found exactly once in kernels/gdn.py."""
     import importlib.util
     import kernels.gdn as G
     src = open(G.__file__).read()
-    line = "                        if fast:\n"
-    full = "                            if t0 + U <= T:\n"
-    if src.count(line) != 1 or src.count(full) != 1:
-        raise RuntimeError("kernels/gdn.py: the scaled-state kernel's 'if fast:' / full-group lines were not "
-                           "found once")
-    src = src.replace(full, "                            if True:\n")
+    for line, repl in HOT_CUTS:
+        if src.count(line) != 1:
+            raise RuntimeError(f"kernels/gdn.py: the line {line.strip()!r} (gdn_sass.HOT_CUTS) is not there once")
+        src = src.replace(line, repl)
     d = tempfile.mkdtemp()
     atexit.register(shutil.rmtree, d, True)
     path = os.path.join(d, "gdn_hot.py")
     with open(path, "w") as f:
-        f.write(src.replace(line, "                        if True:\n"))
+        f.write(src)
     spec = importlib.util.spec_from_file_location("gdn_hot", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
