@@ -6,8 +6,9 @@ Firecracker machines, give it --clock-control none):
         -k regex:_gdn_seq_kc -s 2 -c 1 python3 -m kernels.bench.gdn_ncu 16
 
 (kernels/bench/results/2026-11-30_h200_ncu_gdn_seq_T16.log and _T1024.log were taken with an earlier, uncommitted
-copy of this script, .devrun/ncu_gdn.py, whose second argument, 0, was the lookahead flag since removed, and
-whose own inputs had g in [-0.1, 0] instead of the bench's [-0.51, -0.01]: every group stays on the scaled path with either.)
+copy of this script, .devrun/ncu_gdn.py, whose second argument, 0, was the lookahead flag since removed, and whose
+own inputs had g in [-0.1, 0] instead of the bench's [-0.51, -0.01]: every group stays on the scaled path with
+either.)
 """
 from __future__ import annotations
 

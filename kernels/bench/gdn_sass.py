@@ -1,12 +1,13 @@
 """Offline look at gdn_seq's machine code: the token loop's instructions per token, compiled for sm_90.
 
-Compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas and nvdisasm) with the runtime's
-divisibility specialisation, finds the token loop (the longest backward branch in the SASS) and prints its
-instructions per token: all, shuffles (SHFL: the K-reductions' lane exchanges), FFMA/FADD/FMUL, shared-memory
-traffic (layout conversions) and barriers; for the chunked kernel, per token = per chunk / C. Also the whole kernel's register spills (LDL/STL). *: the scaled-state kernel's
-loop holds every body of a group (on the scaled state inside and at the end of a sequence, the plain steps it
-falls back to, the fold of c), so its count is all of them; ``--hot`` compiles it with all but the first cut
-out (HOT_CUTS; a copy of the source, for counting only) to count the path that runs.
+Compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas and nvdisasm) with the runtime's divisibility
+specialisation, finds the token loop (the longest backward branch in the SASS) and prints its instructions per
+token: all, shuffles (SHFL: the K-reductions' lane exchanges), FFMA/FADD/FMUL, shared-memory traffic (layout
+conversions) and barriers; for the chunked kernel, per token = per chunk / C. Also the whole kernel's register
+spills (LDL/STL). *: the scaled-state kernel's loop holds every body of a group (on the scaled state inside and at
+the end of a sequence, the plain steps it falls back to, the fold of c), so its count is all of them; ``--hot``
+compiles it with all but the first cut out (HOT_CUTS; a copy of the source, for counting only) to count the path
+that runs.
 
 Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
 
