@@ -20,16 +20,17 @@ Two Triton kernels and their float64 references:
     and ``o = q^T S``, which is the same with S transposed. The kernels evaluate the step in algebraically
     identical orders:
 
-    * the [BV, K] kernel and the [KC, BV, K/KC] kernel's plain step (``defer_decay=False``):
+    * the [BV, K] kernel and the [KC, BV, K/KC] kernel's plain step (``defer_decay=False``, the GPU default
+      since session 5):
       ``a = S_{t-1} k_t, b = S_{t-1} q_t, e = exp(g_t), u = beta (v - e a), o = e b + u (k_t . q_t),
       S_t = e S_{t-1} + u k_t^T``: the two reductions read the same old state and run side by side, and only
       ``a`` is on the token-to-token dependency chain;
-    * the [KC, BV, K/KC] kernel on the scaled state (``defer_decay=True``, the GPU default): ``S = c X`` with
+    * the [KC, BV, K/KC] kernel on the scaled state (``defer_decay=True``, session 4's default): ``S = c X`` with
       c a scalar, ``c' = c exp(g_t), a = c' (X k_t), u = beta (v - a), X <- X + (u / c') k_t^T,
       o = c' (X q_t)``: no per-element multiply by exp(g), o after the update (no k.q reduction). A group of
       U tokens starts with c folded into X if it is outside [2^-12, 2^12]; a group whose running scale leaves
-      [2^-24, 2^24] folds c into X and runs the first order with o after the update instead
-      (:func:`_seq_step_kc_plain`).
+      [2^-24, 2^24], and a sequence's last, partial group, fold c into X and run the first order with o after
+      the update instead (:func:`_seq_step_kc_plain`), one token a trip.
 
 ``gdn_conv`` / ``gdn_conv_ref``
     The short causal depthwise conv1d that precedes the recurrence in a GDN layer (vLLM's ``causal_conv1d_fn``,
@@ -167,17 +168,23 @@ if triton is not None:
         return b_q, b_k, b_v, b_g, b_b
 
     @triton.jit
-    def _seq_load_clamped(pq, pk, pv, pg, pb, t, T, Tm1, sq_t, sk_t, sv_t, sg_t, sb_t, mask_k, mask_v):
+    def _seq_load_clamped(pq, pk, pv, pg, pb, t, T, Tm1, sq_t, sk_t, sv_t, sg_t, sb_t, mask_k, mask_v,
+                          PTX: tl.constexpr, OFF64: tl.constexpr):
         """_seq_load for the token loop, from the sequence's base pointers (pq, pk: [KC, BV, KK] blocks of
         pointers; pv: [KC, BV, 1]; pg, pb: scalars; see _gdn_seq_kc_kernel): past the end, q, k and v are read
         from the sequence's last row (clamped at Tm1 = max(T - 1, 0): no per-element time mask, so no
         predicated loads and no zero fill in the loop) and g = 0, beta = 0, which makes the step an exact no-op
-        on the state (u = 0 * (v - e a) = 0 for finite inputs). The row offset is one 32 x 32 -> 64-bit
-        multiply per tensor: the sequence's base row is added once, outside the loop."""
+        on the state (u = 0 * (v - e a) = 0 for finite inputs). The sequence's base row is added once, outside
+        the loop; the row offset within it is 32-bit unless OFF64 (the host sets it when a sequence's rows times
+        a row stride can reach 2^31): 64-bit offsets cost ~30 instructions a token here, mostly moves from the
+        uniform registers (sm_90 SASS, `gdn_sass --hot`). q and k come back as fp32 (_to_f32 with PTX), so the
+        prefetched registers hold them converted."""
         ok = t < T
-        tm = tl.minimum(t, Tm1).to(tl.int64)
-        b_q = tl.load(pq + tm * sq_t, mask=mask_k, other=0.0)
-        b_k = tl.load(pk + tm * sk_t, mask=mask_k, other=0.0)
+        tm = tl.minimum(t, Tm1)
+        if OFF64:
+            tm = tm.to(tl.int64)
+        b_q = _to_f32(tl.load(pq + tm * sq_t, mask=mask_k, other=0.0), PTX)
+        b_k = _to_f32(tl.load(pk + tm * sk_t, mask=mask_k, other=0.0), PTX)
         b_v = tl.load(pv + tm * sv_t, mask=mask_v, other=0.0)
         b_g = tl.load(pg + tm * sg_t, mask=ok, other=0.0)
         b_b = tl.load(pb + tm * sb_t, mask=ok, other=0.0)
@@ -316,8 +323,21 @@ if triton is not None:
         return S, o
 
     @triton.jit
+    def _to_f32(x, PTX: tl.constexpr):
+        """x (any shape) to fp32. PTX (compiled for NVIDIA, x bf16): one instruction an element, on the bf16
+        pairs of 32-bit registers as loaded (the low half shifted up, the high half masked), where Triton's
+        own conversion first unpacks each pair into 16-bit registers (PRMT, then a shift: ~2 instructions an
+        element in the sm_90 SASS). Exact either way: a bf16 is the upper 16 bits of the fp32 it equals."""
+        if PTX and x.dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise("shl.b32 $0, $2, 16;\n\tand.b32 $1, $2, 0xffff0000;", "=r,=r,r",
+                                             [x], dtype=tl.float32, is_pure=True, pack=2)
+        else:
+            return x.to(tl.float32)
+
+    @triton.jit
     def _seq_prep_kc(b_q, b_k, b_v, b_b, L2NORM: tl.constexpr):
-        """Token inputs to fp32 for the [KC, BV, KK] steps, q and k optionally L2-normalised."""
+        """Token inputs to fp32 for the [KC, BV, KK] steps (q, k already are: _seq_load_clamped), q and k
+        optionally L2-normalised."""
         b_q = b_q.to(tl.float32)
         b_k = b_k.to(tl.float32)
         if L2NORM:
@@ -341,15 +361,12 @@ if triton is not None:
         return X, o
 
     @triton.jit
-    def _seq_group_kc_fast(X, cs, buf, o_grp, ou, t0, T, scale, U: tl.constexpr, L2NORM: tl.constexpr,
-                           FULL: tl.constexpr):
-        """A group of U tokens on the scaled state (_seq_step_kc_fast with the group's scales cs), their outputs
-        gathered into o_grp [KC, BV, UP] at ou == i. FULL: the group lies wholly inside its sequence, so no
-        step needs the past-the-end mask (~3 instructions a token fewer, `gdn_sass --hot`). Returns (X, o_grp)."""
+    def _seq_group_kc_fast(X, cs, buf, o_grp, ou, scale, U: tl.constexpr, L2NORM: tl.constexpr):
+        """A group of U tokens wholly inside its sequence on the scaled state (_seq_step_kc_fast with the group's
+        scales cs), their outputs gathered into o_grp [KC, BV, UP] at ou == i. Returns (X, o_grp)."""
         for i in tl.static_range(U):
             b_q, b_k, b_v, b_g, b_b = buf[i]
-            live = True if FULL else t0 + i < T
-            X, b_o = _seq_step_kc_fast(X, cs[i], b_q, b_k, b_v, b_b, live, scale, L2NORM)
+            X, b_o = _seq_step_kc_fast(X, cs[i], b_q, b_k, b_v, b_b, True, scale, L2NORM)
             o_grp = tl.where(ou == i, b_o, o_grp)
         return X, o_grp
 
@@ -373,7 +390,7 @@ if triton is not None:
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr, KC: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
-        DEFER: tl.constexpr, UP: tl.constexpr,
+        DEFER: tl.constexpr, UP: tl.constexpr, PTX: tl.constexpr = False, OFF64: tl.constexpr = True,
     ):
         """gdn_seq with the state block held as [KC, BV, KK] (element (c, v, j) = S[v, c * KK + j]).
         Why: with K on one axis Triton puts all 32 lanes of a warp along K, so each K-reduction on the
@@ -383,12 +400,15 @@ if triton is not None:
 
         DEFER (the scaled state, see the module docstring): S = c X; a group of U tokens starts with c folded
         into X if c is outside [2^-12, 2^12]; then the running scales c_i = c exp(g_0 + ... + g_i) are formed;
-        if all lie in [2^-24, 2^24] the group runs _seq_step_kc_fast (|X| <= 2^24 |S|: finite for |S| up to
-        ~2e31) and its outputs are stored as one
-        [KC, BV, UP] block (UP: U's next power of two, as tl.arange needs); else c is folded into X, the group
-        runs _seq_step_kc_plain, and c restarts at 1. The rounding order differs from _gdn_seq_kernel's.
+        if the group lies wholly inside its sequence and all c_i lie in [2^-24, 2^24], it runs
+        _seq_step_kc_fast (|X| <= 2^24 |S|: finite for |S| up to ~2e31) and its outputs are stored as one
+        [KC, BV, UP] block (UP: U's next power of two, as tl.arange needs); else (a sequence's last, partial
+        group; a scale out of range) c is folded into X, the group runs _seq_step_kc_plain one token a trip of
+        a loop, and c restarts at 1. The rounding order differs from _gdn_seq_kernel's.
         Without DEFER: _seq_step_kc, one output store a token. In the token loop q, k, v are read from the
-        sequence's last row past its end (_seq_load_clamped)."""
+        sequence's last row past its end (_seq_load_clamped), q and k converted to fp32 as they are prefetched
+        (with PTX: NVIDIA's inline PTX on the bf16 pairs, _to_f32), the row offsets 32-bit unless OFF64
+        (see _row_offsets_64)."""
         KK: tl.constexpr = BK // KC
         i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
                                                                     RNE_FIX)
@@ -418,8 +438,10 @@ if triton is not None:
             S = _seq_init_state(p_s, mask_s, has_init, i_n, HAS_INIT)
             buf = ()
             for i in tl.static_range(U):
-                buf = buf + (_seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3, mask_v3,
-                                          sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h),)
+                l_q, l_k, l_v, l_g, l_b = _seq_load(q, k, v, g, beta, i, T, bos, i_h, i_hv, ok3, ov3, mask_k3,
+                                                    mask_v3, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t,
+                                                    sb_h)
+                buf = buf + ((_to_f32(l_q, PTX), _to_f32(l_k, PTX), l_v, l_g, l_b),)
             c = tl.full([], 1.0, tl.float32)     # DEFER: the state is c * S
             # the loop's loads start from the sequence's first row; for T = 0 (only the interpreter runs the
             # loop then) from the row before it, which exists whenever the batch has a token
@@ -434,7 +456,7 @@ if triton is not None:
                 nxt = ()
                 for i in tl.static_range(U):
                     nxt = nxt + (_seq_load_clamped(pq, pk, pv, pg, pb, t0 + U + i, T, Tm1, sq_t, sk_t, sv_t, sg_t,
-                                                   sb_t, mask_k3, mask_v3),)
+                                                   sb_t, mask_k3, mask_v3, PTX, OFF64),)
                 if t0 < T:
                     if DEFER:
                         # X = S / c: a group starts with c within [2^-12, 2^12] (else c is folded into X first),
@@ -445,34 +467,33 @@ if triton is not None:
                         if (c < 2.44140625e-4) | (c > 4096.0):
                             S = S * c
                             c = 1.0
-                        es = ()
                         cs = ()
                         ci = c
-                        fast = True
+                        fast = t0 + U <= T
                         for i in tl.static_range(U):
-                            es = es + (tl.exp(buf[i][3].to(tl.float32)),)
-                            ci = ci * es[i]
+                            ci = ci * tl.exp(buf[i][3].to(tl.float32))
                             fast = fast & (ci >= 5.960464477539063e-08) & (ci <= 16777216.0)
                             cs = cs + (ci,)
                         if fast:
-                            # the group's outputs gathered into one [KC, BV, UP] block and stored once; a group
-                            # wholly inside the sequence runs without the past-the-end masks
+                            # the group's outputs gathered into one [KC, BV, UP] block and stored once
                             o_grp = tl.zeros([KC, BV, UP], dtype=tl.float32)
-                            if t0 + U <= T:
-                                S, o_grp = _seq_group_kc_fast(S, cs, buf, o_grp, ou, t0, T, scale, U, L2NORM, True)
-                            else:
-                                S, o_grp = _seq_group_kc_fast(S, cs, buf, o_grp, ou, t0, T, scale, U, L2NORM, False)
+                            S, o_grp = _seq_group_kc_fast(S, cs, buf, o_grp, ou, scale, U, L2NORM)
                             tl.store(p_og + (bos + t0 + ou) * so_t, _cast(o_grp, o.dtype.element_ty, RNE_FIX),
-                                     mask=(ovg < V) & (oc == 0) & (ou < U) & ((t0 + ou) < T))
+                                     mask=(ovg < V) & (oc == 0) & (ou < U))
                             c = cs[U - 1]
                         else:
+                            # a sequence's last, partial group, or a scale out of range: plain steps, one token
+                            # a trip of a loop (its inputs read again), so that this rare path adds the code of
+                            # one step, not of U (the loop's code size is what the H200 showed costing time)
                             S = S * c
-                            for i in tl.static_range(U):
-                                b_q, b_k, b_v, b_g, b_b = buf[i]
-                                S, b_o = _seq_step_kc_plain(S, es[i], b_q, b_k, b_v, b_b, t0 + i < T, scale,
-                                                            L2NORM)
-                                tl.store(p_o + (bos + t0 + i) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
-                                         mask=mask_v3 & first & ((ov3 * 0 + t0 + i) < T))
+                            for j in tl.range(0, U):
+                                r_q, r_k, r_v, r_g, r_b = _seq_load_clamped(pq, pk, pv, pg, pb, t0 + j, T, Tm1, sq_t,
+                                                                            sk_t, sv_t, sg_t, sb_t, mask_k3, mask_v3,
+                                                                            PTX, OFF64)
+                                S, b_o = _seq_step_kc_plain(S, tl.exp(r_g.to(tl.float32)), r_q, r_k, r_v, r_b,
+                                                            t0 + j < T, scale, L2NORM)
+                                tl.store(p_o + (bos + t0 + j) * so_t, _cast(b_o, o.dtype.element_ty, RNE_FIX),
+                                         mask=mask_v3 & first & ((ov3 * 0 + t0 + j) < T))
                             c = 1.0
                     else:
                         for i in tl.static_range(U):
@@ -626,24 +647,42 @@ if triton is not None:
 
 
 LOOKAHEAD_DEFAULT = False  # set from the H200 sweeps (kernels/NOTES.md)
-DEFER_DEFAULT = True  # the [KC, BV, K/KC] kernel on the scaled state (_seq_step_kc_fast); kernels/NOTES.md
+# the [KC, BV, K/KC] kernel's step: False = the plain step (_seq_step_kc), True = the scaled state
+# (_seq_step_kc_fast). Session 4's default was True; session 5's loads made the plain step the faster on the
+# H200 at every T measured (kernels/NOTES.md)
+DEFER_DEFAULT = False
 CHUNK_DEFAULT = 0  # tokens per step of the chunked kernel; 0 = token by token (the chunked one is slower on H200)
 
 
+GPU_SEQ_CONFIG = (8, 2, 2, 4)  # (BV, num_warps, U, KC): _default_seq_config on a GPU
+
+
 def _default_seq_config(V: int) -> tuple[int, int, int, int]:
-    """(BV, num_warps, U, KC) for gdn_seq on a GPU: the [KC, BV, K/KC] kernel at BV = 16, 4 warps, U = 4,
-    KC = 4 whatever the token count, on the scaled state (:data:`DEFER_DEFAULT`). From the H200 runs in
-    kernels/NOTES.md, by kernel time (``python -m kernels.bench.gdn_bench --short-sweep`` / ``--kernel-time``):
-    at T = 16, 0.0100 ms before the session-4 review's fixes and 0.0105 after (BV = 8 at 2 warps tied), against
-    0.0104-0.0108 for the same tile with the session-3 step and 0.0122 for the [BV, K] kernel at BV = 4, one
-    warp, U = 8; at T = 1024, 0.418 / 0.439 ms against 0.451 (session 3's). U = 8 at this tile spills on sm_90
-    (0.335 ms at T = 16).
+    """(BV, num_warps, U, KC) for gdn_seq on a GPU: the [KC, BV, K/KC] kernel at BV = 8, 2 warps, U = 2,
+    KC = 4 whatever the token count, with the plain step (:data:`DEFER_DEFAULT`). From the H200 runs of session
+    5 in kernels/NOTES.md, by kernel time (``python -m kernels.bench.gdn_bench --short-sweep``): at T = 16,
+    0.0095 ms (fla recurrent 0.0197) against 0.0099 for session 4's default (BV = 16, 4 warps, U = 4, the
+    scaled state) in the same run; at T = 45, 0.0214 against 0.0242; and the fastest of the four tiles timed
+    at T = 128, 256 and 1024 (0.401 ms at 1024, 2.77x fla).
 
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
     if _interpreting():
         return min(32, _pow2(V)), 1, 4, 0
-    return min(16, _pow2(V)), 4, 4, 4
+    BV, num_warps, U, KC = GPU_SEQ_CONFIG
+    return min(BV, _pow2(V)), num_warps, U, KC
+
+
+def _use_ptx(x: torch.Tensor) -> bool:
+    """Whether a kernel launched on x's device may use NVIDIA inline PTX (_to_f32): CUDA, not ROCm, and not
+    Triton's interpreter."""
+    return x.is_cuda and torch.version.hip is None and not _interpreting()
+
+
+def _row_offsets_64(rows: int, strides) -> bool:
+    """Whether the token loop of _gdn_seq_kc_kernel needs 64-bit row offsets: True when a row index below
+    ``rows`` (a bound on a sequence's length) times one of the row ``strides`` (elements) can reach 2^31."""
+    return max(rows - 1, 0) * max(max(strides), 0) >= 2 ** 31
 
 
 def _cu_seqlens(T: int, B: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
@@ -829,7 +868,10 @@ def gdn_seq(
                 + (chunk_precision, num_stages == 0, max(num_stages, 1)), num_warps=num_warps)
     elif KC:
         defer = DEFER_DEFAULT if defer_decay is None else defer_decay
-        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, _pow2(U)),
+        ptx = _use_ptx(q)
+        off64 = _row_offsets_64(B * T if cu_seqlens is not None else T,
+                                (qf.stride(0), kf.stride(0), vf.stride(0), gf.stride(0), bf.stride(0)))
+        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, _pow2(U), ptx, off64),
                 num_warps=num_warps)
     else:
         _launch(_gdn_seq_kernel, grid, head + (BK, BV, U) + flags + (lookahead,), num_warps=num_warps)

@@ -199,9 +199,10 @@ def test_non_finite_input_does_not_leak_into_other_sequences_or_slots(mode, devi
 
 
 def test_gpu_default_config_is_exact_on_small_heads(mode, device, monkeypatch):
-    """The new GPU default ([KC, BV, K/KC] kernel, BV=16, 4 warps, U=4, KC=4 capped at the padded K) run under
-    the interpreter on K < KC, odd K and V, T not a multiple of U."""
-    monkeypatch.setattr(G, "_default_seq_config", lambda V: (min(16, G._pow2(V)), 4, 4, 4))
+    """The GPU default ([KC, BV, K/KC] kernel at G.GPU_SEQ_CONFIG, KC capped at the padded K) run under the
+    interpreter on K < KC, odd K and V, T not a multiple of U."""
+    bv, w, u, kc = G.GPU_SEQ_CONFIG
+    monkeypatch.setattr(G, "_default_seq_config", lambda V: (min(bv, G._pow2(V)), w, u, kc))
     for K, V, T in ((1, 1, 5), (3, 5, 9), (24, 40, 3)):
         q, k, v, g, beta, st = seq_inputs(seed=6, T=T, K=K, V=V, device=device)
         idx = torch.tensor([2], dtype=torch.int32, device=device)
