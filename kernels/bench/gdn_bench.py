@@ -53,12 +53,14 @@ SWEEP_CHUNK = [  # the chunked kernel (C tokens a step as fp32 matrix products);
     dict(chunk=16, BV=16, num_warps=8, chunk_precision="tf32x3"),
 ]
 
-SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time. The [KC, BV, K/KC] kernel
-    # on the scaled state (the default) around its tile; one row per thread (BV = 2 lanes x warps) at <= 128
-    # registers, so that all 2048 warps fit at once; the session-3 step; the [BV, K] kernel
-    dict(BV=16, U=4, num_warps=4, KC=4), dict(BV=8, U=2, num_warps=4, KC=4), dict(BV=16, U=2, num_warps=8, KC=4),
-    dict(BV=4, U=2, num_warps=2, KC=4), dict(BV=8, U=4, num_warps=2, KC=4), dict(BV=16, U=2, num_warps=4, KC=4),
-    dict(BV=16, U=4, num_warps=4, KC=4, defer_decay=False), dict(BV=16, U=4, num_warps=8, KC=4),
+SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by kernel time. Session 5: with q, k
+    # converted as prefetched and 32-bit row offsets, the [KC, BV, K/KC] kernel's plain step (defer_decay=False)
+    # around BV = 8 at 2 warps; the scaled state at its session-4 tile and at BV = 8; the [BV, K] kernel
+    dict(BV=8, U=4, num_warps=2, KC=4, defer_decay=False), dict(BV=4, U=4, num_warps=1, KC=4, defer_decay=False),
+    dict(BV=8, U=2, num_warps=2, KC=4, defer_decay=False), dict(BV=8, U=8, num_warps=2, KC=4, defer_decay=False),
+    dict(BV=8, U=4, num_warps=4, KC=4, defer_decay=False), dict(BV=16, U=4, num_warps=4, KC=4, defer_decay=False),
+    dict(BV=8, U=4, num_warps=2, KC=2, defer_decay=False), dict(BV=4, U=4, num_warps=2, KC=4, defer_decay=False),
+    dict(BV=8, U=4, num_warps=2, KC=4, defer_decay=True), dict(BV=16, U=4, num_warps=4, KC=4, defer_decay=True),
     dict(BV=4, U=8, num_warps=1, KC=0),
 ]
 
@@ -98,6 +100,35 @@ def short_sweep() -> dict:
         for name, r in sorted(((n, r) for n, r in row.items() if n != "fla_recurrent"), key=lambda x: x[1][1]):
             print(f"{name:>32} {r[0]:8.4f} {r[1]:8.4f} {fg / r[0]:6.2f} {fk / r[1]:6.2f} {r[2]:8.1e}", flush=True)
     return out
+
+
+def compare(ts: list[int], cfgs: dict) -> dict:
+    """Kernel time (bench_kernels) of named gdn_seq configs ({name: gdn_seq keywords}) against fla recurrent at
+    each T of ts, on the bench inputs; each config's o is checked against fla's first (relative norm < 1e-3,
+    else AssertionError). Prints one line per T; returns {T: {name: ms}} with fla's as "fla"."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    idx = torch.zeros(1, dtype=torch.int32, device="cuda")
+    res: dict = {}
+    for T in ts:
+        q, k, v, g, beta, h0 = inputs(T, gen)
+        h = h0.clone()
+        fla = lambda: fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h,  # noqa: E731
+                                                       output_final_state=True, state_v_first=True)
+        o_r, _ = fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
+                                                  output_final_state=True, state_v_first=True)
+        row = {"fla": bench_kernels(fla)[0]}
+        for name, cfg in cfgs.items():
+            st = h0.clone()
+            o = gdn_seq(q, k, v, g, beta, st, idx, **cfg)
+            err = ((o.float() - o_r.float()).norm() / o_r.float().norm()).item()
+            assert err < 1e-3, (name, err)
+            row[name] = bench_kernels(lambda: gdn_seq(q, k, v, g, beta, st, idx, **cfg))[0]
+        res[T] = row
+        print(T, " ".join(f"{n}={t * 1e3:.2f}us({row['fla'] / t:.2f})" for n, t in row.items()), flush=True)
+    return res
 
 
 def cfg_name(c: dict) -> str:
@@ -284,11 +315,21 @@ def main(argv=None) -> int:
     which.add_argument("--sweep-chunk", action="store_true", help="time the configs of SWEEP_CHUNK instead")
     which.add_argument("--short-sweep", action="store_true",
                        help="only SWEEP_SHORT at T = 16 and 45, by graph replay and kernel time")
+    which.add_argument("--compare", metavar="JSON",
+                       help='kernel time of named configs against fla recurrent, e.g. \'{"plain": '
+                            '{"defer_decay": false}}\', at the T of --ts')
+    ap.add_argument("--ts", default="16,45,128,256,1024", help="--compare's token counts (comma-separated)")
     ap.add_argument("--kernel-time", action="store_true",
                     help="also time gdn_seq and fla recurrent by their kernels' durations (CUDA profiler)")
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--profile", action="store_true", help="cProfile gdn_seq's host path at the first T")
     args = ap.parse_args(argv)
+    if args.compare:
+        res = compare([int(t) for t in args.ts.split(",")], json.loads(args.compare))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0
     if args.short_sweep:
         res = short_sweep()
         if args.json:

@@ -34,12 +34,21 @@ from kernels.gdn import _gdn_seq_chunk_kernel, _gdn_seq_kc_kernel, _gdn_seq_kern
 
 PTR = {"q": "*bf16", "k": "*bf16", "v": "*bf16", "g": "*fp32", "beta": "*fp32", "o": "*bf16", "state": "*fp32",
        "state_idx": "*i32", "has_init": "*i32", "cu_seqlens": "*i32"}
+# the [KC, BV, K/KC] kernel as gdn_seq launches it on an NVIDIA GPU at this shape: q, k converted by inline PTX,
+# 32-bit row offsets in the token loop (gdn._row_offsets_64); KC_SESSION4: session 4's form (Triton's conversion,
+# 64-bit offsets, q and k still converted as prefetched), for comparison
+KC_RUN = dict(PTX=True, OFF64=False)
+KC_SESSION4 = dict(PTX=False, OFF64=True)
 CONFIGS = [  # (name, kernel, constexprs, num_warps)
     ("[BV, K] bv4 u4", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=False), 1),
     ("[BV, K] bv4 u4 lookahead", _gdn_seq_kernel, dict(BV=4, U=4, LOOKAHEAD=True), 1),
-    ("[KC, BV, K/KC] bv4 u4 kc4 plain", _gdn_seq_kc_kernel, dict(BV=4, U=4, KC=4, DEFER=False, UP=4), 1),
-    ("[KC, BV, K/KC] bv16 u4 kc4 w4 plain", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4, DEFER=False, UP=4), 4),
-    ("[KC, BV, K/KC] bv16 u4 kc4 w4 scaled*", _gdn_seq_kc_kernel, dict(BV=16, U=4, KC=4, DEFER=True, UP=4), 4),
+    ("[KC, BV, K/KC] bv4 u4 kc4 plain", _gdn_seq_kc_kernel, dict(BV=4, U=4, KC=4, DEFER=False, UP=4, **KC_RUN), 1),
+    ("[KC, BV, K/KC] bv8 u2 kc4 w2 plain (default)", _gdn_seq_kc_kernel,
+     dict(BV=8, U=2, KC=4, DEFER=False, UP=2, **KC_RUN), 2),
+    ("[KC, BV, K/KC] bv16 u4 kc4 w4 plain", _gdn_seq_kc_kernel,
+     dict(BV=16, U=4, KC=4, DEFER=False, UP=4, **KC_RUN), 4),
+    ("[KC, BV, K/KC] bv16 u4 kc4 w4 scaled*", _gdn_seq_kc_kernel,
+     dict(BV=16, U=4, KC=4, DEFER=True, UP=4, **KC_RUN), 4),
     ("chunked c16 bv16 w4", _gdn_seq_chunk_kernel,
      dict(BV=16, C=16, LOG2C=4, PREC="ieee", PREFETCH=False, NS=2), 4),
     ("chunked c16 bv16 w8", _gdn_seq_chunk_kernel,
@@ -81,7 +90,6 @@ def loop_body(text: str) -> list[str]:
 HOT_CUTS = [  # (line of kernels/gdn.py, its replacement): the branches a group wholly inside its sequence takes
     ("                        if (c < 2.44140625e-4) | (c > 4096.0):\n", "                        if False:\n"),
     ("                        if fast:\n", "                        if True:\n"),
-    ("                            if t0 + U <= T:\n", "                            if True:\n"),
 ]
 
 
@@ -118,9 +126,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     configs = list(CONFIGS)
     if args.hot:
-        configs.append(("[KC, BV, K/KC] ... scaled, hot path", hot_kc_kernel(),
-                        dict(BV=16, U=4, KC=4, DEFER=True, UP=4), 4))
-    print(f"{'config':40} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
+        hot = hot_kc_kernel()
+        configs.append(("[KC, BV, K/KC] ... scaled, hot path", hot, dict(BV=16, U=4, KC=4, DEFER=True, UP=4,
+                                                                        **KC_RUN), 4))
+        configs.append(("... hot path, Triton's cvt, 64-bit offsets", hot, dict(BV=16, U=4, KC=4, DEFER=True, UP=4,
+                                                                    **KC_SESSION4), 4))
+    print(f"{'config':44} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
           f"{'STS+LDS':>7} {'BAR':>5}  spills (LDL/STL, whole kernel)")
     for name, fn, cons, nw in configs:
         full = dict(H=16, HV=32, K=128, V=128, BK=128, L2NORM=args.l2norm, HAS_INIT=False, IS_VARLEN=False,
@@ -130,7 +141,7 @@ def main(argv=None) -> int:
         per_loop = cons.get("U") or cons["C"]  # tokens per trip of the loop: a prefetch group, or a chunk
         n = len(body.splitlines()) / per_loop
         per = {op: body.count(op) / per_loop for op in ("SHFL", "FFMA", "FADD", "FMUL", "STS", "LDS", "BAR")}
-        print(f"{name:40} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
+        print(f"{name:44} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
               f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f} {per['BAR']:5.1f}  "
               f"{text.count('LDL')}/{text.count('STL')}")
     return 0
