@@ -26,11 +26,14 @@ Two Triton kernels and their references:
     MMA are bit-identical to ``fp8_quant_group``'s output: ``store_a=`` writes them out to prove it).
     ``fp8_quant_then_gemm`` is the two-launch baseline (quant kernel, then the pre-quantised GEMM).
 
-Two GEMM kernels, chosen by :func:`default_gemm_config` (any key overridable through ``config=``):
-``_block_gemm_kernel`` (prefill: [BM, BN] output tiles, GROUP_M swizzle, BN dividing 128 or a multiple of
-it, KPI K-blocks per iteration) and ``_small_m_kernel`` (M <= 64: swap-AB so the weight rows fill the wgmma's
-64-row side, split-K over ~4 waves of programs, fp32 partials reduced in a fixed order either by
-``_splitk_reduce_kernel`` or by the tile's last-arriving split; deterministic either way).
+Three GEMM kernels, chosen by :func:`default_gemm_config` (any key overridable through ``config=``):
+``_block_gemm_kernel`` (the tile kernel: [BM, BN] output tiles, GROUP_M swizzle, BN dividing 128 or a
+multiple of it, KPI K-blocks per iteration; decode shapes, the fused quant, and prefill without TMA),
+``_block_gemm_tma_kernel`` (prefill with a pre-quantised A on a GPU with TMA: the same sums in the same order,
+its tiles moved by tensor descriptors, a persistent grid; bit-identical to the tile kernel) and
+``_small_m_kernel`` (M <= 64: swap-AB so the weight rows fill the wgmma's 64-row side, split-K over ~4 waves
+of programs, fp32 partials reduced in a fixed order either by ``_splitk_reduce_kernel`` or by the tile's
+last-arriving split; deterministic either way).
 The fused quant divides by the row scale with :func:`_div_exact` (reciprocal once per row, then one
 multiply and two FMAs an element): the IEEE quotient bit for bit, so the operands stay identical.
 
@@ -277,6 +280,52 @@ if triton is not None:
                  mask=mm[:, None] & nm[None, :])
 
     @triton.jit
+    def _block_gemm_tma_kernel(
+        a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssbn,
+        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, KPI: tl.constexpr, PROGRAMS: tl.constexpr,
+        HALF: tl.constexpr,
+    ):
+        """The pre-quantised prefill GEMM with its A, B and C tiles moved by TMA (tensor descriptors: A [M, K],
+        B [N, K], C [M, N], blocks [BM, 128], [BN, 128], [BM, BN]; out-of-range rows read as zeros and are not
+        written) and a persistent grid of PROGRAMS programs walking the GROUP_M-swizzled output tiles. The same
+        per-K-block sums and scale-FMAs in the same order as _block_gemm_kernel (bit-identical to it, gated).
+        Why: the pointer-based tile kernel spends registers and issue slots on [BM, 128] pointer blocks, and
+        its loads are not TMA; on the H200 this kernel runs the 4096^3 GEMM in ~0.66x _scaled_mm's time
+        against the tile kernel's ~0.45x (kernels/NOTES_II.md). BN divides 128 (one weight scale per tile and
+        K-block)."""
+        num_m = tl.cdiv(M, BM)
+        num_n = tl.cdiv(N, BN)
+        group = GROUP_M * num_n
+        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS, flatten=True):
+            first_m = (tile // group) * GROUP_M
+            gsize = tl.minimum(num_m - first_m, GROUP_M)
+            pid_m = first_m + (tile % group) % gsize
+            pid_n = (tile % group) // gsize
+            om = pid_m * BM
+            on = pid_n * BN
+            offs_m = om + tl.arange(0, BM)
+            mm = offs_m < M
+            p_sa = sa + offs_m * ssam
+            p_sb = sb + (on // 128) * ssbn
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for kb in range(0, K // 128, KPI):
+                # KPI == 2: both blocks' dots issued before the first scale-FMA (as _block_gemm_kernel)
+                a0 = a_desc.load([om, kb * 128])
+                b0 = b_desc.load([on, kb * 128])
+                s0 = tl.load(p_sa + kb, mask=mm, other=0.0) * HALF * tl.load(p_sb + kb)
+                if KPI == 2:
+                    a1 = a_desc.load([om, kb * 128 + 128])
+                    b1 = b_desc.load([on, kb * 128 + 128])
+                    s1 = tl.load(p_sa + kb + 1, mask=mm, other=0.0) * HALF * tl.load(p_sb + kb + 1)
+                    d0 = tl.dot(a0, b0.T)
+                    d1 = tl.dot(a1, b1.T)
+                    acc += d0 * s0[:, None]
+                    acc += d1 * s1[:, None]
+                else:
+                    acc += tl.dot(a0, b0.T) * s0[:, None]
+            c_desc.store([om, on], acc.to(c_desc.dtype))
+
+    @triton.jit
     def _small_m_kernel(
         a, sa, b, sb, c, ws, lock, qa_out, sa_out, M, N, K, KB_PER, SPLIT_K,
         sam, ssam, sbn, ssbn, scm, sqm, ssqm,
@@ -414,6 +463,9 @@ SMALL_M_MAX = 64
 NUM_SMS = 132
 WAVES = 4
 TILE_DEFAULT = dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=3, FAST_DIV=True)
+# "tma": _block_gemm_tma_kernel, pre-quantised A on a GPU with TMA (compute capability 9+, not ROCm); keys as
+# "tile" plus PROGRAMS (the persistent grid; default the device's SM count)
+TMA_DEFAULT = dict(kernel="tma", BM=128, BN=128, GROUP_M=8, KPI=2, num_warps=8, num_stages=3)
 
 
 def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, sms: int = NUM_SMS) -> int:
@@ -424,7 +476,28 @@ def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, s
     return triton.cdiv(kb, triton.cdiv(kb, split))
 
 
-def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsize: int = 2) -> dict:
+def tma_supported(device) -> bool:
+    """Whether _block_gemm_tma_kernel can run on ``device``: a CUDA GPU of compute capability 9 or more (TMA),
+    not ROCm; or Triton's interpreter, which runs tensor descriptors on the CPU."""
+    if _interpreting():
+        return True
+    device = torch.device(device)
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _tma_layout_problem(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> str | None:
+    """Why A [M, K], B [N, K] (fp8) and C [M, N] cannot be TMA tensors (16-byte aligned base and row stride),
+    or None."""
+    for name, t in (("a", a), ("b", b), ("out", c)):
+        if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return (f"{name} needs a 16-byte aligned base and row stride for TMA (row stride "
+                    f"{t.stride(0)} x {t.element_size()} bytes)")
+    return None
+
+
+def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsize: int = 2,
+                        tma: bool = False) -> dict:
     """Tile config by shape. Under the interpreter small tiles. On the GPU, the winners of the H200 sweep of
     2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096 and 8192):
 
@@ -435,8 +508,11 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
       10.8 / 11.1 / 27.6 us at M = 1 / 16 x 4096^2 / 16 x 8192^2 against 13.7 / 14.5 / 35.6 with KPI 1, the
       fastest of the 4 tiles timed that way (``python -m kernels.bench.fp8_bench --decode-tiles
       --kernel-time``; kernels/NOTES_II.md);
-    * larger M, pre-quantised A: 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s at
-      4096^3 / 8192^3);
+    * larger M, pre-quantised A, bf16/fp16 output, where the device has TMA (``tma``: _gemm passes it, see
+      :func:`tma_supported`): the TMA kernel
+      (:data:`TMA_DEFAULT`: 128 x 128, 8 warps, 3 stages, two K-blocks a turn, a persistent grid of one program
+      per SM): 828-874 TFLOP/s at 4096^3 / 8192^3 on the H200 (session 5, kernels/NOTES_II.md); elsewhere the
+      tile kernel at 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s);
     * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s); 3 stages when A has more
       than 2 bytes an element (``a_itemsize``: the fused tile holds A in its own dtype, and fp32 A at 4 stages
       needs 232 KiB of shared memory, past the H200's 227 KiB: OutOfResources in the GPU gate
@@ -454,6 +530,8 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     if quant_a:
         return dict(kernel="tile", BM=64, BN=256, GROUP_M=8, KPI=1, num_warps=8,
                     num_stages=4 if a_itemsize <= 2 else 3, FAST_DIV=True)
+    if tma:
+        return dict(TMA_DEFAULT)
     return dict(TILE_DEFAULT, KPI=2)
 
 
@@ -492,18 +570,32 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         raise ValueError(f"sb must be [{triton.cdiv(N, GROUP)}, {K // GROUP}], got {tuple(sb.shape)}")
     sb = sb.contiguous()  # the kernels read scales row-major; a column-major (DeepGEMM-style) layout is copied
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
-    cfg = dict(default_gemm_config(M, N, K, quant_a, a.element_size() if quant_a else 1))
+    c = torch.empty(M, N, dtype=out_dtype, device=a.device)
+    # the TMA kernel by default only where it can run: a pre-quantised A and C that TMA can address, and a
+    # 2-byte output (an fp32 C tile at 3 stages needs 256 KiB of shared memory: OutOfResources on the H200)
+    tma_ok = (not quant_a and c.element_size() <= 2 and tma_supported(a.device)
+              and _tma_layout_problem(a, b, c) is None)
+    cfg = dict(default_gemm_config(M, N, K, quant_a, a.element_size() if quant_a else 1,
+                                   tma=tma_ok and not _interpreting()))
     if config and config.get("kernel", cfg["kernel"]) != cfg["kernel"]:
-        cfg = dict(TILE_DEFAULT) if config["kernel"] == "tile" else small_m_config(M)
+        cfg = {"tile": TILE_DEFAULT, "tma": TMA_DEFAULT}.get(config["kernel"]) or small_m_config(M)
+        cfg = dict(cfg)
     cfg.update(config or {})
+    if cfg["kernel"] == "tma":
+        why = ("it reads a pre-quantised A (not the fused quant)" if quant_a else
+               None if tma_supported(a.device) else f"{a.device} has no TMA (compute capability 9+, CUDA)")
+        why = why or _tma_layout_problem(a, b, c)
+        if why:
+            raise ValueError(f"kernel='tma': {why}")
+        if 128 % cfg["BN"]:
+            raise ValueError(f"kernel='tma' needs BN dividing 128, got BN={cfg['BN']}")
     BN = cfg["BN"]
     if 128 % BN and BN % 128:
         raise ValueError(f"BN={BN} must divide 128 or be a multiple of it")
-    if cfg["kernel"] == "tile" and cfg.get("KPI", 1) not in (1, 2):
+    if cfg["kernel"] in ("tile", "tma") and cfg.get("KPI", 1) not in (1, 2):
         raise ValueError(f"KPI={cfg.get('KPI')} must be 1 or 2 (K-blocks per loop turn)")
     if cfg["kernel"] == "small_m" and int(cfg.get("REDUCE", 1)) not in (1, 2):
         raise ValueError(f"REDUCE={cfg.get('REDUCE')} must be 1 (a second launch) or 2 (the last split sums)")
-    c = torch.empty(M, N, dtype=out_dtype, device=a.device)
     qa_out = sa_out = None
     if store_a:
         qa_out = torch.empty(M, K, dtype=torch.uint8, device=a.device)
@@ -541,6 +633,22 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             a_arg.stride(0), sa_arg.stride(0), b.stride(0), sb.stride(0), c.stride(0), sqm, ssqm,
             BM=cfg["BM"], BN=BN, GROUP_M=cfg["GROUP_M"], KPI=kpi, **common,
         )
+    elif cfg["kernel"] == "tma":
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        kpi = cfg.get("KPI", 1) if (K // GROUP) % 2 == 0 else 1
+        BM = cfg["BM"]
+        tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+        sms = NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count
+        programs = max(1, min(int(cfg.get("PROGRAMS") or sms), tiles))
+        # fnuz bits are read as e4m3fn (HALF undoes the doubling), as in the pointer kernels
+        a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
+        _block_gemm_tma_kernel[(programs,)](
+            TensorDescriptor.from_tensor(a8, [BM, GROUP]), TensorDescriptor.from_tensor(b8, [BN, GROUP]),
+            TensorDescriptor.from_tensor(c, [BM, BN]), sa_arg, sb, M, N, K, sa_arg.stride(0), sb.stride(0),
+            BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], KPI=kpi, PROGRAMS=programs, HALF=half,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
     elif cfg["kernel"] == "small_m":
         kb = K // GROUP
         split = cfg["SPLIT_K"]
@@ -563,7 +671,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             _splitk_reduce_kernel[(triton.cdiv(M * N, BLOCK),)](ws, c, M, N, c.stride(0), split, BLOCK=BLOCK,
                                                                  num_warps=4)
     else:
-        raise ValueError(f"unknown kernel {cfg['kernel']!r} (tile or small_m)")
+        raise ValueError(f"unknown kernel {cfg['kernel']!r} (tile, tma or small_m)")
     if store_a:
         return c, qa_out.view(FP8_DTYPE[fmt]), sa_out
     return c
