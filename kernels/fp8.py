@@ -281,22 +281,24 @@ if triton is not None:
 
     @triton.jit
     def _block_gemm_tma_kernel(
-        a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssbn,
-        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, KPI: tl.constexpr, PROGRAMS: tl.constexpr,
-        HALF: tl.constexpr,
+        a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssbn, programs,
+        BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, KPI: tl.constexpr, HALF: tl.constexpr,
     ):
-        """The pre-quantised prefill GEMM with its A, B and C tiles moved by TMA (tensor descriptors: A [M, K],
-        B [N, K], C [M, N], blocks [BM, 128], [BN, 128], [BM, BN]; out-of-range rows read as zeros and are not
-        written) and a persistent grid of PROGRAMS programs walking the GROUP_M-swizzled output tiles. The same
-        per-K-block sums and scale-FMAs in the same order as _block_gemm_kernel (bit-identical to it, gated).
+        """The pre-quantised prefill GEMM with its tiles moved by TMA. Tensor descriptors: a_desc over A [M, K]
+        e4m3fn in blocks [BM, 128], b_desc over B [N, K] e4m3fn in [BN, 128], c_desc over C [M, N] in [BM, BN]
+        (rows past M or N read as zeros and are not written). sa [M, K/128] fp32 (row stride ssam) and
+        sb [ceil(N/128), K/128] fp32 (row stride ssbn) are the block scales, HALF the fnuz correction (see
+        _gemm). A persistent grid of ``programs`` programs walks the GROUP_M-swizzled output tiles; KPI K-blocks
+        a turn (2 needs an even K/128: the host passes 1 otherwise). BN divides 128 (one weight scale per tile
+        and K-block). The per-K-block sums and scale-FMAs are _block_gemm_kernel's, in the same order, so the
+        two are bit-identical (tests/kernels/test_fp8_tma.py).
         Why: the pointer-based tile kernel spends registers and issue slots on [BM, 128] pointer blocks, and
-        its loads are not TMA; on the H200 this kernel runs the 4096^3 GEMM in ~0.66x _scaled_mm's time
-        against the tile kernel's ~0.45x (kernels/NOTES_II.md). BN divides 128 (one weight scale per tile and
-        K-block)."""
+        its loads are not TMA. On the H200 this kernel reaches ~0.65 of _scaled_mm's throughput at 4096^3
+        against the tile kernel's ~0.42 in the same sweep (kernels/NOTES_II.md)."""
         num_m = tl.cdiv(M, BM)
         num_n = tl.cdiv(N, BN)
         group = GROUP_M * num_n
-        for tile in tl.range(tl.program_id(0), num_m * num_n, PROGRAMS, flatten=True):
+        for tile in tl.range(tl.program_id(0), num_m * num_n, programs, flatten=True):
             first_m = (tile // group) * GROUP_M
             gsize = tl.minimum(num_m - first_m, GROUP_M)
             pid_m = first_m + (tile % group) % gsize
@@ -491,8 +493,9 @@ def _tma_layout_problem(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> st
     or None."""
     for name, t in (("a", a), ("b", b), ("out", c)):
         if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            hint = f" (N = {c.shape[1]}: a multiple of {16 // t.element_size()})" if name == "out" else ""
             return (f"{name} needs a 16-byte aligned base and row stride for TMA (row stride "
-                    f"{t.stride(0)} x {t.element_size()} bytes)")
+                    f"{t.stride(0)} x {t.element_size()} bytes{hint})")
     return None
 
 
@@ -511,7 +514,8 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     * larger M, pre-quantised A, bf16/fp16 output, where the device has TMA (``tma``: _gemm passes it, see
       :func:`tma_supported`): the TMA kernel
       (:data:`TMA_DEFAULT`: 128 x 128, 8 warps, 3 stages, two K-blocks a turn, a persistent grid of one program
-      per SM): 828-874 TFLOP/s at 4096^3 / 8192^3 on the H200 (session 5, kernels/NOTES_II.md); elsewhere the
+      per SM): 825-874 TFLOP/s at 4096^3 / 8192^3 in the exploration, 871 / 891 in the sweep (H200, session 5,
+      kernels/NOTES_II.md); elsewhere the
       tile kernel at 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s);
     * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s); 3 stages when A has more
       than 2 bytes an element (``a_itemsize``: the fused tile holds A in its own dtype, and fp32 A at 4 stages
@@ -572,7 +576,9 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
     # the TMA kernel by default only where it can run: a pre-quantised A and C that TMA can address, and a
-    # 2-byte output (an fp32 C tile at 3 stages needs 256 KiB of shared memory: OutOfResources on the H200)
+    # 2-byte output (with an fp32 C, TMA_DEFAULT's build asked for 262,168 B of shared memory, past the H200's
+    # 232,448: OutOfResources in the GPU gate, 2026-12-01; an explicit kernel="tma" with an fp32 C is launched
+    # as asked and may fail so)
     tma_ok = (not quant_a and c.element_size() <= 2 and tma_supported(a.device)
               and _tma_layout_problem(a, b, c) is None)
     cfg = dict(default_gemm_config(M, N, K, quant_a, a.element_size() if quant_a else 1,
@@ -646,7 +652,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         _block_gemm_tma_kernel[(programs,)](
             TensorDescriptor.from_tensor(a8, [BM, GROUP]), TensorDescriptor.from_tensor(b8, [BN, GROUP]),
             TensorDescriptor.from_tensor(c, [BM, BN]), sa_arg, sb, M, N, K, sa_arg.stride(0), sb.stride(0),
-            BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], KPI=kpi, PROGRAMS=programs, HALF=half,
+            programs, BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], KPI=kpi, HALF=half,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     elif cfg["kernel"] == "small_m":
@@ -680,7 +686,16 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
 def fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
     """``[M, N]`` = (qa, sa) @ (qb, sb)^T, block-scaled (see the module docstring). qa ``[M, K]`` fp8 with
     sa ``[M, K/128]`` fp32; qb ``[N, K]`` fp8 with sb ``[ceil(N/128), K/128]`` fp32; either fp8 format.
-    ``config`` overrides :func:`default_gemm_config`'s keys. Raises ValueError for mismatched shapes/dtypes."""
+    ``config`` overrides the default config's keys (:func:`default_gemm_config`): with ``kernel`` it picks the
+    kernel (``"tile"``, ``"tma"``, ``"small_m"``) and overrides that kernel's defaults; without it, it overrides
+    the keys of the kernel the shape defaults to (the TMA kernel at M > 64 on a TMA GPU with a 2-byte output,
+    where e.g. ``BN=256`` is refused; name ``kernel="tile"`` for the pointer-based kernel).
+
+    Raises:
+        ValueError: mismatched shapes or dtypes; an invalid config value (BN neither dividing 128 nor a
+            multiple of it, KPI not 1 or 2, an unknown kernel); ``kernel="tma"`` where it cannot run (no TMA on
+            the device, a base or row stride of A, B or the output not 16-byte aligned, BN not dividing 128).
+        triton.runtime.errors.OutOfResources: a tile config whose shared memory does not fit the device."""
     return _gemm(qa, sa, qb, sb, out_dtype, False, _fmt_of(qa), False, config)
 
 

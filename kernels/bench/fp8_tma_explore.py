@@ -93,7 +93,8 @@ def _tma_kernel(a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssak, ssbn,
 def tma_gemm(qa, sa, qb, sb, BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=3, persist=False, mode=0,
              ws=False, sat=False):
     """[M, N] bf16 = (qa [M, K] e4m3fn, sa [M, K/128]) @ (qb [N, K] e4m3fn, sb [N/128, K/128])^T by _tma_kernel
-    with the variant's switches (module docstring); BN <= 128 for modes 1 and 2."""
+    with the variant's switches (module docstring). Modes 1 and 2 take one weight scale per tile (BN <= 128):
+    round 2's BN=256 mode-1 config fails to compile, kept as it ran."""
     M, K = qa.shape
     N = qb.shape[0]
     c = torch.empty(M, N, dtype=torch.bfloat16, device=qa.device)
@@ -139,8 +140,9 @@ ROUNDS = {
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--round", type=int, choices=sorted(ROUNDS), required=True)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--round", type=int, choices=sorted(ROUNDS), required=True,
+                    help="which device run of 2026-12-01 to repeat (its list of variants, ROUNDS)")
     ap.add_argument("--json", help="write the times (us) here")
     args = ap.parse_args(argv)
     rnd = ROUNDS[args.round]

@@ -9,13 +9,15 @@ Two floors per T:
 * bytes: q, k, v, g, beta read once, o written once, the state read and written once, over the measured
   device-to-device copy bandwidth (bytes read + written / time of a 2 GiB copy);
 * flops: 7 fp32 operations per state element per token (a = S k and b = S q: 2 FMAs; S e + u k^T: a multiply
-  and an FMA; an FMA counts 2; the scaled-state default skips the multiply, so this floor is the plain step's),
+  and an FMA; an FMA counts 2: the plain step, the default; the scaled state, defer_decay=True, skips the
+  multiply),
   over the measured fp32 FMA rate of an elementwise-free FMA loop.
 
-Usage (device): python -m kernels.bench.gdn_bench [--sweep | --sweep-kc | --sweep-chunk | --short-sweep]
-    [--kernel-time] [--profile] [--json OUT.json]
-(--sweep / --sweep-kc entries with KC run on the scaled state unless they say defer_decay=False, so they are
-not comparable with the session-2 logs of the same names.)
+Usage (device): python -m kernels.bench.gdn_bench [--sweep | --sweep-kc | --sweep-chunk | --short-sweep |
+    --compare JSON [--ts 16,45,...]] [--kernel-time] [--profile] [--json OUT.json]
+(--sweep / --sweep-kc entries with KC run the default step unless they name defer_decay: the plain step since
+session 5, the scaled state in session 4's logs, the session-3 step in session 2's and 3's; logs of the same
+names from different sessions are not comparable.)
 """
 from __future__ import annotations
 

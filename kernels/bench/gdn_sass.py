@@ -4,17 +4,18 @@ Compiles the kernels for sm_90 (no GPU needed: Triton's own ptxas and nvdisasm) 
 specialisation, finds the token loop (the longest backward branch in the SASS) and prints its instructions per
 token: all, shuffles (SHFL: the K-reductions' lane exchanges), FFMA/FADD/FMUL, shared-memory traffic (layout
 conversions) and barriers; for the chunked kernel, per token = per chunk / C. Also the whole kernel's register
-spills (LDL/STL). *: the scaled-state kernel's loop holds every body of a group (on the scaled state inside and at
-the end of a sequence, the plain steps it falls back to, the fold of c), so its count is all of them; ``--hot``
-compiles it with all but the first cut out (HOT_CUTS; a copy of the source, for counting only) to count the path
-that runs.
+spills (LDL/STL). *: the scaled-state kernel's loop holds every body of a group (U steps on the scaled state, the
+plain step it falls back to, one token a trip, and the fold of c), so its count is all of them; ``--hot``
+compiles it with the fallback and the fold cut out (HOT_CUTS; a copy of the source, for counting only) to count
+the path that runs.
 
 Shape: H=16, HV=32, K=V=128, bf16 q/k/v/o, fp32 g/beta/state, fixed-length batch (as kernels/bench/gdn_bench.py).
 
-Counts depend on the Triton version: the H200 machines run 3.6 (session 4's figures in kernels/NOTES.md are
-from 3.6: ``PYTHONPATH=<a triton 3.6 install> python -m kernels.bench.gdn_sass --hot``); this repo's venv has 3.9.
+Counts depend on the Triton version: the H200 machines run 3.6 (session 4's and 5's figures in kernels/NOTES.md
+are from 3.6: ``PYTHONPATH=<a triton 3.6 install> python -m kernels.bench.gdn_sass --hot``); this repo's venv has
+3.9.
 
-Usage: python -m kernels.bench.gdn_sass [--l2norm] [--hot]
+Usage: python -m kernels.bench.gdn_sass [--l2norm] [--hot] [--ops]
 """
 from __future__ import annotations
 
@@ -56,20 +57,37 @@ CONFIGS = [  # (name, kernel, constexprs, num_warps)
 ]
 
 
-def sass(fn, cons: dict, num_warps: int) -> str:
-    """nvdisasm text of ``fn`` compiled for sm_90 with ``cons`` (the remaining constexprs filled in here)."""
+def sass(fn, cons: dict, num_warps: int) -> tuple[str, int]:
+    """(nvdisasm text, registers a thread) of ``fn`` compiled for sm_90 with ``cons`` (the remaining constexprs
+    filled in here; names the kernel does not take are dropped, so that the tool also runs on older trees)."""
     names = list(inspect.signature(fn.fn).parameters)
+    cons = {k: v for k, v in cons.items() if k in names}
     sig = {n: PTR[n] if n in PTR else "constexpr" if n in cons else "fp32" if n == "scale" else "i32" for n in names}
     # what the JIT would see at run time: 16-byte aligned pointers, strides divisible by 16
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
              if n in PTR or (n.startswith("s") and n not in ("scale", "state", "state_idx"))}
     c = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=cons, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(c.asm["cubin"])
         f.flush()
-        return subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
+        text = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+        res = subprocess.run([os.path.join(bindir, "cuobjdump"), "--dump-resource-usage", f.name],
+                             capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+)", res)
+    return text, int(m.group(1)) if m else -1
+
+
+def opcodes(body: list[str]) -> dict[str, int]:
+    """Count of each opcode (the mnemonic before its first '.', predicates skipped) in SASS lines."""
+    out: dict[str, int] = {}
+    for line in body:
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0) + 1
+    return out
 
 
 def loop_body(text: str) -> list[str]:
@@ -87,9 +105,11 @@ def loop_body(text: str) -> list[str]:
     return best
 
 
-HOT_CUTS = [  # (line of kernels/gdn.py, its replacement): the branches a group wholly inside its sequence takes
-    ("                        if (c < 2.44140625e-4) | (c > 4096.0):\n", "                        if False:\n"),
-    ("                        if fast:\n", "                        if True:\n"),
+HOT_CUTS = [  # (line of kernels/gdn.py, its replacement, required): the branches a group inside its sequence takes
+    ("                        if (c < 2.44140625e-4) | (c > 4096.0):\n", "                        if False:\n", True),
+    ("                        if fast:\n", "                        if True:\n", True),
+    # session 4's tree (9e63f49) only: its group body for a group wholly inside the sequence
+    ("                            if t0 + U <= T:\n", "                            if True:\n", False),
 ]
 
 
@@ -103,7 +123,9 @@ def hot_kc_kernel():
     import importlib.util
     import kernels.gdn as G
     src = open(G.__file__).read()
-    for line, repl in HOT_CUTS:
+    for line, repl, required in HOT_CUTS:
+        if not required and src.count(line) == 0:
+            continue
         if src.count(line) != 1:
             raise RuntimeError(f"kernels/gdn.py: the line {line.strip()!r} (gdn_sass.HOT_CUTS) is not there once")
         src = src.replace(line, repl)
@@ -123,6 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--l2norm", action="store_true", help="compile with the in-kernel L2 norm of q and k")
     ap.add_argument("--hot", action="store_true",
                     help="also count the scaled-state kernel's fast path alone (see the module docstring)")
+    ap.add_argument("--ops", action="store_true", help="also print each loop's opcodes per token (top 14)")
     args = ap.parse_args(argv)
     configs = list(CONFIGS)
     if args.hot:
@@ -132,18 +155,22 @@ def main(argv=None) -> int:
         configs.append(("... hot path, Triton's cvt, 64-bit offsets", hot, dict(BV=16, U=4, KC=4, DEFER=True, UP=4,
                                                                     **KC_SESSION4), 4))
     print(f"{'config':44} {'per token:':>10} {'all':>5} {'SHFL':>5} {'FFMA':>5} {'FADD':>5} {'FMUL':>5} "
-          f"{'STS+LDS':>7} {'BAR':>5}  spills (LDL/STL, whole kernel)")
+          f"{'STS+LDS':>7} {'BAR':>5} {'REG':>4}  spills (LDL/STL, whole kernel)")
     for name, fn, cons, nw in configs:
         full = dict(H=16, HV=32, K=128, V=128, BK=128, L2NORM=args.l2norm, HAS_INIT=False, IS_VARLEN=False,
                     RNE_FIX=False, **cons)
-        text = sass(fn, full, nw)
-        body = "\n".join(loop_body(text))
+        text, regs = sass(fn, full, nw)
+        lines = loop_body(text)
+        body = "\n".join(lines)
         per_loop = cons.get("U") or cons["C"]  # tokens per trip of the loop: a prefetch group, or a chunk
         n = len(body.splitlines()) / per_loop
         per = {op: body.count(op) / per_loop for op in ("SHFL", "FFMA", "FADD", "FMUL", "STS", "LDS", "BAR")}
         print(f"{name:44} {'':>10} {n:5.0f} {per['SHFL']:5.0f} {per['FFMA']:5.0f} {per['FADD']:5.0f} "
-              f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f} {per['BAR']:5.1f}  "
+              f"{per['FMUL']:5.0f} {per['STS'] + per['LDS']:7.0f} {per['BAR']:5.1f} {regs:4d}  "
               f"{text.count('LDL')}/{text.count('STL')}")
+        if args.ops:
+            top = sorted(opcodes(lines).items(), key=lambda kv: -kv[1])[:14]
+            print(" " * 46 + "  ".join(f"{op} {k / per_loop:.1f}" for op, k in top))
     return 0
 
 

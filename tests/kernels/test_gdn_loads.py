@@ -65,8 +65,10 @@ def test_64bit_row_offsets_bit_identical(mode, device, monkeypatch, dtype, defer
 @pytest.mark.parametrize("defer", [True, False], ids=["scaled", "plain"])
 def test_ptx_conversion_matches_triton_conversion_gpu(monkeypatch, defer):
     """bf16 q, k converted by inline PTX (the GPU default) against Triton's own conversion: both within the
-    bf16 bound of the float64 reference, and close to each other. Not bit-identical: the scaled kernel's two
-    builds were seen to differ in the last bits (their fp32 code differs in instruction selection)."""
+    bf16 bound of the float64 reference, o within the bf16 bound and the state within the fp32 bound of each
+    other. q and k are L2-normalised (without the norm these inputs grow the state to ~4e7). Not asserted
+    bit-identical: the scaled kernel's two builds were seen to differ in the last bits (their fp32 code is
+    scheduled differently)."""
     q, k, v, g, beta, st, idx, cu = _inputs("cuda", torch.bfloat16, lens=(45, 3, 16), H=4, HV=8, K=128, V=128)
     s_ptx, s_tri = st.clone(), st.clone()
     assert G._use_ptx(q)
@@ -76,7 +78,7 @@ def test_ptx_conversion_matches_triton_conversion_gpu(monkeypatch, defer):
     o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu, use_qk_l2norm=True)
     for o, s in ((o_ptx, s_ptx), (o_tri, s_tri)):
         assert rel(o, o_ref) <= 3e-3 and rel(s, s_ref) <= BOUND
-    assert rel(s_ptx, s_tri) <= BOUND
+    assert rel(o_ptx, o_tri) <= 3e-3 and rel(s_ptx, s_tri) <= BOUND
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
-"""gdn_seq's [KC, BV, K/KC] kernel on the scaled state (defer_decay, the GPU default): the state is held as
-c * X with each token's exp(g) multiplied into the scalar c, and a group of U tokens whose running scale
-leaves [2^-24, 2^24] runs plain steps instead, and c is folded into X at a group's start when it is outside
-[2^-12, 2^12] (kernels/gdn.py, _gdn_seq_kc_kernel). These gates drive both
+"""gdn_seq's [KC, BV, K/KC] kernel on the scaled state (defer_decay=True; the GPU default in session 4, an
+option since session 5): the state is held as c * X with each token's exp(g) multiplied into the scalar c, and
+a group of U tokens whose running scale leaves [2^-24, 2^24] (or a sequence's last, partial group) runs plain
+steps instead, and c is folded into X at a group's start when it is outside [2^-12, 2^12] (kernels/gdn.py,
+_gdn_seq_kc_kernel). These gates drive both
 paths and the switch between them with gates that push c out of range (large |g|, g = -inf, growth g > 0),
 against the float64 reference, on the CPU through Triton's interpreter and at the same shapes on a GPU.
 """
