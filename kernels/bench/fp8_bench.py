@@ -55,6 +55,22 @@ PREFILL = {
     "tma128x128 w8 s4": dict(kernel="tma", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=4),
     "tma128x128 w8 s3 g16": dict(kernel="tma", BM=128, BN=128, GROUP_M=16, KPI=2, num_warps=8, num_stages=3),
     "tma64x128 w4 s4": dict(kernel="tma", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=4),
+    # more programs than SMs (PROGRAMS; 132 SMs on the H200): several small tiles a SM, whose MMAs and
+    # scale-FMAs can overlap each other
+    "tma64x128 w4 s3 p264": dict(kernel="tma", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=3,
+                                 PROGRAMS=264),
+    "tma64x128 w4 s4 p264": dict(kernel="tma", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=4,
+                                 PROGRAMS=264),
+    "tma64x128 w4 s3 p396": dict(kernel="tma", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=3,
+                                 PROGRAMS=396),
+    "tma64x128 w4 s3 kpi2 p264": dict(kernel="tma", BM=64, BN=128, GROUP_M=8, KPI=2, num_warps=4, num_stages=3,
+                                      PROGRAMS=264),
+    "tma64x128 w4 s3 1/tile": dict(kernel="tma", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=3,
+                                   PROGRAMS=1 << 30),
+    "tma128x128 w8 s2 kpi2 p264": dict(kernel="tma", BM=128, BN=128, GROUP_M=8, KPI=2, num_warps=8, num_stages=2,
+                                       PROGRAMS=264),
+    "tma128x64 w4 s4 p264": dict(kernel="tma", BM=128, BN=64, GROUP_M=8, KPI=1, num_warps=4, num_stages=4,
+                                 PROGRAMS=264),
 }
 # 128x256 spills (dot result + accumulator: 256 fp32 registers a thread at 8 warps); fused kpi2 needs s2 to fit
 PREFILL_QA = {
