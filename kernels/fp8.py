@@ -488,6 +488,32 @@ def tma_supported(device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+KERNELS = ("tile", "tma", "small_m")
+
+
+def _check_config(cfg: dict) -> None:
+    """ValueError naming the key of a config (see the table above :data:`TILE_DEFAULT`) that no kernel can run:
+    BM / BN / num_warps not a positive power of two, num_stages or GROUP_M not a positive int, PROGRAMS not
+    None, 0 (the default: one program per SM) or a positive int, an unknown kernel. KPI, REDUCE and the BN rules
+    of each kernel are checked in _gemm."""
+    def pos_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    if cfg.get("kernel") not in KERNELS:
+        raise ValueError(f"unknown kernel {cfg.get('kernel')!r} (tile, tma or small_m)")
+    for key in ("BM", "BN", "num_warps"):
+        v = cfg.get(key)
+        if not pos_int(v) or v & (v - 1):
+            raise ValueError(f"{key}={v!r} must be a positive power of two")
+    if not pos_int(cfg.get("num_stages")):
+        raise ValueError(f"num_stages={cfg.get('num_stages')!r} must be a positive int")
+    if cfg["kernel"] in ("tile", "tma") and not pos_int(cfg.get("GROUP_M")):
+        raise ValueError(f"GROUP_M={cfg.get('GROUP_M')!r} must be a positive int (rows of tiles a swizzle group)")
+    p = cfg.get("PROGRAMS")
+    if cfg["kernel"] == "tma" and p is not None and p != 0 and not pos_int(p):
+        raise ValueError(f"PROGRAMS={p!r} must be a positive int, or None / 0 for one program per SM")
+
+
 def _tma_layout_problem(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> str | None:
     """Why A [M, K], B [N, K] (fp8) and C [M, N] cannot be TMA tensors (16-byte aligned base and row stride),
     or None."""
@@ -572,6 +598,9 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         raise ValueError("b must be contiguous [N, K]")
     if sb.shape != (triton.cdiv(N, GROUP), K // GROUP):
         raise ValueError(f"sb must be [{triton.cdiv(N, GROUP)}, {K // GROUP}], got {tuple(sb.shape)}")
+    for name, t in (("sb", sb),) if quant_a else (("sa", sa), ("sb", sb)):
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be float32 block scales, got {t.dtype}")
     sb = sb.contiguous()  # the kernels read scales row-major; a column-major (DeepGEMM-style) layout is copied
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
@@ -583,10 +612,18 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
               and _tma_layout_problem(a, b, c) is None)
     cfg = dict(default_gemm_config(M, N, K, quant_a, a.element_size() if quant_a else 1,
                                    tma=tma_ok and not _interpreting()))
-    if config and config.get("kernel", cfg["kernel"]) != cfg["kernel"]:
-        cfg = {"tile": TILE_DEFAULT, "tma": TMA_DEFAULT}.get(config["kernel"]) or small_m_config(M)
-        cfg = dict(cfg)
-    cfg.update(config or {})
+    if config:
+        want = config.get("kernel")
+        if want is not None and want not in KERNELS:
+            raise ValueError(f"unknown kernel {want!r} (tile, tma or small_m)")
+        if want is None and cfg["kernel"] == "tma":
+            # tuning keys without a kernel name keep their meaning from before the TMA kernel: the tile
+            # kernel's (its prefill default then); kernel="tma" tunes the TMA kernel
+            cfg = dict(TILE_DEFAULT, KPI=2)
+        elif want is not None and want != cfg["kernel"]:
+            cfg = dict({"tile": TILE_DEFAULT, "tma": TMA_DEFAULT}.get(want) or small_m_config(M))
+        cfg.update(config)
+    _check_config(cfg)
     if cfg["kernel"] == "tma":
         why = ("it reads a pre-quantised A (not the fused quant)" if quant_a else
                None if tma_supported(a.device) else f"{a.device} has no TMA (compute capability 9+, CUDA)")
@@ -646,7 +683,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         BM = cfg["BM"]
         tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
         sms = NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count
-        programs = max(1, min(int(cfg.get("PROGRAMS") or sms), tiles))
+        programs = min(cfg.get("PROGRAMS") or sms, tiles)
         # fnuz bits are read as e4m3fn (HALF undoes the doubling), as in the pointer kernels
         a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
         _block_gemm_tma_kernel[(programs,)](
@@ -688,13 +725,15 @@ def fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.bfloat16, config: dict | None
     sa ``[M, K/128]`` fp32; qb ``[N, K]`` fp8 with sb ``[ceil(N/128), K/128]`` fp32; either fp8 format.
     ``config`` overrides the default config's keys (:func:`default_gemm_config`): with ``kernel`` it picks the
     kernel (``"tile"``, ``"tma"``, ``"small_m"``) and overrides that kernel's defaults; without it, it overrides
-    the keys of the kernel the shape defaults to (the TMA kernel at M > 64 on a TMA GPU with a 2-byte output,
-    where e.g. ``BN=256`` is refused; name ``kernel="tile"`` for the pointer-based kernel).
+    the keys of the kernel the shape defaults to, except where that is the TMA kernel (M > 64 on a TMA GPU
+    with a 2-byte output): there a config without ``kernel`` tunes the tile kernel, as before the TMA kernel
+    existed (name ``kernel="tma"`` to tune the TMA one).
 
     Raises:
-        ValueError: mismatched shapes or dtypes; an invalid config value (BN neither dividing 128 nor a
-            multiple of it, KPI not 1 or 2, an unknown kernel); ``kernel="tma"`` where it cannot run (no TMA on
-            the device, a base or row stride of A, B or the output not 16-byte aligned, BN not dividing 128).
+        ValueError: mismatched shapes or dtypes (scales not float32); an invalid config value (see
+            :func:`_check_config`; BN neither dividing 128 nor a multiple of it, KPI not 1 or 2);
+            ``kernel="tma"`` where it cannot run (no TMA on the device, a base or row stride of A, B or the
+            output not 16-byte aligned, BN not dividing 128).
         triton.runtime.errors.OutOfResources: a tile config whose shared memory does not fit the device."""
     return _gemm(qa, sa, qb, sb, out_dtype, False, _fmt_of(qa), False, config)
 

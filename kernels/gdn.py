@@ -110,26 +110,31 @@ if triton is not None:
 if triton is not None:
 
     @triton.jit
-    def _seq_program(state_idx, cu_seqlens, max_T, H: tl.constexpr, HV: tl.constexpr, IS_VARLEN: tl.constexpr,
-                     RNE_FIX: tl.constexpr):
+    def _seq_program(state_idx, cu_seqlens, max_T, n_slots, pad_slot_id, H: tl.constexpr, HV: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr):
         """What a gdn_seq program works on, from its ids on the grid (cdiv(V, BV), N * HV): (V-block i_v,
         sequence i_n, value head i_hv, its key head i_h, the sequence's first row bos (int64) and length T,
         its state slot (int64), the bound of its token loops hi). Varlen: max_T is the total token count, a
-        bound on every length; otherwise every sequence has max_T tokens. hi is T when compiled (the
-        sequence's own length, not the batch's token count) and max_T under the interpreter (RNE_FIX), which
-        takes no tensor loop bound; the loops skip trips past T."""
+        bound on every length; the offsets are clamped to [0, max_T] (a sequence past the tensors' rows is cut
+        there; no access outside them, no host sync to check). Otherwise every sequence has max_T tokens. A
+        slot outside [0, n_slots) comes back as pad_slot_id: the sequence is skipped like a padded one (no state
+        access outside the tensor). hi is T when compiled (the sequence's own length, not the batch's token
+        count) and max_T under the interpreter (RNE_FIX), which takes no tensor loop bound; the loops skip trips
+        past T."""
         i_v = tl.program_id(0)
         i_nh = tl.program_id(1)
         i_n = i_nh // HV
         i_hv = i_nh % HV
         i_h = i_hv // (HV // H)
         if IS_VARLEN:
-            bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-            T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+            bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n).to(tl.int64), 0), max_T)
+            eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + i_n + 1).to(tl.int64), bos), max_T)
+            T = (eos - bos).to(tl.int32)
         else:
             bos = i_n.to(tl.int64) * max_T
             T = max_T
         slot = tl.load(state_idx + i_n).to(tl.int64)
+        slot = tl.where((slot >= 0) & (slot < n_slots), slot, pad_slot_id)
         if RNE_FIX:
             hi = max_T
         else:
@@ -243,15 +248,15 @@ if triton is not None:
         q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
         ss_n, ss_h, ss_v,
-        pad_slot_id,
+        pad_slot_id, n_slots,
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
         LOOKAHEAD: tl.constexpr = False,
     ):
         # grid: (cdiv(V, BV), N * HV). One program owns one [BV, K] block of one sequence's state.
-        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
-                                                                    RNE_FIX)
+        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, n_slots, pad_slot_id,
+                                                                    H, HV, IS_VARLEN, RNE_FIX)
 
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
@@ -386,7 +391,7 @@ if triton is not None:
         q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
         ss_n, ss_h, ss_v,
-        pad_slot_id,
+        pad_slot_id, n_slots,
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, U: tl.constexpr, KC: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
@@ -410,8 +415,8 @@ if triton is not None:
         (with PTX: NVIDIA's inline PTX on the bf16 pairs, _to_f32), the row offsets 32-bit unless OFF64
         (see _row_offsets_64)."""
         KK: tl.constexpr = BK // KC
-        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
-                                                                    RNE_FIX)
+        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, n_slots, pad_slot_id,
+                                                                    H, HV, IS_VARLEN, RNE_FIX)
 
         oc = tl.arange(0, KC)[:, None, None]
         ov = i_v * BV + tl.arange(0, BV)[None, :, None]
@@ -590,7 +595,7 @@ if triton is not None:
         q, k, v, g, beta, o, state, state_idx, has_init, cu_seqlens, scale, max_T,
         sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sg_t, sg_h, sb_t, sb_h, so_t, so_h,
         ss_n, ss_h, ss_v,
-        pad_slot_id,
+        pad_slot_id, n_slots,
         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
         BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, LOG2C: tl.constexpr,
         L2NORM: tl.constexpr, HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, RNE_FIX: tl.constexpr,
@@ -599,8 +604,8 @@ if triton is not None:
         """gdn_seq C tokens at a time (:func:`_chunk_step`), the state block [BV, K] in registers across chunks;
         the next chunk's inputs are loaded while this one is computed. Grid (cdiv(V, BV), N * HV); C, BV and
         BK >= 16 (tl.dot's smallest tile)."""
-        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, H, HV, IS_VARLEN,
-                                                                    RNE_FIX)
+        i_v, i_n, i_hv, i_h, bos, T, slot, hi = _seq_program(state_idx, cu_seqlens, max_T, n_slots, pad_slot_id,
+                                                                    H, HV, IS_VARLEN, RNE_FIX)
         offs_c = tl.arange(0, C)
         offs_k = tl.arange(0, BK)
         offs_v = i_v * BV + tl.arange(0, BV)
@@ -760,8 +765,10 @@ def gdn_seq(
         state: ``[slots, HV, V, K]``, fp32 or bf16 (vLLM's ``ssm_state`` layout, V first), read and written
             in place at ``state[state_idx[n]]`` for sequence ``n``.
         state_idx: ``[N]`` integer slot per sequence; ``pad_slot_id`` marks a sequence to skip (state untouched,
-            outputs zero).
-        cu_seqlens: ``[N+1]`` int32/int64 token offsets (varlen, B = 1); None: B sequences of T tokens.
+            outputs zero). An index outside ``[0, slots)`` is skipped the same way (checked in the kernel: no
+            access outside ``state``, no host sync).
+        cu_seqlens: ``[N+1]`` int32/int64 token offsets (varlen, B = 1); None: B sequences of T tokens. Offsets
+            are clamped to ``[0, T]`` in the kernel (a sequence running past the rows is cut at the last row).
         scale: multiplies q; default ``K ** -0.5``.
         use_qk_l2norm: L2-normalise q and k per head first (``x / sqrt(|x|^2 + 1e-6)``, as fla).
         has_initial_state: optional ``[N]`` bool; False starts that sequence from a zero state.
@@ -861,7 +868,7 @@ def gdn_seq(
             qf.stride(0), qf.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1),
             gf.stride(0), gf.stride(1), bf.stride(0), bf.stride(1), of.stride(0), of.stride(1),
             state.stride(0), state.stride(1), state.stride(2),
-            pad_slot_id, H, HV, K, V)
+            pad_slot_id, state.shape[0], H, HV, K, V)
     flags = (bool(use_qk_l2norm), has_initial_state is not None, cu_seqlens is not None, _interpreting())
     if chunk:
         _launch(_gdn_seq_chunk_kernel, grid, head + (max(BK, 16), BV, chunk, chunk.bit_length() - 1) + flags
@@ -900,12 +907,13 @@ def gdn_seq_ref(
     o = torch.zeros(B * T, HV, V, dtype=f, device=q.device)
     for n in range(len(cu) - 1):
         slot = int(state_idx[n])
-        if slot == pad_slot_id:
+        if slot == pad_slot_id or not 0 <= slot < state.shape[0]:  # skipped, as gdn_seq does
             continue
         S = new_state[slot].clone()  # [HV, V, K]
         if has_initial_state is not None and not bool(has_initial_state[n]):
             S.zero_()
-        for t in range(cu[n], cu[n + 1]):
+        bos = min(max(cu[n], 0), B * T)  # offsets clamped to the rows, as gdn_seq does
+        for t in range(bos, min(max(cu[n + 1], bos), B * T)):
             qt = qf[t].repeat_interleave(HV // H, dim=0)  # [HV, K]
             kt = kf[t].repeat_interleave(HV // H, dim=0)
             if use_qk_l2norm:
