@@ -248,7 +248,11 @@ def test_held_short_empty_pad_and_no_init_sequences(mode, device, lens, U, defer
         o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, cu, has_initial_state=has)
         s = st.clone()
         o = gdn_seq(q, k, v, g, beta, s, idx, cu_seqlens=cu, KC=4, U=U, defer_decay=defer, has_initial_state=has)
-        assert rel(o, o_ref) <= GDN_BOUND and rel(s, s_ref) <= GDN_BOUND
+        # o is a sum of K terms of ~0.2 that cancel to ~1e-4 on some rows (seed 7, one token): there the fp32
+        # rounding of the terms (~1e-8 absolute) sets o's relative error (1.35e-5 on the H200, 2026-12-01), so
+        # o passes on either bound
+        o_abs = (o.double().cpu() - o_ref.double().cpu()).abs().max().item()
+        assert (rel(o, o_ref) <= GDN_BOUND or o_abs <= 1e-7) and rel(s, s_ref) <= GDN_BOUND, (rel(o, o_ref), o_abs)
         used = {int(i) for i in idx}
         for j in range(st.shape[0]):
             if j not in used:
