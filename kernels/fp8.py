@@ -662,10 +662,10 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     qo, so = (qa_out, sa_out) if store_a else (c, c)
     sqm, ssqm = (qa_out.stride(0), sa_out.stride(0)) if store_a else (0, 0)
+    kpi = cfg.get("KPI", 1)  # tile and TMA kernels: one K-block a turn where K/128 does not divide by KPI
+    if (K // GROUP) % kpi:
+        kpi = 1
     if cfg["kernel"] == "tile":
-        kpi = cfg.get("KPI", 1)
-        if (K // GROUP) % kpi:
-            kpi = 1
         if quant_a and not _interpreting():
             # KPI=2 with the quant in the A-load failed the operand-identity gate on the H200 (2026-11-29,
             # test_fused_quant_gemm_identical_operands[tile_kpi2]; cause not established): one K-block a turn
@@ -679,7 +679,6 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     elif cfg["kernel"] == "tma":
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        kpi = cfg.get("KPI", 1) if (K // GROUP) % 2 == 0 else 1
         BM = cfg["BM"]
         tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
         sms = NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count

@@ -67,22 +67,33 @@ SWEEP_SHORT = [  # T <= 45 only: the short end, timed by graph replay and by ker
 ]
 
 
+def fla_case(T: int, gen: torch.Generator):
+    """The bench inputs at T (:func:`inputs`), a call of fla's fused_recurrent_gated_delta_rule on them (on its
+    own copy of the state, for timing) and fla's o from the initial state ([B, T, HV, V] bf16, the reference
+    the configs are checked against). Returns (q, k, v, g, beta, h0, fla call, o)."""
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+    q, k, v, g, beta, h0 = inputs(T, gen)
+    h = h0.clone()
+
+    def fla():
+        return fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h,
+                                                output_final_state=True, state_v_first=True)
+
+    o_r, _ = fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
+                                              output_final_state=True, state_v_first=True)
+    return q, k, v, g, beta, h0, fla, o_r
+
+
 def short_sweep() -> dict:
     """SWEEP_SHORT at T = 16 and 45: per config the graph-replay median and the kernel time (bench_kernels), and
     fla recurrent's; prints the table. Returns {T: {name: (graph ms, kernel ms)}}."""
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     idx = torch.zeros(1, dtype=torch.int32, device="cuda")
     out: dict = {}
     for T in (16, 45):
-        q, k, v, g, beta, h0 = inputs(T, gen)
-        h = h0.clone()
-        fla = lambda: fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h,  # noqa: E731
-                                                       output_final_state=True, state_v_first=True)
-        o_r, _ = fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
-                                                  output_final_state=True, state_v_first=True)
+        q, k, v, g, beta, h0, fla, o_r = fla_case(T, gen)
         row = {"fla_recurrent": (bench_graph(fla), bench_kernels(fla)[0])}
         for cfg in SWEEP_SHORT:
             st = h0.clone()
@@ -108,19 +119,12 @@ def compare(ts: list[int], cfgs: dict) -> dict:
     """Kernel time (bench_kernels) of named gdn_seq configs ({name: gdn_seq keywords}) against fla recurrent at
     each T of ts, on the bench inputs; each config's o is checked against fla's first (relative norm < 1e-3,
     else AssertionError). Prints one line per T; returns {T: {name: ms}} with fla's as "fla"."""
-    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     idx = torch.zeros(1, dtype=torch.int32, device="cuda")
     res: dict = {}
     for T in ts:
-        q, k, v, g, beta, h0 = inputs(T, gen)
-        h = h0.clone()
-        fla = lambda: fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h,  # noqa: E731
-                                                       output_final_state=True, state_v_first=True)
-        o_r, _ = fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0.clone(),
-                                                  output_final_state=True, state_v_first=True)
+        q, k, v, g, beta, h0, fla, o_r = fla_case(T, gen)
         row = {"fla": bench_kernels(fla)[0]}
         for name, cfg in cfgs.items():
             st = h0.clone()
