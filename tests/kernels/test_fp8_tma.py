@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kernels.fp8 as F
-from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref, fp8_quant_block_weight_ref
+from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref
+from tests.kernels.cases import fp8_operands as operands
 
 BOUND = {"gpu": 4e-3, "interp": 6e-3}  # bf16 output against float64, as tests/kernels/test_fp8.py
 
@@ -18,15 +19,6 @@ BOUND = {"gpu": 4e-3, "interp": 6e-3}  # bf16 output against float64, as tests/k
 def rel(out, ref):
     out, ref = out.double().cpu(), ref.double().cpu()
     return ((out - ref).norm() / ref.norm()).item()
-
-
-def operands(seed, M, N, K, device, fmt="e4m3fn"):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=gen) * 10.0 ** (torch.rand(M, 1, generator=gen) * 4 - 2)
-    w = torch.randn(N, K, generator=gen) * 0.05
-    qa, sa = F.fp8_quant_group_ref(x.to(device), fmt)
-    qb, sb = fp8_quant_block_weight_ref(w.to(device), fmt)
-    return x.to(device), qa, sa, qb, sb
 
 
 def tiles(mode):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernels.gdn import PAD_SLOT_ID, gdn_seq, gdn_seq_ref
+from tests.kernels.cases import gdn_varlen_inputs
 
 BOUND = 1e-5  # fp32 against float64, as tests/kernels/test_gdn.py
 DEFER = pytest.mark.parametrize("defer", [True, False], ids=["scaled", "plain"])
@@ -29,21 +30,9 @@ def rel(out, ref) -> float:
 
 
 def inputs(seed, lens, H=1, HV=2, K=16, V=8, slots=None, device="cpu"):
-    """Varlen inputs [1, sum(lens), ...]; keys and queries unit-norm (so use_qk_l2norm is not needed)."""
-    gen = torch.Generator().manual_seed(seed)
-    T = sum(lens)
-    slots = slots or len(lens) + 1
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    q = q / q.norm(dim=-1, keepdim=True)
-    k = k / k.norm(dim=-1, keepdim=True)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = -(torch.rand(1, T, HV, generator=gen) * 0.5 + 0.01)
-    beta = torch.rand(1, T, HV, generator=gen) * 0.98 + 0.01
-    state = torch.randn(slots, HV, V, K, generator=gen) * 0.5
-    cu = torch.tensor([0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32)
-    idx = torch.randperm(slots, generator=gen)[:len(lens)].to(torch.int32)
-    return [x.to(device) for x in (q, k, v, g, beta, state, idx, cu)]
+    """Varlen inputs [1, sum(lens), ...] (tests/kernels/cases.py); keys and queries unit-norm (so use_qk_l2norm
+    is not needed); one spare slot by default."""
+    return gdn_varlen_inputs(seed, lens, H, HV, K, V, slots or len(lens) + 1, device)
 
 
 def check(q, k, v, g, beta, st, idx, cu=None, bound=BOUND, **kw):

@@ -16,15 +16,15 @@ Small shapes, so the file runs on the CPU under TRITON_INTERPRET=1 (tests/kernel
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 import kernels.fp8 as F
 import kernels.gdn as G
-from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_ref, fp8_quant_block_weight_ref
+from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_ref
 from kernels.gdn import gdn_seq, gdn_seq_ref
+from tests.kernels.cases import fp8_operands as operands
+from tests.kernels.cases import gdn_varlen_inputs
 
 GDN_BOUND = 1e-5      # fp32 against float64, as tests/kernels/test_gdn.py
 FP8_BOUND = 6e-3      # bf16 output against float64 under the interpreter, as tests/kernels/test_fp8_tma.py
@@ -46,30 +46,13 @@ def interp_only(mode):
 # inputs
 # ------------------------------------------------------------------------------------------------------------
 def gdn_inputs(seed, lens, H=1, HV=2, K=8, V=4, slots=None, device="cpu"):
-    """Varlen inputs [1, sum(lens), ...]; unit-norm q and k (well conditioned without l2norm)."""
-    gen = torch.Generator().manual_seed(seed)
-    T = sum(lens)
-    slots = slots or len(lens) + 2
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    q = q / q.norm(dim=-1, keepdim=True)
-    k = k / k.norm(dim=-1, keepdim=True)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = -(torch.rand(1, T, HV, generator=gen) * 0.5 + 0.01)
-    beta = torch.rand(1, T, HV, generator=gen) * 0.98 + 0.01
-    state = torch.randn(slots, HV, V, K, generator=gen) * 0.5
-    cu = torch.tensor([0] + torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist(), dtype=torch.int32)
-    idx = torch.randperm(slots, generator=gen)[:len(lens)].to(torch.int32)
-    return [x.to(device) for x in (q, k, v, g, beta, state, idx, cu)]
+    """Varlen inputs [1, sum(lens), ...] (tests/kernels/cases.py); unit-norm q and k (well conditioned without
+    l2norm); two spare slots by default."""
+    return gdn_varlen_inputs(seed, lens, H, HV, K, V, slots or len(lens) + 2, device)
 
 
 def fp8_operands(seed, M, N, K, device, fmt="e4m3fn"):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=gen) * 10.0 ** (torch.rand(M, 1, generator=gen) * 4 - 2)
-    w = torch.randn(N, K, generator=gen) * 0.05
-    qa, sa = F.fp8_quant_group_ref(x.to(device), fmt)
-    qb, sb = fp8_quant_block_weight_ref(w.to(device), fmt)
-    return qa, sa, qb, sb
+    return operands(seed, M, N, K, device, fmt)[1:]
 
 
 SMALL = dict(BM=16, BN=32, GROUP_M=2, KPI=1, num_warps=4, num_stages=1)
