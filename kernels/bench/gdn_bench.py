@@ -176,11 +176,18 @@ def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
-def bench_kernels(fn, n: int = 40) -> tuple[float, float]:
+def bench_kernels(fn, n: int = 40, flush_by: str = "zero") -> tuple[float, float]:
     """(median ms, kernels per call) of the GPU kernels one call launches, from the CUDA profiler (CUPTI): per
-    call the sum of its kernels' durations, the L2 flushed before each call as do_bench does. The kernels' own
-    time: neither the host's launch cost nor the graph-launch and event gaps that bench_graph includes (its
-    floor is ~8 us: gdn_conv's 9.8 us at T = 16 for a few hundred ns of work)."""
+    call the sum of its kernels' durations, the L2 flushed before each call. The kernels' own time: neither the
+    host's launch cost nor the graph-launch and event gaps that bench_graph includes (its floor is ~8 us:
+    gdn_conv's 9.8 us at T = 16 for a few hundred ns of work).
+
+    ``flush_by``: "zero" writes a 256 MiB buffer as do_bench does, which leaves the L2 full of dirty lines, so
+    a call that streams more than a few MiB from DRAM also pays for writing them back as it evicts them;
+    "read" sums the buffer instead (clean lines: the call's DRAM traffic is its own, as for a decode step's
+    weights after the previous layer's)."""
+    if flush_by not in ("zero", "read"):
+        raise ValueError(f"flush_by must be 'zero' or 'read', got {flush_by!r}")
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -189,19 +196,22 @@ def bench_kernels(fn, n: int = 40) -> tuple[float, float]:
     _warm_clocks()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(n):
-            flush.zero_()
-            torch.cuda._sleep(20_000)  # a marker kernel ("spin") between the flush and the call
+            if flush_by == "zero":
+                flush.zero_()
+            else:
+                flush.sum()
+            torch.cuda._sleep(20_000)  # marker kernels ("spin") around the call: its kernels are between them
             fn()
+            torch.cuda._sleep(1_000)
         torch.cuda.synchronize()
     ev = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                  and e.time_range.elapsed_us() >= 0 and "Memcpy" not in e.name and "Memset" not in e.name),
                 key=lambda e: e.time_range.start)
-    starts = [i for i, e in enumerate(ev) if "spin" in e.name]
-    if len(starts) != n:
-        raise RuntimeError(f"profiler: {len(starts)} marker kernels for {n} calls")
+    marks = [i for i, e in enumerate(ev) if "spin" in e.name]
+    if len(marks) != 2 * n:
+        raise RuntimeError(f"profiler: {len(marks)} marker kernels for {n} calls (expected {2 * n})")
     per_call, counts = [], []
-    for j, i in enumerate(starts):
-        end = starts[j + 1] - 1 if j + 1 < n else len(ev)  # the next call's flush is not this call's
+    for i, end in zip(marks[0::2], marks[1::2]):
         ks = ev[i + 1:end]
         per_call.append(sum(e.time_range.elapsed_us() for e in ks) / 1e3)
         counts.append(len(ks))
