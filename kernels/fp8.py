@@ -488,7 +488,16 @@ def tma_supported(device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-KERNELS = ("tile", "tma", "small_m")
+KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
+# "wgmma" / "wgmma_small_m": the Gluon kernels of kernels/fp8_wgmma.py (Hopper only, pre-quantised A).
+# wgmma: keys as "tma" (num_stages: shared-memory stages of A and B). wgmma_small_m: BM the token tile (16, 32
+# or 64, at least M), BN 64 or 128 weight rows a program (BN / 16 warps), SPLIT_K an int or "auto" (about
+# PROGRAMS programs, default two per SM), num_stages capped at a program's K-blocks.
+# WS: 0 (no warp specialisation; MODE 0 / 1 / 2, see _block_gemm_wgmma_kernel), 1 (one producer warp, the
+# consumers one partition), 2 (two consumer partitions of 64 rows: BM 128, the default); CONSUMER_REGS: WS=2's
+# worker consumer's register budget. H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6".
+WGMMA_DEFAULT = dict(kernel="wgmma", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, WS=2)
+WGMMA_SMALL_M_DEFAULT = dict(kernel="wgmma_small_m", BM=16, BN=64, SPLIT_K="auto", num_warps=4, num_stages=4)
 
 
 def _check_config(cfg: dict) -> None:
@@ -500,18 +509,40 @@ def _check_config(cfg: dict) -> None:
         return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
     if cfg.get("kernel") not in KERNELS:
-        raise ValueError(f"unknown kernel {cfg.get('kernel')!r} (tile, tma or small_m)")
+        raise ValueError(f"unknown kernel {cfg.get('kernel')!r} (one of {', '.join(KERNELS)})")
     for key in ("BM", "BN", "num_warps"):
         v = cfg.get(key)
         if not pos_int(v) or v & (v - 1):
             raise ValueError(f"{key}={v!r} must be a positive power of two")
     if not pos_int(cfg.get("num_stages")):
         raise ValueError(f"num_stages={cfg.get('num_stages')!r} must be a positive int")
-    if cfg["kernel"] in ("tile", "tma") and not pos_int(cfg.get("GROUP_M")):
+    if cfg["kernel"] in ("tile", "tma", "wgmma") and not pos_int(cfg.get("GROUP_M")):
         raise ValueError(f"GROUP_M={cfg.get('GROUP_M')!r} must be a positive int (rows of tiles a swizzle group)")
     p = cfg.get("PROGRAMS")
-    if cfg["kernel"] == "tma" and p is not None and p != 0 and not pos_int(p):
+    if cfg["kernel"] in ("tma", "wgmma", "wgmma_small_m") and p is not None and p != 0 and not pos_int(p):
         raise ValueError(f"PROGRAMS={p!r} must be a positive int, or None / 0 for one program per SM")
+    if cfg["kernel"] == "wgmma_small_m":
+        if cfg["BM"] not in (16, 32, 64):
+            raise ValueError(f"BM={cfg['BM']} must be 16, 32 or 64 for wgmma_small_m (the token tile)")
+        if cfg["BN"] not in (64, 128) or cfg["num_warps"] != cfg["BN"] // 16:
+            raise ValueError(f"wgmma_small_m needs BN 64 or 128 with BN / 16 warps, got BN={cfg['BN']}, "
+                             f"num_warps={cfg['num_warps']}")
+        sk = cfg.get("SPLIT_K", "auto")
+        if sk != "auto" and not pos_int(sk):
+            raise ValueError(f"SPLIT_K={sk!r} must be a positive int or 'auto'")
+    if cfg["kernel"] == "wgmma":
+        ws, mode = cfg.get("WS", 0), cfg.get("MODE", 0)
+        if ws not in (0, 1, 2) or mode not in (0, 1, 2):  # True / False count as 1 / 0
+            raise ValueError(f"WS={ws!r} and MODE={mode!r} must each be 0, 1 or 2")
+        if ws == 2 and cfg["BM"] != 128:
+            raise ValueError(f"WS=2 splits a 128-row tile between two consumer warpgroups, got BM={cfg['BM']}")
+        cr = cfg.get("CONSUMER_REGS", 232)
+        if ws == 2 and (not pos_int(cr) or cr % 8 or not 24 <= cr <= 256):
+            raise ValueError(f"CONSUMER_REGS={cr!r} must be a multiple of 8 in [24, 256]")
+    if cfg["kernel"] == "wgmma" and (cfg["BM"] not in (64, 128) or cfg["BN"] not in (16, 32, 64, 128)
+                                     or cfg["num_warps"] != cfg["BM"] // 16):
+        raise ValueError(f"wgmma needs BM 64 or 128 with BM / 16 warps and BN dividing 128, got BM={cfg['BM']}, "
+                         f"BN={cfg['BN']}, num_warps={cfg['num_warps']}")
 
 
 def _tma_layout_problem(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> str | None:
@@ -526,9 +557,14 @@ def _tma_layout_problem(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> st
 
 
 def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsize: int = 2,
-                        tma: bool = False) -> dict:
-    """Tile config by shape. Under the interpreter small tiles. On the GPU, the winners of the H200 sweep of
-    2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096 and 8192):
+                        tma: bool = False, gluon: bool = False) -> dict:
+    """Tile config by shape. Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
+    _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
+    kernels/fp8_wgmma.py (H200, session 6, kernels/NOTES_II.md "fp8 GEMM, session 6"): M <= 16 the swap-AB
+    split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 64 the same with one split, larger M with a
+    2-byte output (``tma``) the warp-specialised prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere, the
+    winners of the H200 sweep of 2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096
+    and 8192):
 
     * M <= 64: the tile kernel at 16 x 32 (mma.sync; 18.6 us pre-quantised / 27.6 us fused at M=16, N=K=4096),
       faster there than every swap-AB split-K config tried (26.9-54.8 us): the small-M kernel stays available
@@ -553,6 +589,13 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
             return dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=1,
                         FAST_DIV=True)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=2, KPI=1, num_warps=4, num_stages=1, FAST_DIV=True)
+    if gluon and not quant_a:  # Hopper with Gluon, A and B TMA-addressable: kernels/fp8_wgmma.py
+        if M <= 16:
+            return dict(WGMMA_SMALL_M_DEFAULT)
+        if M <= SMALL_M_MAX:
+            return dict(WGMMA_SMALL_M_DEFAULT, BM=32 if M <= 32 else 64, SPLIT_K=1, num_stages=8)
+        if tma:
+            return dict(WGMMA_DEFAULT)
     if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 in --decode-tiles (see NOTES_II)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2, num_warps=4, num_stages=4, FAST_DIV=True)
     if M <= SMALL_M_MAX:
@@ -610,19 +653,28 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     # as asked and may fail so)
     tma_ok = (not quant_a and c.element_size() <= 2 and tma_supported(a.device)
               and _tma_layout_problem(a, b, c) is None)
-    cfg = dict(default_gemm_config(M, N, K, quant_a, a.element_size() if quant_a else 1,
-                                   tma=tma_ok and not _interpreting()))
+    itemsize = a.element_size() if quant_a else 1
+    gluon_ok = False
+    if not quant_a and not _interpreting() and a.is_cuda:
+        from kernels.fp8_wgmma import gluon_supported
+
+        gluon_ok = gluon_supported(a.device) and _tma_layout_problem(a, b, b) is None
+    cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize, tma=tma_ok and not _interpreting(),
+                                   gluon=gluon_ok))
     if config:
         want = config.get("kernel")
         if want is not None and want not in KERNELS:
-            raise ValueError(f"unknown kernel {want!r} (tile, tma or small_m)")
-        if want is None and cfg["kernel"] == "tma":
-            # tuning keys without a kernel name keep their meaning from before the TMA kernel: the tile
-            # kernel's (its prefill default then); kernel="tma" tunes the TMA kernel
-            cfg = dict(TILE_DEFAULT, KPI=2)
+            raise ValueError(f"unknown kernel {want!r} (one of {', '.join(KERNELS)})")
+        if want is None and cfg["kernel"] in ("tma", "wgmma", "wgmma_small_m"):
+            # tuning keys without a kernel name keep their meaning from before the TMA and Gluon kernels: the
+            # tile kernel's (or the small-M kernel's under the interpreter); naming a kernel tunes that one
+            cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize))
         elif want is not None and want != cfg["kernel"]:
-            cfg = dict({"tile": TILE_DEFAULT, "tma": TMA_DEFAULT}.get(want) or small_m_config(M))
+            cfg = dict({"tile": TILE_DEFAULT, "tma": TMA_DEFAULT, "wgmma": WGMMA_DEFAULT,
+                        "wgmma_small_m": WGMMA_SMALL_M_DEFAULT}.get(want) or small_m_config(M))
         cfg.update(config)
+        if cfg["kernel"] == "wgmma_small_m" and "BM" not in config:  # the token tile follows M
+            cfg["BM"] = 16 if M <= 16 else (32 if M <= 32 else 64)
     _check_config(cfg)
     if cfg["kernel"] == "tma":
         why = ("it reads a pre-quantised A (not the fused quant)" if quant_a else
@@ -632,6 +684,19 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             raise ValueError(f"kernel='tma': {why}")
         if 128 % cfg["BN"]:
             raise ValueError(f"kernel='tma' needs BN dividing 128, got BN={cfg['BN']}")
+    if cfg["kernel"] in ("wgmma", "wgmma_small_m"):
+        from kernels.fp8_wgmma import gluon_supported
+
+        why = ("it reads a pre-quantised A (not the fused quant)" if quant_a else
+               None if gluon_supported(a.device) else
+               f"{a.device} is not a Hopper GPU (compute capability 9.x) with Triton's Gluon")
+        why = why or _tma_layout_problem(a, b, c if cfg["kernel"] == "wgmma" else b)
+        if not why and cfg["kernel"] == "wgmma" and c.element_size() != 2:
+            why = f"it stores a 2-byte output by TMA, not {c.dtype}"
+        if not why and cfg["kernel"] == "wgmma_small_m" and M > cfg["BM"]:
+            why = f"M={M} is more than its token tile BM={cfg['BM']}"
+        if why:
+            raise ValueError(f"kernel={cfg['kernel']!r}: {why}")
     BN = cfg["BN"]
     if 128 % BN and BN % 128:
         raise ValueError(f"BN={BN} must divide 128 or be a multiple of it")
@@ -691,6 +756,23 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             programs, BM=BM, BN=BN, GROUP_M=cfg["GROUP_M"], KPI=kpi, HALF=half,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
+    elif cfg["kernel"] in ("wgmma", "wgmma_small_m"):
+        from kernels import fp8_wgmma
+
+        a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)  # fnuz bits: HALF, as above
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        if cfg["kernel"] == "wgmma":
+            tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, BN)
+            fp8_wgmma.launch_wgmma(a8, sa_arg, b8, sb, c, half, cfg, min(cfg.get("PROGRAMS") or sms, tiles))
+        else:
+            kb, n_tiles = K // GROUP, triton.cdiv(N, BN)
+            split = cfg.get("SPLIT_K", "auto")
+            if split == "auto":  # about PROGRAMS programs (default two an SM), never an empty split
+                split = max(1, min(kb, round((cfg.get("PROGRAMS") or 2 * sms) / n_tiles)))
+            split = min(int(split), kb)
+            if split * M * N >= 2**31:  # the workspace is indexed in int32
+                split = 1
+            fp8_wgmma.launch_small_m_wgmma(a8, sa_arg, b8, sb, c, half, cfg, split, _lock_buffer(a.device, n_tiles))
     elif cfg["kernel"] == "small_m":
         kb = K // GROUP
         split = cfg["SPLIT_K"]
@@ -713,7 +795,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             _splitk_reduce_kernel[(triton.cdiv(M * N, BLOCK),)](ws, c, M, N, c.stride(0), split, BLOCK=BLOCK,
                                                                  num_warps=4)
     else:
-        raise ValueError(f"unknown kernel {cfg['kernel']!r} (tile, tma or small_m)")
+        raise ValueError(f"unknown kernel {cfg['kernel']!r} (one of {', '.join(KERNELS)})")
     if store_a:
         return c, qa_out.view(FP8_DTYPE[fmt]), sa_out
     return c

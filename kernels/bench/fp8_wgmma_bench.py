@@ -1,0 +1,191 @@
+"""The Gluon fp8 kernels (kernels/fp8_wgmma.py) against torch._scaled_mm (per-tensor fp8) and the repo's other
+kernels on the H200.
+
+* ``--prefill``: M = N = K = 4096 and 8192 (and 2048 x 7168 x 4096), median of do_bench (us; TFLOP/s =
+  2 M N K / t): _scaled_mm, the default, the TMA kernel, and kernel="wgmma" variants (PREFILL). Every variant's
+  output is compared with the tile kernel's (``same``: bit-identical).
+* ``--decode``: M = 1, 16, 64 x 4096 x 4096 and 16 x 8192 x 8192 by kernel time (CUDA profiler, L2 flushed
+  before each call, median of 20; gdn_bench.bench_kernels), twice: after a flush that writes (do_bench's:
+  the call also pays for the write-back of the dirty lines it evicts) and after one that reads (clean L2):
+  _scaled_mm, the default, the best Triton split-K of session 4, and kernel="wgmma_small_m" variants
+  (DECODE); each output's error against the float64 product (BAD at 4e-3).
+
+* ``--prefill-kernel-time``: M = 128 .. 2048 x 4096 x 4096 by kernel time (there the launch path is longer
+  than the kernel and do_bench times the host): _scaled_mm, the default, the TMA and the tile kernels.
+
+Usage (CUDA, Hopper): python -m kernels.bench.fp8_wgmma_bench [--prefill] [--prefill-kernel-time] [--decode]
+    [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+import kernels.fp8 as F
+
+PREFILL = {  # MODE 0: a K-block's fold overlaps the next block's wgmma (the default); 1: two K-blocks a turn, x
+    # and y trading roles (no copies; spills at 255 registers under Triton 3.6); 2: no overlap.
+    # ws: warp-specialised (one producer warp issues the TMA loads; _block_gemm_ws_kernel); ws2: its two
+    # consumer warpgroups in two partitions, 64 rows each, never held in step (_block_gemm_ws2_kernel)
+    "wgmma s4 (default)": dict(kernel="wgmma"),
+    "ws s4 mode2": dict(kernel="wgmma", WS=True, MODE=2),
+    "ws2 s4": dict(kernel="wgmma", WS=2),
+    "ws2 s5": dict(kernel="wgmma", WS=2, num_stages=5),
+    "ws2 s4 r240": dict(kernel="wgmma", WS=2, CONSUMER_REGS=240),
+    "ws2 s4 g16 r240": dict(kernel="wgmma", WS=2, GROUP_M=16, CONSUMER_REGS=240),
+    "ws2 s5 g16 r240": dict(kernel="wgmma", WS=2, GROUP_M=16, num_stages=5, CONSUMER_REGS=240),
+    "ws2 s4 bn64": dict(kernel="wgmma", WS=2, BN=64),
+    "ws2 s4 (again)": dict(kernel="wgmma", WS=2),
+}
+DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM; rot: ROTATE (see the kernel)
+    "wg bn64 s4": dict(kernel="wgmma_small_m", num_stages=4),
+    "wg bn64 s4 rot": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True),
+    "wg bn64 s3 rot": dict(kernel="wgmma_small_m", num_stages=3, ROTATE=True),
+    "wg bn64 s6 rot": dict(kernel="wgmma_small_m", num_stages=6, ROTATE=True),
+    "wg bn64 s8 rot": dict(kernel="wgmma_small_m", num_stages=8, ROTATE=True),
+    "wg bn64 s4 rot p132": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True, PROGRAMS=132),
+    "wg bn64 s4 rot p396": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True, PROGRAMS=396),
+    "wg bn64 split1": dict(kernel="wgmma_small_m", SPLIT_K=1),
+    "wg bn64 split2 rot": dict(kernel="wgmma_small_m", SPLIT_K=2, ROTATE=True),
+}
+SESSION4_BEST = dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=2, num_warps=4, num_stages=3,
+                     FAST_DIV=True)  # "s bn64 auto r2 s3" of kernels/NOTES_II.md, 10.8 us at M = 16
+BOUND = 4e-3
+
+
+def operands(M, N, K, dev="cuda"):
+    x = torch.randn(M, K, device=dev)
+    w = torch.randn(N, K, device=dev)
+    qa, sa = F.fp8_quant_group(x)
+    qb, sb = F.fp8_quant_block_weight_ref(w)
+    return x, w, qa, sa, qb, sb
+
+
+def prefill(res: dict) -> None:
+    bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
+    for M, N, K in [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 7168, 4096), (512, 4096, 4096),
+                    (4096, 4096, 4096)]:
+        torch.manual_seed(0)
+        x, w, qa, sa, qb, sb = operands(M, N, K)
+        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        tile = F.fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2))
+        tf = lambda us: 2 * M * N * K / us / 1e6  # noqa: E731
+        shape = f"{M}x{N}x{K}" + (" (again)" if f"{M}x{N}x{K}" in res else "")
+        t_mm = bench(lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        print(f"{shape}: _scaled_mm {t_mm:.1f} us {tf(t_mm):.0f} TFLOP/s", flush=True)
+        res[shape] = {"scaled_mm": t_mm}
+        variants = {"default": None, "tma": dict(kernel="tma")}
+        variants.update(PREFILL)
+        for name, cfg in variants.items():
+            try:
+                out = F.fp8_block_gemm(qa, sa, qb, sb, config=cfg)
+                same = torch.equal(out, tile)
+                t = bench(lambda cfg=cfg: F.fp8_block_gemm(qa, sa, qb, sb, config=cfg))
+                print(f"{shape}: {name:28} {t:8.1f} us {tf(t):6.0f} TFLOP/s  / _scaled_mm {t_mm / t:.2f}  "
+                      f"same as tile: {same}", flush=True)
+                res[shape][name] = dict(us=t, same=same)
+            except Exception as e:  # a config that does not build: report, go on
+                print(f"{shape}: {name} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+def decode(res: dict, variants: bool = True) -> None:
+    from kernels.bench.gdn_bench import bench_kernels
+
+    for M, N, K in [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]:
+        torch.manual_seed(0)
+        x, w, qa, sa, qb, sb = operands(M, N, K)
+        ref = F.fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64).float()
+        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        if M % 16:  # cuBLASLt wants 16-row multiples: the padded call a server would make
+            xp = torch.zeros(16, K, device="cuda", dtype=torch.float8_e4m3fn)
+            xp[:M] = xa
+            xa = xp
+        shape = f"{M}x{N}x{K}"
+        res[shape] = {}
+        fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one,
+                                                     out_dtype=torch.bfloat16),
+               "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb),
+               "tile (session 5 default)": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(
+                   kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2 if M <= 16 else 1, num_warps=4, num_stages=4)),
+               "small_m bn64 auto r2 s3": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=SESSION4_BEST)}
+        if variants:
+            fns.update({n: (lambda c=c: F.fp8_block_gemm(qa, sa, qb, sb, config=c)) for n, c in DECODE.items()})
+        for name, fn in fns.items():
+            try:
+                err = None if name == "scaled_mm" else ((fn().float() - ref).norm() / ref.norm()).item()
+                row = dict(rel_err=err)
+                for flush_by in ("zero", "read"):
+                    ms, nk = bench_kernels(fn, n=20, flush_by=flush_by)
+                    row[f"us_flush_{flush_by}"], row["kernels"] = ms * 1e3, nk
+                e = "" if err is None else f" rel {err:.1e}" + ("" if err < BOUND else " BAD")
+                print(f"{shape:>16} | {name:<26} | {row['us_flush_zero']:7.2f} us after a written flush, "
+                      f"{row['us_flush_read']:7.2f} after a read one ({nk:.0f} kernels){e}", flush=True)
+                res[shape][name] = row
+            except Exception as ex:  # keep the others
+                print(f"{shape:>16} | {name:<26} | FAILED {type(ex).__name__}: {str(ex)[:300]}", flush=True)
+
+
+def prefill_kernel_time(res: dict) -> None:
+    """Prefill shapes whose kernels are shorter than the host's launch path (do_bench would time the host):
+    M = 128 .. 2048 x 4096 x 4096 by kernel time, after a written and after a read flush (see decode)."""
+    from kernels.bench.gdn_bench import bench_kernels
+
+    for M, N, K in [(128, 4096, 4096), (256, 4096, 4096), (512, 4096, 4096), (1024, 4096, 4096),
+                    (2048, 4096, 4096)]:
+        torch.manual_seed(0)
+        x, w, qa, sa, qb, sb = operands(M, N, K)
+        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        tile = F.fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2))
+        shape = f"{M}x{N}x{K} kernel time"
+        res[shape] = {}
+        fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one,
+                                                     out_dtype=torch.bfloat16),
+               "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb),
+               "tma": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="tma")),
+               "tile kpi2": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2))}
+        for name, fn in fns.items():
+            try:
+                row = dict(same=None if name == "scaled_mm" else bool(torch.equal(fn(), tile)))
+                for flush_by in ("zero", "read"):
+                    ms, nk = bench_kernels(fn, n=20, flush_by=flush_by)
+                    row[f"us_flush_{flush_by}"] = ms * 1e3
+                tf = 2 * M * N * K / row["us_flush_zero"] / 1e6
+                print(f"{shape:>26} | {name:<10} | {row['us_flush_zero']:8.2f} us after a written flush "
+                      f"({tf:5.0f} TFLOP/s), {row['us_flush_read']:8.2f} after a read one; same as tile: "
+                      f"{row['same']}", flush=True)
+                res[shape][name] = row
+            except Exception as ex:  # keep the others
+                print(f"{shape:>26} | {name:<10} | FAILED {type(ex).__name__}: {str(ex)[:300]}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--decode-default", action="store_true",
+                    help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
+    ap.add_argument("--prefill-kernel-time", action="store_true",
+                    help="M = 128 .. 2048 x 4096 x 4096 by kernel time (CUDA profiler)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    res: dict = {}
+    if args.decode or args.decode_default:
+        decode(res, variants=args.decode)
+    if args.prefill:
+        prefill(res)
+    if args.prefill_kernel_time:
+        prefill_kernel_time(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

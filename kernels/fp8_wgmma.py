@@ -1,0 +1,563 @@
+"""Block-scaled fp8 GEMM for Hopper written in Gluon (Triton's explicit-layout dialect): explicit wgmma waits.
+
+Why a second prefill kernel. ``kernels.fp8._block_gemm_tma_kernel`` computes each 128-wide K-block's product
+with a fresh wgmma and folds it into the accumulator with the block's scales (``acc += d * s``). Triton's
+pipeliner waits for every such wgmma before its scale-FMA, so the tensor cores idle while the CUDA cores do
+the FMAs (the session-5 exploration, kernels/bench/fp8_tma_explore.py mode 1, found no way to move that wait
+from Triton). Here the wait is ours: the wgmma of K-block ``kb`` is issued, then ``warpgroup_mma_wait(1)``
+retires the one of ``kb - 1`` while ``kb``'s is still running, and ``kb - 1``'s scale-FMA overlaps ``kb``'s
+MMA (two product registers sets live a thread, the "promotion" of DeepGEMM, arXiv:2412.19437 section 3.3.2,
+without its warp specialisation).
+
+The sums are the tile kernel's, in the same order (per K-block: a zero-initialised fp32 MMA over 128 K, then
+``acc = acc + d * (sa[m, kb] * HALF * sb[n / 128, kb])``), so the output is meant to be bit-identical to
+``fp8_block_gemm(..., config=dict(kernel="tile"))``; tests/kernels/test_fp8_wgmma.py checks it on the GPU.
+
+Needs CUDA compute capability 9.x (wgmma; Blackwell has no wgmma) and Triton's Gluon (3.5+). Nothing here runs
+under the CPU interpreter: Gluon has none, so the CPU gates exercise the tile kernel with the same sums.
+
+Layout: A ``[M, K]`` e4m3fn, B ``[N, K]`` e4m3fn, both K-contiguous with K a multiple of 128; C ``[M, N]``
+bf16/fp16; sa ``[M, K/128]`` fp32, sb ``[ceil(N/128), K/128]`` fp32, row-major.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5) or no Triton
+    HAVE_GLUON = False
+
+GROUP = 128
+SMALL_M_SMEM = 192 * 1024  # the decode kernel's stages stay under this (the H200 grants 227 KiB a block)
+
+
+def gluon_supported(device) -> bool:
+    """True where these kernels can run (``kernels.fp8.fp8_block_gemm(..., config=dict(kernel="wgmma"))`` or
+    ``"wgmma_small_m"``): Gluon importable, a CUDA device of compute capability 9.x (Hopper's wgmma)."""
+    device = torch.device(device)
+    return (HAVE_GLUON and device.type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
+        # GROUP_M-swizzled order, as _block_gemm_tma_kernel: GROUP_M row tiles share each column tile in turn
+        group = GROUP_M * num_n
+        first_m = (tile // group) * GROUP_M
+        gsize = gl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % group) % gsize
+        pid_n = (tile % group) // gsize
+        return pid_m, pid_n
+
+    @gluon.jit
+    def _load_stage(s, live, om, on, k, a_desc, b_desc, a_bufs, b_bufs, bars):
+        # the TMA loads of A [BM, 128] at (om, k) and B [BN, 128] at (on, k) into stage s; nothing if not live
+        bar = bars.index(s)
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=live)
+        tma.async_copy_global_to_shared(a_desc, [om, k], bar, a_bufs.index(s), pred=live)
+        tma.async_copy_global_to_shared(b_desc, [on, k], bar, b_bufs.index(s), pred=live)
+
+    @gluon.jit
+    def _refill(s, j, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars):
+        # stage s is free: load K-block j of this tile (om, on) or, past its last, K-block j - KB of the next
+        # tile (om_next, on_next; only if there is one: ``more``). j - KB < KB as STAGES <= KB.
+        nxt = j >= KB
+        _load_stage(s, (j < KB) | more, gl.where(nxt, om_next, om), gl.where(nxt, on_next, on),
+                    gl.where(nxt, j - KB, j) * 128, a_desc, b_desc, a_bufs, b_bufs, bars)
+
+    @gluon.jit
+    def _block_gemm_wgmma_kernel(a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssbn,
+                                 HALF: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                                 MODE: gl.constexpr, num_warps: gl.constexpr):
+        """C = (A, sa) @ (B, sb)^T on a persistent grid (one program per SM, tiles ``pid, pid + nprog, ...``).
+        Descriptors: a_desc [BM, 128] and b_desc [BN, 128] e4m3fn blocks, c_desc [BM, BN] (rows past M or N read
+        as zeros, not written). BN divides 128 (one weight scale per tile and K-block). The loads run STAGES
+        steps ahead across tile boundaries (step = one tile's K-block); each wgmma's inputs are released to
+        the next load once it has been waited for. HALF: the fnuz correction (see kernels.fp8._gemm)."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        gl.static_assert(a_desc.block_type.shape[1] == 128)
+        gl.static_assert(128 % BN == 0)
+        # wgmma layout: warps stacked along M (m16 a warp; a warpgroup of 4 covers 64 rows), n = BN, k = 32 fp8
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 32])
+        rows: gl.constexpr = gl.SliceLayout(1, mma)
+
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        tiles = num_m * num_n
+        KB = K // 128
+        my_tiles = gl.maximum(gl.cdiv(tiles - pid, nprog), 0)
+        # the loads run STAGES K-blocks ahead (STAGES <= KB: the host caps it), into the next tile near the end
+        pm, pn = _tile_coords(pid, num_m, num_n, GROUP_M)
+        for i in gl.static_range(STAGES):
+            _load_stage(i, my_tiles > 0, pm * BM, pn * BN, i * 128, a_desc, b_desc, a_bufs, b_bufs, bars)
+
+        zero = gl.zeros((BM, BN), dtype=gl.float32, layout=mma)
+        c = 0  # this program's step counter (one step: a tile's K-block)
+        for t in range(my_tiles):
+            pid_m, pid_n = _tile_coords(pid + t * nprog, num_m, num_n, GROUP_M)
+            nm_, nn_ = _tile_coords(pid + (t + 1) * nprog, num_m, num_n, GROUP_M)
+            om = pid_m * BM
+            on = pid_n * BN
+            om_next = nm_ * BM
+            on_next = nn_ * BN
+            more = t + 1 < my_tiles
+            offs_m = om + gl.arange(0, BM, layout=rows)
+            mm = offs_m < M
+            p_sa = sa + offs_m * ssam
+            p_sb = sb + (on // 128) * ssbn
+
+            s = c % STAGES
+            mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+            x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                              is_async=True)
+            sx = gl.load(p_sa, mask=mm, other=0.0) * HALF * gl.load(p_sb)
+            x = warpgroup_mma_wait(0, deps=(x,))
+            _refill(s, STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars)
+            acc = zero
+            if MODE == 1:
+                # Two K-blocks a turn with x and y trading roles. x: K-block kb - 1's product, complete; each
+                # half-turn issues kb's wgmma, folds kb - 1 in while it runs, then waits for it. Each wgmma
+                # takes the dead product of its own register set as its (unread, use_acc=False) input, so it
+                # writes in place: no zeroing, no copy at the back edge, and no wgmma in flight across it
+                # (ptxas serialises every wgmma of a kernel whose in-flight accumulators a copy reads: C7514).
+                y = zero
+                for kb in range(1, KB - 1, 2):
+                    c += 1
+                    s = c % STAGES
+                    mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+                    y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), y, use_acc=False,
+                                      is_async=True)
+                    sy = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    acc = acc + x * sx[:, None]
+                    y = warpgroup_mma_wait(0, deps=(y,))
+                    _refill(s, kb + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs,
+                            bars)
+                    c += 1
+                    s = c % STAGES
+                    mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+                    x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), x, use_acc=False,
+                                      is_async=True)
+                    sx = gl.load(p_sa + kb + 1, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb + 1)
+                    acc = acc + y * sy[:, None]
+                    x = warpgroup_mma_wait(0, deps=(x,))
+                    _refill(s, kb + 1 + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs,
+                            b_bufs, bars)
+                if KB % 2 == 0:  # one K-block left after the pairs
+                    c += 1
+                    s = c % STAGES
+                    mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+                    y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), y, use_acc=False,
+                                      is_async=True)
+                    sy = gl.load(p_sa + KB - 1, mask=mm, other=0.0) * HALF * gl.load(p_sb + KB - 1)
+                    acc = acc + x * sx[:, None]
+                    y = warpgroup_mma_wait(0, deps=(y,))
+                    _refill(s, KB - 1 + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs,
+                            b_bufs, bars)
+                    x = y  # one copy a tile
+                    sx = sy
+            elif MODE == 2:  # control: the tile kernel's order, each fold waiting for its own wgmma
+                for kb in range(1, KB):
+                    acc = acc + x * sx[:, None]
+                    c += 1
+                    s = c % STAGES
+                    mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+                    x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), x, use_acc=False,
+                                      is_async=True)
+                    sx = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    x = warpgroup_mma_wait(0, deps=(x,))
+                    _refill(s, kb + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars)
+            else:
+                for kb in range(1, KB):
+                    # x: K-block kb - 1's product, complete. Issue kb's wgmma, fold kb - 1 in while it runs, then
+                    # wait for it. No wgmma is in flight across the loop's back edge: ptxas serialises every
+                    # wgmma of a kernel whose in-flight accumulators a copy reads (C7514).
+                    c += 1
+                    s = c % STAGES
+                    mbarrier.wait(bars.index(s), (c // STAGES) & 1)
+                    y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                      is_async=True)
+                    sy = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    acc = acc + x * sx[:, None]
+                    x = warpgroup_mma_wait(0, deps=(y,))
+                    _refill(s, kb + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars)
+                    sx = sy
+            acc = acc + x * sx[:, None]
+            c += 1
+            tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+        tma.store_wait(pendings=0)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+
+
+    @gluon.jit
+    def _ws_load_partition(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+                           GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        # the producer (one warp): every K-block of every tile of this program, STAGES ahead of the MMAs,
+        # each stage refilled once the consumers have released it (empty)
+        BM: gl.constexpr = a_desc.block_type.shape[0]
+        BN: gl.constexpr = b_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        KB = K // 128
+        p = 0
+        for tile in range(pid, num_m * num_n, nprog):
+            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+            for kb in range(KB):
+                s = p % STAGES
+                mbarrier.wait(empty.index(s), ((p // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1
+                bar = ready.index(s)
+                mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * 128], bar, a_bufs.index(s))
+                tma.async_copy_global_to_shared(b_desc, [pid_n * BN, kb * 128], bar, b_bufs.index(s))
+                p += 1
+
+    @gluon.jit
+    def _ws_mma_partition(a_bufs, b_bufs, ready, empty, c_desc, c_smem, sa, sb, M, N, K, ssam, ssbn,
+                          HALF: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, MODE: gl.constexpr,
+                          num_warps: gl.constexpr):
+        # the consumers (the kernel's num_warps): per K-block wait for its stage, wgmma, release the stage,
+        # fold with the block's scales (MODE 0: K-block kb - 1's fold overlaps kb's wgmma; 2: in order)
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 32])
+        rows: gl.constexpr = gl.SliceLayout(1, mma)
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        KB = K // 128
+        zero = gl.zeros((BM, BN), dtype=gl.float32, layout=mma)
+        c = 0
+        for tile in range(pid, num_m * num_n, nprog):
+            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+            om = pid_m * BM
+            on = pid_n * BN
+            offs_m = om + gl.arange(0, BM, layout=rows)
+            mm = offs_m < M
+            p_sa = sa + offs_m * ssam
+            p_sb = sb + (on // 128) * ssbn
+            acc = zero
+            if MODE == 0:
+                s = c % STAGES
+                mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+                x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+                sx = gl.load(p_sa, mask=mm, other=0.0) * HALF * gl.load(p_sb)
+                x = warpgroup_mma_wait(0, deps=(x,))
+                mbarrier.arrive(empty.index(s), count=1)
+                c += 1
+                for kb in range(1, KB):
+                    s = c % STAGES
+                    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+                    y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                      is_async=True)
+                    sy = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    acc = acc + x * sx[:, None]
+                    x = warpgroup_mma_wait(0, deps=(y,))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    sx = sy
+                    c += 1
+                acc = acc + x * sx[:, None]
+            else:
+                for kb in range(KB):
+                    s = c % STAGES
+                    sx = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+                    x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                      is_async=True)
+                    x = warpgroup_mma_wait(0, deps=(x,))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    acc = acc + x * sx[:, None]
+                    c += 1
+            tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _block_gemm_ws_kernel(a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssbn,
+                              HALF: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                              MODE: gl.constexpr, num_warps: gl.constexpr):
+        """The prefill GEMM of :func:`_block_gemm_wgmma_kernel` (same tiles, sums and order, persistent grid),
+        warp-specialised: one producer warp issues every TMA load, paced by per-stage "empty" barriers that
+        the consumers arrive on once their wgmma has read the stage, and the consumers (num_warps) wait only
+        on per-stage "ready" barriers. Why: with the loads issued by the consumers themselves, Triton puts
+        CTA-wide barriers around every TMA issue (ncu on the H200: warps stalled on a CTA barrier, 0.32-0.43
+        instructions issued a cycle per scheduler, L2 at 42-56 % of peak: neither the memory nor the issue
+        rate is the bound)."""
+        BM: gl.constexpr = c_desc.block_type.shape[0]
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        gl.static_assert(a_desc.block_type.shape[1] == 128)
+        gl.static_assert(128 % BN == 0)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        gl.warp_specialize([
+            (_ws_mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem, sa, sb, M, N, K, ssam, ssbn,
+                                 HALF, GROUP_M, STAGES, MODE, num_warps)),
+            (_ws_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, STAGES)),
+        ], [1], [24])
+
+    @gluon.jit
+    def _ws2_consumer(HALF_ROWS: gl.constexpr, a_bufs, b_bufs, ready, empty, c_desc, c_bufs, sa, sb, M, N, K,
+                      ssam, ssbn, HALF: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        # one consumer warpgroup: rows [HALF_ROWS * 64, +64) of every tile, its own wgmma waits, its own
+        # arrival on the stage's "empty" barrier (count 2), its own half of C
+        BM: gl.constexpr = 128
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 32])
+        rows: gl.constexpr = gl.SliceLayout(1, mma)
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        num_m = gl.cdiv(M, BM)
+        num_n = gl.cdiv(N, BN)
+        KB = K // 128
+        zero = gl.zeros((64, BN), dtype=gl.float32, layout=mma)
+        c_smem = c_bufs.index(HALF_ROWS)
+        c = 0
+        for tile in range(pid, num_m * num_n, nprog):
+            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+            om = pid_m * BM + HALF_ROWS * 64
+            on = pid_n * BN
+            offs_m = om + gl.arange(0, 64, layout=rows)
+            mm = offs_m < M
+            p_sa = sa + offs_m * ssam
+            p_sb = sb + (on // 128) * ssbn
+            acc = zero
+            for kb in range(KB):
+                s = c % STAGES
+                sx = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+                x = warpgroup_mma(a_bufs.index(s).slice(HALF_ROWS * 64, 64), b_bufs.index(s).permute((1, 0)),
+                                  zero, use_acc=False, is_async=True)
+                x = warpgroup_mma_wait(0, deps=(x,))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc = acc + x * sx[:, None]
+                c += 1
+            tma.store_wait(pendings=0)  # this half's previous store has left c_smem
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _block_gemm_ws2_kernel(a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssbn,
+                               HALF: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                               CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """:func:`_block_gemm_ws_kernel` with its two consumer warpgroups in two partitions (the default one,
+        num_warps = 4, and a worker of 4 warps), each owning 64 rows of the 128-row tile: each waits only
+        for its own wgmma and arrives on the stage's "empty" barrier itself (count 2), so the two are never
+        held in step and one's scale-FMAs run while the other's wgmma does (the overlap of a ping-pong
+        schedule, not its ordering). c_desc: blocks [64, BN]. Same sums in the same order as the tile kernel."""
+        BN: gl.constexpr = c_desc.block_type.shape[1]
+        gl.static_assert(a_desc.block_type.shape[0] == 128)
+        gl.static_assert(c_desc.block_type.shape[0] == 64)
+        gl.static_assert(128 % BN == 0)
+        gl.static_assert(num_warps == 4)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
+        gl.warp_specialize([
+            (_ws2_consumer, (0, a_bufs, b_bufs, ready, empty, c_desc, c_bufs, sa, sb, M, N, K, ssam, ssbn,
+                             HALF, GROUP_M, STAGES)),
+            (_ws2_consumer, (1, a_bufs, b_bufs, ready, empty, c_desc, c_bufs, sa, sb, M, N, K, ssam, ssbn,
+                             HALF, GROUP_M, STAGES)),
+            (_ws_load_partition, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, GROUP_M, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, 24])
+
+    @gluon.jit
+    def _issue_small_m_load(j, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars,
+                            STAGES: gl.constexpr):
+        # the TMA loads of the program's j-th K-block (weights [BN, 128] at row n0, tokens [BT, 128]) into
+        # stage j % STAGES; nothing past its last block (pred)
+        live = j < nkb
+        s = j % STAGES
+        bar = bars.index(s)
+        jj = j + rot  # the program's j-th K-block in its rotated order
+        k = (kb_lo + gl.where(jj >= nkb, jj - nkb, jj)) * 128
+        mbarrier.expect(bar, w_desc.block_type.nbytes + a_desc.block_type.nbytes, pred=live)
+        tma.async_copy_global_to_shared(w_desc, [n0, k], bar, w_bufs.index(s), pred=live)
+        tma.async_copy_global_to_shared(a_desc, [0, k], bar, a_bufs.index(s), pred=live)
+
+    @gluon.jit
+    def _small_m_wgmma_kernel(w_desc, a_desc, sa, sb, c, ws, lock, M, N, K, KB_PER, SPLIT_K, ssam, ssbn, scm,
+                              HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr, ROTATE: gl.constexpr,
+                              num_warps: gl.constexpr):
+        """Decode (M <= BT): out^T [BN, BT] = W [BN, K-range] @ A [BT, K-range]^T, swap-AB as
+        kernels.fp8._small_m_kernel (the weight rows on the wgmma's 64-row side, the tokens on its n), grid
+        (cdiv(N, BN), SPLIT_K): program (pid_n, pid_k) owns K-blocks [pid_k KB_PER, +KB_PER) (KB_PER <= KBP, a
+        power of two). Descriptors: w_desc [BN, 128] over B [N, K], a_desc [BT, 128] over A [M, K] (rows past
+        M read as zeros). Why: the weight stream is the whole cost at decode, so every K-block of the program
+        is requested by TMA at once (STAGES >= KB_PER) and the block scales (sb[n / 128, kb] * sa[m, kb] HALF,
+        as _small_m_kernel) are read once into shared memory before the first MMA instead of one dependent
+        load a K-block. SPLIT_K > 1: the fp32 partial goes to ws [SPLIT_K, M, N]; the last program of an
+        output tile to arrive (an acq_rel counter per tile in lock, reset by it) sums ws in split order
+        0..SPLIT_K-1 and stores out: one launch, deterministic."""
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        BT: gl.constexpr = a_desc.block_type.shape[0]
+        gl.static_assert(128 % BN == 0)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BT, 32])
+        nl: gl.constexpr = gl.SliceLayout(1, mma)
+        ml: gl.constexpr = gl.SliceLayout(0, mma)
+        sl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # [KBP, BT] scales
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        n0 = pid_n * BN
+        kb_lo = pid_k * KB_PER
+        nkb = gl.minimum(kb_lo + KB_PER, K // 128) - kb_lo
+        # ROTATE: program pid_n walks its K-blocks from pid_n mod nkb on, so that the programs of all N-tiles
+        # do not ask for the same token block of A at the same moment
+        rot = (pid_n % gl.maximum(nkb, 1)) if ROTATE else 0
+
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            _issue_small_m_load(i, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
+
+        # every K-block's scale of this program, [KBP, BT], into shared memory (row j: K-block kb_lo + j)
+        kk = gl.arange(0, KBP, layout=gl.SliceLayout(1, sl))
+        mv = gl.arange(0, BT, layout=gl.SliceLayout(0, sl))
+        km = kk < nkb
+        scb = gl.load(sb + (n0 // 128) * ssbn + kb_lo + kk, mask=km, other=0.0)
+        sca = gl.load(sa + mv[None, :] * ssam + (kb_lo + kk)[:, None], mask=km[:, None] & (mv < M)[None, :],
+                      other=0.0)
+        s_smem = gl.allocate_shared_memory(gl.float32, [KBP, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        s_smem.store(scb[:, None] * (sca * HALF))
+        # the same unswizzled row-major bytes viewed as KBP rows of a rank-1 layout, so that .index(j) is row j
+        s_rows = s_smem._reinterpret(gl.float32, [KBP, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+
+        zero = gl.zeros((BN, BT), dtype=gl.float32, layout=mma)
+        acc = zero
+        for j in range(nkb):
+            s = j % STAGES
+            mbarrier.wait(bars.index(s), (j // STAGES) & 1)
+            d = warpgroup_mma(w_bufs.index(s), a_bufs.index(s).permute((1, 0)), zero, use_acc=False)
+            _issue_small_m_load(j + STAGES, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
+            jj = j + rot
+            acc = acc + d * s_rows.index(gl.where(jj >= nkb, jj - nkb, jj)).load(ml)[None, :]
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+
+        offs_n = n0 + gl.arange(0, BN, layout=nl)
+        offs_m = gl.arange(0, BT, layout=ml)
+        omask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+        out = c + offs_m[None, :] * scm + offs_n[:, None]
+        if SPLIT_K == 1:
+            gl.store(out, acc.to(c.dtype.element_ty), mask=omask)
+        else:
+            MN = M * N
+            tile = offs_m[None, :] * N + offs_n[:, None]
+            gl.store(ws + pid_k * MN + tile, acc, mask=omask)
+            gl.thread_barrier()  # every thread's partial is issued before the (one-thread) release below
+            prev = gl.atomic_add(lock + pid_n, 1, sem="acq_rel", scope="gpu")
+            if prev == SPLIT_K - 1:
+                tot = gl.load(ws + tile, mask=omask, other=0.0, cache_modifier=".cg")  # L2, not a stale L1
+                for sp in range(1, SPLIT_K):
+                    tot += gl.load(ws + sp * MN + tile, mask=omask, other=0.0, cache_modifier=".cg")
+                gl.store(out, tot.to(c.dtype.element_ty), mask=omask)
+                gl.atomic_xchg(lock + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+def _gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+            torch.float8_e4m3fn: gl.float8e4nv}[dtype]
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
+    return TensorDescriptor.from_tensor(t, block, layout)
+
+
+def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,
+                 half: float, cfg: dict, programs: int) -> None:
+    """Launch :func:`_block_gemm_wgmma_kernel` into ``c`` (checked inputs: see kernels.fp8._gemm, which calls
+    this). a8 ``[M, K]`` / b8 ``[N, K]`` viewed as e4m3fn, sa / sb fp32 row-major scales, c ``[M, N]`` 2-byte
+    float, ``programs`` the persistent grid (at most one per SM is what the config table assumes)."""
+    M, K = a8.shape
+    N = b8.shape[0]
+    BM, BN = cfg["BM"], cfg["BN"]
+    stages = max(1, min(cfg["num_stages"], K // GROUP))  # the refill reaches at most one tile ahead
+    if cfg.get("WS") == 2:  # two consumer partitions of 64 rows (BM 128), one producer warp
+        _block_gemm_ws2_kernel[(programs,)](
+            _descriptor(a8, [128, GROUP]), _descriptor(b8, [BN, GROUP]), _descriptor(c, [64, BN]), sa, sb,
+            M, N, K, sa.stride(0), sb.stride(0), HALF=half, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
+            CONSUMER_REGS=int(cfg.get("CONSUMER_REGS", 232)), num_warps=4, maxnreg=168)
+        return
+    if cfg.get("WS"):  # warp-specialised: 4 more warps (one producer, rounded to a warpgroup), registers moved
+        _block_gemm_ws_kernel[(programs,)](  # to the consumers by setmaxnreg (maxnreg: the kernel's start)
+            _descriptor(a8, [BM, GROUP]), _descriptor(b8, [BN, GROUP]), _descriptor(c, [BM, BN]), sa, sb,
+            M, N, K, sa.stride(0), sb.stride(0), HALF=half, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
+            MODE=int(cfg.get("MODE", 0)), num_warps=cfg["num_warps"],
+            maxnreg=65536 // (32 * (cfg["num_warps"] + 4)) // 8 * 8)
+        return
+    _block_gemm_wgmma_kernel[(programs,)](
+        _descriptor(a8, [BM, GROUP]), _descriptor(b8, [BN, GROUP]), _descriptor(c, [BM, BN]), sa, sb,
+        M, N, K, sa.stride(0), sb.stride(0), HALF=half, GROUP_M=cfg["GROUP_M"], STAGES=stages,
+        MODE=int(cfg.get("MODE", 0)),
+        num_warps=cfg["num_warps"])
+
+
+def launch_small_m_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor,
+                         c: torch.Tensor, half: float, cfg: dict, split: int, lock: torch.Tensor) -> None:
+    """Launch :func:`_small_m_wgmma_kernel` into ``c`` [M, N] (M <= cfg["BM"], the token tile: 16, 32 or 64;
+    cfg["BN"] weight rows a program, 64 or 128, with BN / 16 warps) with ``split`` K-splits (1: no
+    workspace) and ``lock`` at least cdiv(N, BN) zeroed int32 counters (see kernels.fp8._lock_buffer; read
+    only where split > 1).
+    Every K-block of a program is in flight at once where ``cfg["num_stages"]`` allows (it is capped at the
+    program's K-blocks and at :data:`SMALL_M_SMEM` bytes of stages)."""
+    M, K = a8.shape
+    N = b8.shape[0]
+    BM, BN = cfg["BM"], cfg["BN"]
+    kb = K // GROUP
+    kb_per = triton.cdiv(kb, split)
+    split = triton.cdiv(kb, kb_per)  # no empty split
+    ws = torch.empty(split, M, N, dtype=torch.float32, device=a8.device) if split > 1 else c
+    # capped at the program's K-blocks and at SMALL_M_SMEM bytes of stages
+    stages = max(1, min(cfg["num_stages"], kb_per, SMALL_M_SMEM // ((BN + BM) * GROUP)))
+    _small_m_wgmma_kernel[(triton.cdiv(N, BN), split)](
+        _descriptor(b8, [BN, GROUP]), _descriptor(a8, [BM, GROUP]), sa, sb, c, ws,
+        lock, M, N, K, kb_per, split, sa.stride(0), sb.stride(0), c.stride(0),
+        HALF=half, KBP=triton.next_power_of_2(kb_per), STAGES=stages, ROTATE=bool(cfg.get("ROTATE", False)),
+        num_warps=BN // 16)

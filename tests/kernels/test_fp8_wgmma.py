@@ -1,0 +1,123 @@
+"""Gates of the Gluon fp8 kernels (kernels/fp8_wgmma.py, session 6), which run on a Hopper GPU only (Gluon has
+no CPU interpreter; on the CPU these tests check that an explicit request is refused with the reason):
+
+* kernel="wgmma" (prefill): the tile kernel's per-K-block sums and scale-FMAs in the same order, its wgmma
+  waits moved so that a block's scale-FMA overlaps the next block's MMA; it must equal the tile kernel bit for
+  bit, persistent loop turning (fewer programs than tiles), odd shapes, fnuz operands;
+* kernel="wgmma_small_m" (decode): swap-AB split-K with every K-block in flight, the last-arriving split
+  summing the partials in split order; within the GEMM's bound of the float64 product, bit-identical from
+  call to call (deterministic reduce), and its counters reset (a second call after a different split).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels.fp8 as F
+from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref
+from kernels.fp8_wgmma import gluon_supported
+from tests.kernels.cases import fp8_operands as operands
+
+BOUND = 4e-3  # bf16 output against float64, as tests/kernels/test_fp8.py
+
+
+def rel(out, ref):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def need_hopper(device):
+    if not gluon_supported(device):
+        pytest.skip(f"{device}: the Gluon kernels need a Hopper GPU")
+
+
+@pytest.mark.parametrize("fmts", [("e4m3fn", "e4m3fn"), ("e4m3fnuz", "e4m3fn")], ids=["fn", "fnuz-a"])
+def test_wgmma_bit_identical_to_tile_kernel(mode, device, fmts):
+    if mode == "interp":
+        pytest.skip("Gluon has no interpreter (refusal: test_wgmma_refused_where_it_cannot_run)")
+    need_hopper(device)
+    for M, N, K in [(300, 384, 512), (1000, 1000, 2048), (129, 256, 128), (4096, 4096, 4096)]:
+        _, qa, sa, _, _ = operands(1, M, N, K, device, fmts[0])
+        _, _, _, qb, sb = operands(2, M, N, K, device, fmts[1])
+        ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64) if M * N * K <= 2**31 else None
+        c_tile = fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1,
+                                                            num_warps=8, num_stages=3))
+        for cfg in [  # WS=2 (the default), WS=1, WS=0 with MODE 0 / 1 / 2; persistent loops turning
+                dict(), dict(PROGRAMS=5, GROUP_M=2), dict(num_stages=6, PROGRAMS=7), dict(BN=64, PROGRAMS=5),
+                dict(WS=1), dict(WS=1, MODE=2, PROGRAMS=5), dict(WS=1, num_stages=6, PROGRAMS=7),
+                dict(WS=1, MODE=2, BM=64, num_warps=4, BN=64),
+                dict(WS=0), dict(WS=0, num_stages=3, PROGRAMS=5, GROUP_M=2), dict(WS=0, num_stages=6, PROGRAMS=7),
+                dict(WS=0, BM=64, num_warps=4, BN=64, PROGRAMS=3), dict(WS=0, MODE=1, PROGRAMS=7),
+                dict(WS=0, MODE=2)]:
+            c = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma"))
+            assert torch.equal(c, c_tile), (M, N, K, cfg, rel(c, c_tile))
+        if ref is not None:
+            assert rel(c_tile, ref) < BOUND
+
+
+@pytest.mark.parametrize("M", [1, 5, 16, 32, 64])
+def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
+    if mode == "interp":
+        pytest.skip("Gluon has no interpreter")
+    need_hopper(device)
+    for N, K in [(4096, 4096), (300, 384), (1000, 2048)]:
+        _, qa, sa, qb, sb = operands(3, M, N, K, device)
+        ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
+        for cfg in [dict(), dict(SPLIT_K=1), dict(SPLIT_K=3), dict(BN=128, num_warps=8), dict(num_stages=2),
+                    dict(SPLIT_K=K // 128)]:
+            c = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
+            assert rel(c, ref) < BOUND, (M, N, K, cfg, rel(c, ref))
+            again = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
+            assert torch.equal(c, again), (M, N, K, cfg)  # the split order is fixed, the counters were reset
+
+
+def test_wgmma_small_m_fnuz_and_fp32_out(mode, device):
+    if mode == "interp":
+        pytest.skip("Gluon has no interpreter")
+    need_hopper(device)
+    M, N, K = 7, 512, 1024
+    _, qa, sa, _, _ = operands(4, M, N, K, device, "e4m3fnuz")
+    _, _, _, qb, sb = operands(5, M, N, K, device, "e4m3fnuz")
+    ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
+    c = fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32, config=dict(kernel="wgmma_small_m", SPLIT_K=2))
+    assert c.dtype == torch.float32 and rel(c, ref) < 2e-4, rel(c, ref)  # no bf16 rounding (~1e-3)
+
+
+def test_wgmma_refused_where_it_cannot_run(mode, device):
+    """An explicit Gluon kernel that cannot run raises ValueError naming why; nothing is launched."""
+    M, N, K = 80, 256, 256
+    x, qa, sa, qb, sb = operands(6, M, N, K, device)
+    for kernel in ("wgmma", "wgmma_small_m"):
+        with pytest.raises(ValueError, match="pre-quantised A"):
+            fp8_block_gemm_qa(x, qb, sb, config=dict(kernel=kernel))
+    if not gluon_supported(device):
+        with pytest.raises(ValueError, match="not a Hopper GPU"):
+            fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma"))
+        return
+    with pytest.raises(ValueError, match="token tile"):
+        fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma_small_m"))  # M = 80 > 64
+    with pytest.raises(ValueError, match="2-byte output"):
+        fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32, config=dict(kernel="wgmma"))
+    with pytest.raises(ValueError, match="BM 64 or 128"):
+        fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma", WS=0, BM=256))
+    with pytest.raises(ValueError, match="WS=2 splits a 128-row tile"):
+        fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma", BM=64, num_warps=4))
+    with pytest.raises(ValueError, match="BN 64 or 128"):
+        fp8_block_gemm(qa[:4], sa[:4], qb, sb, config=dict(kernel="wgmma_small_m", BN=32))
+
+
+def test_wgmma_config_checks_on_any_device():
+    """Config values no Gluon kernel can run are refused before any device check or launch."""
+    base = dict(BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4)
+    with pytest.raises(ValueError, match="BM / 16 warps"):
+        F._check_config(dict(base, kernel="wgmma", num_warps=4))
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, SPLIT_K=0))
+    with pytest.raises(ValueError, match="token tile"):
+        F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, BM=128))
+    with pytest.raises(ValueError, match="WS=3"):
+        F._check_config(dict(F.WGMMA_DEFAULT, WS=3))
+    with pytest.raises(ValueError, match="CONSUMER_REGS"):
+        F._check_config(dict(F.WGMMA_DEFAULT, CONSUMER_REGS=100))
+    F._check_config(dict(F.WGMMA_DEFAULT))
+    F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT))
