@@ -492,9 +492,8 @@ KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
 # "wgmma" / "wgmma_small_m": the Gluon kernels of kernels/fp8_wgmma.py (Hopper only, pre-quantised A).
 # wgmma: keys as "tma" (num_stages: shared-memory stages of A and B). wgmma_small_m: BM the token tile (16, 32
 # or 64, at least M), BN 64 or 128 weight rows a program (BN / 16 warps), SPLIT_K an int or "auto" (about
-# PROGRAMS programs, default two per SM), num_stages capped at a program's K-blocks; SWAP_AB=False: the
-# kernel without split-K (_rows_wgmma_kernel: tokens padded to 64 on the wgmma's M side, BN 8..64 weight
-# rows a program, 4 warps).
+# PROGRAMS programs, default two per SM), num_stages capped at a program's K-blocks, ROTATE (each N-tile's
+# programs start at a different K-block; measured no faster).
 # WS: 0 (no warp specialisation; MODE 0 / 1 / 2, see _block_gemm_wgmma_kernel), 1 (one producer warp, the
 # consumers one partition), 2 (two consumer partitions of 64 rows: BM 128, the default); CONSUMER_REGS: WS=2's
 # worker consumer's register budget. H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6".
@@ -523,11 +522,7 @@ def _check_config(cfg: dict) -> None:
     p = cfg.get("PROGRAMS")
     if cfg["kernel"] in ("tma", "wgmma", "wgmma_small_m") and p is not None and p != 0 and not pos_int(p):
         raise ValueError(f"PROGRAMS={p!r} must be a positive int, or None / 0 for one program per SM")
-    if cfg["kernel"] == "wgmma_small_m" and not cfg.get("SWAP_AB", True):
-        if cfg["BN"] not in (8, 16, 32, 64) or cfg["num_warps"] != 4 or cfg["BM"] > 64:
-            raise ValueError(f"wgmma_small_m with SWAP_AB=False needs BN 8, 16, 32 or 64, 4 warps and BM <= 64, "
-                             f"got BN={cfg['BN']}, num_warps={cfg['num_warps']}, BM={cfg['BM']}")
-    elif cfg["kernel"] == "wgmma_small_m":
+    if cfg["kernel"] == "wgmma_small_m":
         if cfg["BM"] not in (16, 32, 64):
             raise ValueError(f"BM={cfg['BM']} must be 16, 32 or 64 for wgmma_small_m (the token tile)")
         if cfg["BN"] not in (64, 128) or cfg["num_warps"] != cfg["BN"] // 16:
@@ -770,8 +765,6 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         if cfg["kernel"] == "wgmma":
             tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, BN)
             fp8_wgmma.launch_wgmma(a8, sa_arg, b8, sb, c, half, cfg, min(cfg.get("PROGRAMS") or sms, tiles))
-        elif not cfg.get("SWAP_AB", True):
-            fp8_wgmma.launch_rows_wgmma(a8, sa_arg, b8, sb, c, half, cfg)
         else:
             kb, n_tiles = K // GROUP, triton.cdiv(N, BN)
             split = cfg.get("SPLIT_K", "auto")

@@ -499,67 +499,6 @@ if HAVE_GLUON:
                 gl.store(out, tot.to(c.dtype.element_ty), mask=omask)
                 gl.atomic_xchg(lock + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
-    @gluon.jit
-    def _rows_load(j, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES: gl.constexpr):
-        # K-block j's TMA loads (weights [BN, 128] at row n0, tokens [64, 128]) into stage j % STAGES
-        live = j < KB
-        s = j % STAGES
-        bar = bars.index(s)
-        mbarrier.expect(bar, w_desc.block_type.nbytes + a_desc.block_type.nbytes, pred=live)
-        tma.async_copy_global_to_shared(w_desc, [n0, j * 128], bar, w_bufs.index(s), pred=live)
-        tma.async_copy_global_to_shared(a_desc, [0, j * 128], bar, a_bufs.index(s), pred=live)
-
-    @gluon.jit
-    def _rows_wgmma_kernel(w_desc, a_desc, sa, sb, c, M, N, K, ssam, ssbn, scm,
-                           HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr):
-        """Decode without split-K: out [64 (M <= 64 tokens), BN] = A [64, K] @ W [BN, K]^T for the program's
-        BN weight rows (grid cdiv(N, BN), BN 8..64 dividing 128, one warpgroup), all of K in one program, so
-        there is no partial to reduce. The tokens are padded to the wgmma's 64-row side (TMA zero-fills the
-        rows past M; wasted MMA work is cheap at decode, the weight stream is the cost). STAGES K-blocks are in
-        flight; the per-K-block scales (sa[m, kb] HALF sb[n / 128, kb], as _block_gemm_kernel) are read into
-        shared memory once, [KBP, 64], before the first MMA. Why: the split-K kernel's last program of each
-        output tile waits for the others' partials (an L2 round trip for the counter, one for the partials)."""
-        BN: gl.constexpr = w_desc.block_type.shape[0]
-        gl.static_assert(a_desc.block_type.shape[0] == 64)
-        gl.static_assert(128 % BN == 0)
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BN, 32])
-        rl: gl.constexpr = gl.SliceLayout(1, mma)
-        cl: gl.constexpr = gl.SliceLayout(0, mma)
-        sl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [KBP, 64] scales
-        pid = gl.program_id(0)
-        n0 = pid * BN
-        KB = K // 128
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            _rows_load(i, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
-        kk = gl.arange(0, KBP, layout=gl.SliceLayout(1, sl))
-        mv = gl.arange(0, 64, layout=gl.SliceLayout(0, sl))
-        km = kk < KB
-        scb = gl.load(sb + (n0 // 128) * ssbn + kk, mask=km, other=0.0)
-        sca = gl.load(sa + mv[None, :] * ssam + kk[:, None], mask=km[:, None] & (mv < M)[None, :], other=0.0)
-        s_smem = gl.allocate_shared_memory(gl.float32, [KBP, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        s_smem.store(sca * HALF * scb[:, None])
-        s_rows = s_smem._reinterpret(gl.float32, [KBP, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        zero = gl.zeros((64, BN), dtype=gl.float32, layout=mma)
-        acc = zero
-        for j in range(KB):
-            s = j % STAGES
-            mbarrier.wait(bars.index(s), (j // STAGES) & 1)
-            d = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), zero, use_acc=False)
-            _rows_load(j + STAGES, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
-            acc = acc + d * s_rows.index(j).load(rl)[:, None]
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
-        offs_m = gl.arange(0, 64, layout=rl)
-        offs_n = n0 + gl.arange(0, BN, layout=cl)
-        gl.store(c + offs_m[:, None] * scm + offs_n[None, :], acc.to(c.dtype.element_ty),
-                 mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
-
 
 def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
@@ -622,19 +561,3 @@ def launch_small_m_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, s
         lock, M, N, K, kb_per, split, sa.stride(0), sb.stride(0), c.stride(0),
         HALF=half, KBP=triton.next_power_of_2(kb_per), STAGES=stages, ROTATE=bool(cfg.get("ROTATE", False)),
         num_warps=BN // 16)
-
-
-def launch_rows_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,
-                      half: float, cfg: dict) -> None:
-    """Launch :func:`_rows_wgmma_kernel` into ``c`` [M, N] (M <= 64; cfg["BN"] weight rows a program, 8..64
-    dividing 128; one warpgroup): no split of K. ``cfg["num_stages"]`` K-blocks in flight, capped at K / 128
-    and at :data:`SMALL_M_SMEM` bytes of stages and scales."""
-    M, K = a8.shape
-    N = b8.shape[0]
-    BN = cfg["BN"]
-    kb = K // GROUP
-    kbp = triton.next_power_of_2(kb)
-    stages = max(1, min(cfg["num_stages"], kb, (SMALL_M_SMEM - kbp * 64 * 4) // ((BN + 64) * GROUP)))
-    _rows_wgmma_kernel[(triton.cdiv(N, BN),)](
-        _descriptor(b8, [BN, GROUP]), _descriptor(a8, [64, GROUP]), sa, sb, c, M, N, K, sa.stride(0),
-        sb.stride(0), c.stride(0), HALF=half, KBP=kbp, STAGES=stages, num_warps=4)

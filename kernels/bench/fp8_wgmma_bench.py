@@ -40,8 +40,7 @@ PREFILL = {  # MODE 0: a K-block's fold overlaps the next block's wgmma (the def
     "ws2 s4 bn64": dict(kernel="wgmma", WS=2, BN=64),
     "ws2 s4 (again)": dict(kernel="wgmma", WS=2),
 }
-DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM; rot: ROTATE (see the kernel);
-    # rows: SWAP_AB=False, the kernel without split-K (_rows_wgmma_kernel), stages capped by shared memory
+DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM; rot: ROTATE (see the kernel)
     "wg bn64 s4": dict(kernel="wgmma_small_m", num_stages=4),
     "wg bn64 s4 rot": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True),
     "wg bn64 s3 rot": dict(kernel="wgmma_small_m", num_stages=3, ROTATE=True),
@@ -51,14 +50,6 @@ DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM
     "wg bn64 s4 rot p396": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True, PROGRAMS=396),
     "wg bn64 split1": dict(kernel="wgmma_small_m", SPLIT_K=1),
     "wg bn64 split2 rot": dict(kernel="wgmma_small_m", SPLIT_K=2, ROTATE=True),
-}
-ROWS = {
-    "rows bn32 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=16),
-    "rows bn32 s8": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=8),
-    "rows bn16 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=16, num_stages=16),
-    "rows bn16 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=16, num_stages=32),
-    "rows bn8 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=8, num_stages=32),
-    "rows bn64 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=16),
 }
 SESSION4_BEST = dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=2, num_warps=4, num_stages=3,
                      FAST_DIV=True)  # "s bn64 auto r2 s3" of kernels/NOTES_II.md, 10.8 us at M = 16
@@ -101,7 +92,7 @@ def prefill(res: dict) -> None:
                 print(f"{shape}: {name} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
-def decode(res: dict, variants: str = "all") -> None:
+def decode(res: dict, variants: bool = True) -> None:
     from kernels.bench.gdn_bench import bench_kernels
 
     for M, N, K in [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]:
@@ -122,7 +113,7 @@ def decode(res: dict, variants: str = "all") -> None:
                "tile (session 5 default)": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(
                    kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2 if M <= 16 else 1, num_warps=4, num_stages=4)),
                "small_m bn64 auto r2 s3": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=SESSION4_BEST)}
-        chosen = {"all": dict(DECODE, **ROWS), "rows": ROWS, "none": {}}[variants]
+        chosen = DECODE if variants else {}
         fns.update({n: (lambda c=c: F.fp8_block_gemm(qa, sa, qb, sb, config=c)) for n, c in chosen.items()})
         for name, fn in fns.items():
             try:
@@ -177,7 +168,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--decode", action="store_true")
-    ap.add_argument("--decode-rows", action="store_true", help="--decode with only the ROWS variants")
     ap.add_argument("--decode-default", action="store_true",
                     help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
     ap.add_argument("--prefill-kernel-time", action="store_true",
@@ -185,8 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     res: dict = {}
-    if args.decode or args.decode_default or args.decode_rows:
-        decode(res, variants="all" if args.decode else "rows" if args.decode_rows else "none")
+    if args.decode or args.decode_default:
+        decode(res, variants=args.decode)
     if args.prefill:
         prefill(res)
     if args.prefill_kernel_time:

@@ -64,9 +64,7 @@ def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
         _, qa, sa, qb, sb = operands(3, M, N, K, device)
         ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
         for cfg in [dict(), dict(SPLIT_K=1), dict(SPLIT_K=3), dict(BN=128, num_warps=8), dict(num_stages=2),
-                    dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3),
-                    dict(SWAP_AB=False, BN=32, num_stages=16), dict(SWAP_AB=False, BN=8, num_stages=3),
-                    dict(SWAP_AB=False, BN=64, num_stages=16)]:
+                    dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3)]:
             c = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
             assert rel(c, ref) < BOUND, (M, N, K, cfg, rel(c, ref))
             again = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
