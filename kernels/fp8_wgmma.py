@@ -1,23 +1,34 @@
-"""Block-scaled fp8 GEMM for Hopper written in Gluon (Triton's explicit-layout dialect): explicit wgmma waits.
+"""Block-scaled fp8 GEMMs for Hopper written in Gluon (Triton's explicit-layout dialect, Triton >= 3.5).
 
-Why a second prefill kernel. ``kernels.fp8._block_gemm_tma_kernel`` computes each 128-wide K-block's product
-with a fresh wgmma and folds it into the accumulator with the block's scales (``acc += d * s``). Triton's
-pipeliner waits for every such wgmma before its scale-FMA, so the tensor cores idle while the CUDA cores do
-the FMAs (the session-5 exploration, kernels/bench/fp8_tma_explore.py mode 1, found no way to move that wait
-from Triton). Here the wait is ours: the wgmma of K-block ``kb`` is issued, then ``warpgroup_mma_wait(1)``
-retires the one of ``kb - 1`` while ``kb``'s is still running, and ``kb - 1``'s scale-FMA overlaps ``kb``'s
-MMA (two product registers sets live a thread, the "promotion" of DeepGEMM, arXiv:2412.19437 section 3.3.2,
-without its warp specialisation).
+Prefill (``kernels.fp8`` kernel="wgmma", the default there for M > 64 with a pre-quantised A and a 2-byte
+output). Each 128-wide K-block's product is a fresh zero-initialised fp32 wgmma folded into the accumulator
+with the block's scales, ``acc = acc + d * (sa[m, kb] * HALF * sb[n / 128, kb])`` (the per-128 "promotion" to
+CUDA cores of DeepSeek-V3, arXiv:2412.19437 section 3.3.2), the tile kernel's sums in the same order: the
+output is bit-identical to ``fp8_block_gemm(..., config=dict(kernel="tile"))`` (tests/kernels/test_fp8_wgmma.py
+on the H200). Three schedules (config key WS), measured on the H200 (kernels/NOTES_II.md, "fp8 GEMM, session
+6"; ``python -m kernels.bench.fp8_wgmma_bench --prefill``):
 
-The sums are the tile kernel's, in the same order (per K-block: a zero-initialised fp32 MMA over 128 K, then
-``acc = acc + d * (sa[m, kb] * HALF * sb[n / 128, kb])``), so the output is meant to be bit-identical to
-``fp8_block_gemm(..., config=dict(kernel="tile"))``; tests/kernels/test_fp8_wgmma.py checks it on the GPU.
+* WS=0, :func:`_block_gemm_wgmma_kernel`: one partition issues its own TMA loads and wgmmas. MODE 0 overlaps a
+  block's fold with the next block's wgmma inside a warpgroup, MODE 1 does so two blocks a turn, MODE 2 not at
+  all. MODE 2 was as fast as MODE 0 (0.60 of _scaled_mm at 4096^3): the fold was not the bound. ncu showed the
+  warps stalled at the CTA barriers Triton puts around every TMA issue, with 0.32-0.43 instructions issued a
+  cycle per scheduler and L2 at 42-56 % of peak (results/2026-12-01_h200_fp8_gluon_run4_ncu.log).
+* WS=1, :func:`_block_gemm_ws_kernel`: one producer warp issues every load, paced by per-stage barriers;
+  0.72-0.85 of _scaled_mm with MODE 2. Its two consumer warpgroups are still one partition, held in step by
+  the partition barrier before each "stage empty" arrival.
+* WS=2 (default), :func:`_block_gemm_ws2_kernel`: the two consumer warpgroups in two partitions of 64 rows
+  each, each arriving on the stage's barrier itself, so one's scale-FMAs run while the other's wgmma does (the
+  overlap of CUTLASS's sm90 "ping-pong" warp-specialised schedule, without its ordering barrier):
+  0.79-0.86 of _scaled_mm at 4096^3 and 8192^3.
 
-Needs CUDA compute capability 9.x (wgmma; Blackwell has no wgmma) and Triton's Gluon (3.5+). Nothing here runs
-under the CPU interpreter: Gluon has none, so the CPU gates exercise the tile kernel with the same sums.
+Decode (kernel="wgmma_small_m", the default for M <= 64): :func:`_small_m_wgmma_kernel`, swap-AB split-K with
+every K-block of a program requested by TMA at once and the block scales staged in shared memory.
+
+Nothing here runs under the CPU interpreter (Gluon has none); the CPU gates run the tile kernel, whose sums
+the prefill kernels repeat, and the refusals of these kernels.
 
 Layout: A ``[M, K]`` e4m3fn, B ``[N, K]`` e4m3fn, both K-contiguous with K a multiple of 128; C ``[M, N]``
-bf16/fp16; sa ``[M, K/128]`` fp32, sb ``[ceil(N/128), K/128]`` fp32, row-major.
+(prefill: bf16/fp16); sa ``[M, K/128]`` fp32, sb ``[ceil(N/128), K/128]`` fp32, row-major.
 """
 from __future__ import annotations
 
@@ -81,7 +92,9 @@ if HAVE_GLUON:
         Descriptors: a_desc [BM, 128] and b_desc [BN, 128] e4m3fn blocks, c_desc [BM, BN] (rows past M or N read
         as zeros, not written). BN divides 128 (one weight scale per tile and K-block). The loads run STAGES
         steps ahead across tile boundaries (step = one tile's K-block); each wgmma's inputs are released to
-        the next load once it has been waited for. HALF: the fnuz correction (see kernels.fp8._gemm)."""
+        the next load once it has been waited for. HALF: the fnuz correction (see kernels.fp8._gemm). MODE 0:
+        a block's fold overlaps the next block's wgmma (one product copied a block); 1: two blocks a turn, the
+        two products trading roles (no copy; 255 registers and spills under Triton 3.6); 2: no overlap."""
         BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
         gl.static_assert(a_desc.block_type.shape[1] == 128)
@@ -512,9 +525,11 @@ def _descriptor(t: torch.Tensor, block: list[int]):
 
 def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,
                  half: float, cfg: dict, programs: int) -> None:
-    """Launch :func:`_block_gemm_wgmma_kernel` into ``c`` (checked inputs: see kernels.fp8._gemm, which calls
-    this). a8 ``[M, K]`` / b8 ``[N, K]`` viewed as e4m3fn, sa / sb fp32 row-major scales, c ``[M, N]`` 2-byte
-    float, ``programs`` the persistent grid (at most one per SM is what the config table assumes)."""
+    """Launch the prefill kernel ``cfg["WS"]`` names into ``c`` (checked inputs: see kernels.fp8._gemm, which
+    calls this): 2 :func:`_block_gemm_ws2_kernel` (BM 128; two 4-warp consumers and a producer warp whatever
+    ``num_warps`` says), 1 :func:`_block_gemm_ws_kernel`, 0 :func:`_block_gemm_wgmma_kernel` (``MODE``).
+    a8 ``[M, K]`` / b8 ``[N, K]`` viewed as e4m3fn, sa / sb fp32 row-major scales, c ``[M, N]`` 2-byte float,
+    ``programs`` the persistent grid (one program an SM is what the config table assumes)."""
     M, K = a8.shape
     N = b8.shape[0]
     BM, BN = cfg["BM"], cfg["BN"]

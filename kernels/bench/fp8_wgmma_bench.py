@@ -10,6 +10,9 @@ kernels on the H200.
   _scaled_mm, the default, the best Triton split-K of session 4, and kernel="wgmma_small_m" variants
   (DECODE); each output's error against the float64 product (BAD at 4e-3).
 
+* ``--prefill-repeat R``: 4096^3 and 8192^3, R rounds of _scaled_mm, the default and the TMA kernel in
+  turn: the spread of the ratio from call to call (single readings of the same config ranged 0.70-0.80 at
+  8192^3 in one run).
 * ``--prefill-kernel-time``: M = 128 .. 2048 x 4096 x 4096 by kernel time (there the launch path is longer
   than the kernel and do_bench times the host): _scaled_mm, the default, the TMA and the tile kernels.
 
@@ -130,6 +133,34 @@ def decode(res: dict, variants: bool = True) -> None:
                 print(f"{shape:>16} | {name:<26} | FAILED {type(ex).__name__}: {str(ex)[:300]}", flush=True)
 
 
+def prefill_repeat(res: dict, rounds: int) -> None:
+    """4096^3 and 8192^3, ``rounds`` rounds each timing _scaled_mm, the default and the TMA kernel in turn
+    (do_bench medians): the ratio's spread from call to call, and its median."""
+    import statistics
+
+    bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
+    for n in (4096, 8192):
+        torch.manual_seed(0)
+        x, w, qa, sa, qb, sb = operands(n, n, n)
+        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+               "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb),
+               "tma": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="tma"))}
+        rows = {k: [] for k in fns}
+        for r in range(rounds):
+            for k, fn in fns.items():
+                rows[k].append(bench(fn))
+            print(f"{n}^3 round {r}: " + ", ".join(f"{k} {v[-1]:.1f} us" for k, v in rows.items())
+                  + f"; default / _scaled_mm {rows['scaled_mm'][-1] / rows['default'][-1]:.3f}", flush=True)
+        ratios = [m / d for m, d in zip(rows["scaled_mm"], rows["default"])]
+        tma = [m / t for m, t in zip(rows["scaled_mm"], rows["tma"])]
+        print(f"{n}^3: default / _scaled_mm median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, "
+              f"max {max(ratios):.3f}); TMA kernel median {statistics.median(tma):.3f}; _scaled_mm median "
+              f"{2 * n ** 3 / statistics.median(rows['scaled_mm']) / 1e6:.0f} TFLOP/s", flush=True)
+        res[f"{n}^3 repeat"] = rows
+
+
 def prefill_kernel_time(res: dict) -> None:
     """Prefill shapes whose kernels are shorter than the host's launch path (do_bench would time the host):
     M = 128 .. 2048 x 4096 x 4096 by kernel time, after a written and after a read flush (see decode)."""
@@ -168,6 +199,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--prefill-repeat", type=int, metavar="ROUNDS",
+                    help="4096^3 and 8192^3: _scaled_mm, the default and the TMA kernel in turn, ROUNDS times")
     ap.add_argument("--decode-default", action="store_true",
                     help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
     ap.add_argument("--prefill-kernel-time", action="store_true",
@@ -179,6 +212,8 @@ def main(argv=None) -> int:
         decode(res, variants=args.decode)
     if args.prefill:
         prefill(res)
+    if args.prefill_repeat:
+        prefill_repeat(res, args.prefill_repeat)
     if args.prefill_kernel_time:
         prefill_kernel_time(res)
     if args.json:
