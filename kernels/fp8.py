@@ -26,14 +26,16 @@ Two Triton kernels and their references:
     MMA are bit-identical to ``fp8_quant_group``'s output: ``store_a=`` writes them out to prove it).
     ``fp8_quant_then_gemm`` is the two-launch baseline (quant kernel, then the pre-quantised GEMM).
 
-Three GEMM kernels, chosen by :func:`default_gemm_config` (any key overridable through ``config=``):
+GEMM kernels, chosen by :func:`default_gemm_config` (any key overridable through ``config=``):
 ``_block_gemm_kernel`` (the tile kernel: [BM, BN] output tiles, GROUP_M swizzle, BN dividing 128 or a
-multiple of it, KPI K-blocks per iteration; decode shapes, the fused quant, and prefill without TMA),
-``_block_gemm_tma_kernel`` (prefill with a pre-quantised A on a GPU with TMA: the same sums in the same order,
-its tiles moved by tensor descriptors, a persistent grid; bit-identical to the tile kernel) and
-``_small_m_kernel`` (M <= 64: swap-AB so the weight rows fill the wgmma's 64-row side, split-K over ~4 waves
-of programs, fp32 partials reduced in a fixed order either by ``_splitk_reduce_kernel`` or by the tile's
-last-arriving split; deterministic either way).
+multiple of it, KPI K-blocks per iteration; the fused quant, decode shapes off Hopper, prefill without TMA),
+``_block_gemm_tma_kernel`` (prefill with a pre-quantised A on a GPU with TMA other than the Hopper-with-Gluon
+case: the same sums in the same order, its tiles moved by tensor descriptors, a persistent grid; bit-identical
+to the tile kernel), ``_small_m_kernel`` (M <= 64: swap-AB so the weight rows fill the wgmma's 64-row side,
+split-K over ~4 waves of programs, fp32 partials reduced in a fixed order either by
+``_splitk_reduce_kernel`` or by the tile's last-arriving split; deterministic either way), and on a Hopper GPU
+with Triton's Gluon and a pre-quantised A the defaults of kernels/fp8_wgmma.py: kernel="wgmma" (prefill,
+warp-specialised, bit-identical to the tile kernel) and kernel="wgmma_small_m" (decode).
 The fused quant divides by the row scale with :func:`_div_exact` (reciprocal once per row, then one
 multiply and two FMAs an element): the IEEE quotient bit for bit, so the operands stay identical.
 
@@ -489,13 +491,20 @@ def tma_supported(device) -> bool:
 
 
 KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
-# "wgmma" / "wgmma_small_m": the Gluon kernels of kernels/fp8_wgmma.py (Hopper only, pre-quantised A).
-# wgmma: keys as "tma" (num_stages: shared-memory stages of A and B). wgmma_small_m: BM the token tile (16, 32
-# or 64, at least M), BN 64 or 128 weight rows a program (BN / 16 warps), SPLIT_K an int or "auto" (about
-# PROGRAMS programs, default two per SM), num_stages capped at a program's K-blocks, ROTATE (each N-tile's
-# programs start at a different K-block; measured no faster).
-# WS: 0 (no warp specialisation; MODE 0 / 1 / 2, see _block_gemm_wgmma_kernel), 1 (one producer warp, the
-# consumers one partition), 2 (two consumer partitions of 64 rows: BM 128, the default); CONSUMER_REGS: WS=2's
+# "wgmma" / "wgmma_small_m": the Gluon kernels of kernels/fp8_wgmma.py (Hopper only, pre-quantised A; an
+# explicit request elsewhere raises ValueError with the reason). Keys (KPI and FAST_DIV are not read):
+# wgmma: BM, BN, GROUP_M, PROGRAMS as "tma"; num_stages the shared-memory stages of A and B (uncapped for
+# WS 1 / 2: too many fail to build, OutOfResources); num_warps = BM / 16 (the consumer warps; WS=2 runs them
+# as two partitions of 4 plus a producer warp whatever it says). WS: 0 (no warp specialisation; MODE 0 / 1
+# / 2, see _block_gemm_wgmma_kernel), 1 (one producer warp, the consumers one partition; MODE 0 or 2), 2 (two
+# consumer partitions of 64 rows: BM 128, MODE 0 only; the default). CONSUMER_REGS: WS=2's second consumer's
+# register budget (setmaxnreg), a multiple of 8 in [24, 256], default 232.
+# wgmma_small_m: BM the token tile (16, 32 or 64, at least M; follows M when not given), BN 64 or 128 weight
+# rows a program (BN / 16 warps), SPLIT_K an int or "auto" (about PROGRAMS programs, default two per SM),
+# num_stages K-blocks in flight a program (capped at its K-blocks and by shared memory), ROTATE (each N-tile's
+# programs start at a different K-block; measured no faster); SWAP_AB=False: the kernel without split-K
+# (_rows_wgmma_kernel: tokens padded to 64 on the wgmma's M side, BN 8..64 weight rows a program, 4 warps;
+# the default for 32 < M <= 64).
 # worker consumer's register budget. H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6".
 WGMMA_DEFAULT = dict(kernel="wgmma", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, WS=2)
 WGMMA_SMALL_M_DEFAULT = dict(kernel="wgmma_small_m", BM=16, BN=64, SPLIT_K="auto", num_warps=4, num_stages=4)
@@ -515,31 +524,43 @@ def _check_config(cfg: dict) -> None:
         v = cfg.get(key)
         if not pos_int(v) or v & (v - 1):
             raise ValueError(f"{key}={v!r} must be a positive power of two")
-    if not pos_int(cfg.get("num_stages")):
-        raise ValueError(f"num_stages={cfg.get('num_stages')!r} must be a positive int")
-    if cfg["kernel"] in ("tile", "tma", "wgmma") and not pos_int(cfg.get("GROUP_M")):
-        raise ValueError(f"GROUP_M={cfg.get('GROUP_M')!r} must be a positive int (rows of tiles a swizzle group)")
+    if not pos_int(cfg.get("num_stages")) or cfg["num_stages"] > 32:
+        raise ValueError(f"num_stages={cfg.get('num_stages')!r} must be a positive int, at most 32")
+    if cfg["kernel"] in ("tile", "tma", "wgmma") and (not pos_int(cfg.get("GROUP_M")) or cfg["GROUP_M"] > 1024):
+        raise ValueError(f"GROUP_M={cfg.get('GROUP_M')!r} must be a positive int, at most 1024 (rows of tiles a "
+                         f"swizzle group; GROUP_M times the column tiles is an int32 in the kernels)")
     p = cfg.get("PROGRAMS")
     if cfg["kernel"] in ("tma", "wgmma", "wgmma_small_m") and p is not None and p != 0 and not pos_int(p):
         raise ValueError(f"PROGRAMS={p!r} must be a positive int, or None / 0 for one program per SM")
-    if cfg["kernel"] == "wgmma_small_m":
+    if cfg["kernel"] == "wgmma_small_m" and not cfg.get("SWAP_AB", True):
+        if cfg["BN"] not in (8, 16, 32, 64) or cfg["num_warps"] != 4 or cfg["BM"] > 64:
+            raise ValueError(f"wgmma_small_m with SWAP_AB=False needs BN 8, 16, 32 or 64, 4 warps and BM <= 64, "
+                             f"got BN={cfg['BN']}, num_warps={cfg['num_warps']}, BM={cfg['BM']}")
+    elif cfg["kernel"] == "wgmma_small_m":
         if cfg["BM"] not in (16, 32, 64):
             raise ValueError(f"BM={cfg['BM']} must be 16, 32 or 64 for wgmma_small_m (the token tile)")
         if cfg["BN"] not in (64, 128) or cfg["num_warps"] != cfg["BN"] // 16:
             raise ValueError(f"wgmma_small_m needs BN 64 or 128 with BN / 16 warps, got BN={cfg['BN']}, "
                              f"num_warps={cfg['num_warps']}")
+        if not isinstance(cfg.get("ROTATE", False), bool) or not isinstance(cfg.get("SWAP_AB", True), bool):
+            raise ValueError(f"ROTATE={cfg.get('ROTATE')!r} and SWAP_AB={cfg.get('SWAP_AB')!r} must be bools")
         sk = cfg.get("SPLIT_K", "auto")
         if sk != "auto" and not pos_int(sk):
             raise ValueError(f"SPLIT_K={sk!r} must be a positive int or 'auto'")
     if cfg["kernel"] == "wgmma":
         ws, mode = cfg.get("WS", 0), cfg.get("MODE", 0)
-        if ws not in (0, 1, 2) or mode not in (0, 1, 2):  # True / False count as 1 / 0
-            raise ValueError(f"WS={ws!r} and MODE={mode!r} must each be 0, 1 or 2")
+        if type(ws) is not int or type(mode) is not int or ws not in (0, 1, 2) or mode not in (0, 1, 2):
+            raise ValueError(f"WS={ws!r} and MODE={mode!r} must each be the int 0, 1 or 2")
+        if (ws == 2 and mode != 0) or (ws == 1 and mode == 1):
+            raise ValueError(f"MODE={mode} does not exist with WS={ws} (WS=1: MODE 0 or 2; WS=2: MODE 0)")
         if ws == 2 and cfg["BM"] != 128:
             raise ValueError(f"WS=2 splits a 128-row tile between two consumer warpgroups, got BM={cfg['BM']}")
         cr = cfg.get("CONSUMER_REGS", 232)
-        if ws == 2 and (not pos_int(cr) or cr % 8 or not 24 <= cr <= 256):
-            raise ValueError(f"CONSUMER_REGS={cr!r} must be a multiple of 8 in [24, 256]")
+        # WS=2 starts at maxnreg 168 over three warpgroups (the producer's padded): the default consumer gets
+        # 3 * 168 - 24 - CONSUMER_REGS registers (Triton's warp-group allocation), at most setmaxnreg's 256
+        if ws == 2 and (not pos_int(cr) or cr % 8 or not 224 <= cr <= 256):
+            raise ValueError(f"CONSUMER_REGS={cr!r} must be a multiple of 8 in [224, 256] (the other consumer "
+                             f"gets 480 - CONSUMER_REGS registers, at most 256)")
     if cfg["kernel"] == "wgmma" and (cfg["BM"] not in (64, 128) or cfg["BN"] not in (16, 32, 64, 128)
                                      or cfg["num_warps"] != cfg["BM"] // 16):
         raise ValueError(f"wgmma needs BM 64 or 128 with BM / 16 warps and BN dividing 128, got BM={cfg['BM']}, "
@@ -562,8 +583,9 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     """Tile config by shape. Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
     _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
     kernels/fp8_wgmma.py (H200, session 6, kernels/NOTES_II.md "fp8 GEMM, session 6"): M <= 16 the swap-AB
-    split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 64 the same with one split, larger M with a
-    2-byte output (``tma``) the warp-specialised prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere, the
+    split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with one split, M <= 64 the kernel
+    without split-K (SWAP_AB=False, 32 weight rows a program), larger M with a 2-byte output (``tma``) the
+    warp-specialised prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere, the
     winners of the H200 sweep of 2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096
     and 8192):
 
@@ -593,8 +615,13 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     if gluon and not quant_a:  # Hopper with Gluon, A and B TMA-addressable: kernels/fp8_wgmma.py
         if M <= 16:
             return dict(WGMMA_SMALL_M_DEFAULT)
+        if M <= 32:
+            return dict(WGMMA_SMALL_M_DEFAULT, BM=32, SPLIT_K=1, num_stages=8)
+        if M <= SMALL_M_MAX and K <= 16384:  # no split: 12.1 / 11.6 us at M = 64 against 14.0 / 13.3 with
+            # one (run 9); its staged scales bound K (kernels.fp8_wgmma.SCALES_MAX)
+            return dict(WGMMA_SMALL_M_DEFAULT, BM=64, BN=32, SWAP_AB=False, num_stages=8)
         if M <= SMALL_M_MAX:
-            return dict(WGMMA_SMALL_M_DEFAULT, BM=32 if M <= 32 else 64, SPLIT_K=1, num_stages=8)
+            return dict(WGMMA_SMALL_M_DEFAULT, BM=64, SPLIT_K=1, num_stages=8)
         if tma:
             return dict(WGMMA_DEFAULT)
     if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 in --decode-tiles (see NOTES_II)
@@ -621,9 +648,14 @@ _LOCKS: dict = {}
 
 
 def _lock_buffer(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tile counters for REDUCE=2, one buffer per (device, stream), grown on demand (kernels reset
-    theirs). Per stream because two REDUCE=2 launches running at once must not share counters; launches on one
+    """Zeroed int32 tile counters for the split-K kernels' last-arriving reduce (small_m REDUCE=2 and
+    wgmma_small_m with more than one split), one buffer per (device, stream), grown on demand (kernels reset
+    theirs). Per stream because two such launches running at once must not share counters; launches on one
     stream run one after another. (Not for CUDA graphs replayed on several streams at once.)"""
+    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # under CUDA-graph capture the zeroing is recorded, not run: a buffer cached here would be garbage for
+        # eager calls and other graphs. This one belongs to the graph, zeroed at the start of every replay.
+        return torch.zeros(max(n, 1), dtype=torch.int32, device=device)
     key = (str(device), torch.cuda.current_stream(device).cuda_stream
            if torch.device(device).type == "cuda" else 0)
     buf = _LOCKS.get(key)
@@ -635,6 +667,11 @@ def _lock_buffer(device, n: int) -> torch.Tensor:
 
 def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     M, K = _check_x(a, "a")
+    for name, t in (("b", b), ("sb", sb)) + ((("sa", sa),) if not quant_a else ()):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+    if b.dim() != 2:
+        raise ValueError(f"b must be [N, K], got {tuple(b.shape)}")
     N, Kb = b.shape
     if Kb != K:
         raise ValueError(f"a is [M, {K}] but b is [{N}, {Kb}]")
@@ -648,7 +685,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     sb = sb.contiguous()  # the kernels read scales row-major; a column-major (DeepGEMM-style) layout is copied
     b_fnuz = _fmt_of(b) == "e4m3fnuz"
     c = torch.empty(M, N, dtype=out_dtype, device=a.device)
-    # the TMA kernel by default only where it can run: a pre-quantised A and C that TMA can address, and a
+    # the TMA (and Gluon prefill) kernel by default only where it can run: a pre-quantised A and C that TMA can
+    # address, and a
     # 2-byte output (with an fp32 C, TMA_DEFAULT's build asked for 262,168 B of shared memory, past the H200's
     # 232,448: OutOfResources in the GPU gate, 2026-12-01; an explicit kernel="tma" with an fp32 C is launched
     # as asked and may fail so)
@@ -659,7 +697,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     if not quant_a and not _interpreting() and a.is_cuda:
         from kernels.fp8_wgmma import gluon_supported
 
-        gluon_ok = gluon_supported(a.device) and _tma_layout_problem(a, b, b) is None
+        gluon_ok = (gluon_supported(a.device) and _tma_layout_problem(a, b, b) is None
+                    and (M <= SMALL_M_MAX or c.dtype in (torch.bfloat16, torch.float16)))
     cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize, tma=tma_ok and not _interpreting(),
                                    gluon=gluon_ok))
     if config:
@@ -670,7 +709,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             # tuning keys without a kernel name keep their meaning from before the TMA and Gluon kernels: the
             # tile kernel's (or the small-M kernel's under the interpreter); naming a kernel tunes that one
             cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize))
-        elif want is not None and want != cfg["kernel"]:
+        elif want is not None and (want != cfg["kernel"] or want == "wgmma_small_m"):
+            # (wgmma_small_m named: its own defaults, the split kernel, not the shape's variant of it)
             cfg = dict({"tile": TILE_DEFAULT, "tma": TMA_DEFAULT, "wgmma": WGMMA_DEFAULT,
                         "wgmma_small_m": WGMMA_SMALL_M_DEFAULT}.get(want) or small_m_config(M))
         cfg.update(config)
@@ -692,8 +732,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
                None if gluon_supported(a.device) else
                f"{a.device} is not a Hopper GPU (compute capability 9.x) with Triton's Gluon")
         why = why or _tma_layout_problem(a, b, c if cfg["kernel"] == "wgmma" else b)
-        if not why and cfg["kernel"] == "wgmma" and c.element_size() != 2:
-            why = f"it stores a 2-byte output by TMA, not {c.dtype}"
+        if not why and cfg["kernel"] == "wgmma" and c.dtype not in (torch.bfloat16, torch.float16):
+            why = f"it stores a 2-byte output (bf16 or fp16) by TMA, not {c.dtype}"
         if not why and cfg["kernel"] == "wgmma_small_m" and M > cfg["BM"]:
             why = f"M={M} is more than its token tile BM={cfg['BM']}"
         if why:
@@ -765,6 +805,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         if cfg["kernel"] == "wgmma":
             tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, BN)
             fp8_wgmma.launch_wgmma(a8, sa_arg, b8, sb, c, half, cfg, min(cfg.get("PROGRAMS") or sms, tiles))
+        elif not cfg.get("SWAP_AB", True):
+            fp8_wgmma.launch_rows_wgmma(a8, sa_arg, b8, sb, c, half, cfg)
         else:
             kb, n_tiles = K // GROUP, triton.cdiv(N, BN)
             split = cfg.get("SPLIT_K", "auto")
@@ -806,17 +848,20 @@ def fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.bfloat16, config: dict | None
     """``[M, N]`` = (qa, sa) @ (qb, sb)^T, block-scaled (see the module docstring). qa ``[M, K]`` fp8 with
     sa ``[M, K/128]`` fp32; qb ``[N, K]`` fp8 with sb ``[ceil(N/128), K/128]`` fp32; either fp8 format.
     ``config`` overrides the default config's keys (:func:`default_gemm_config`): with ``kernel`` it picks the
-    kernel (``"tile"``, ``"tma"``, ``"small_m"``) and overrides that kernel's defaults; without it, it overrides
-    the keys of the kernel the shape defaults to, except where that is the TMA kernel (M > 64 on a TMA GPU
-    with a 2-byte output): there a config without ``kernel`` tunes the tile kernel, as before the TMA kernel
-    existed (name ``kernel="tma"`` to tune the TMA one).
+    kernel (``"tile"``, ``"tma"``, ``"small_m"``, ``"wgmma"``, ``"wgmma_small_m"``) and overrides that
+    kernel's defaults; without it, it overrides the keys of the kernel the shape defaults to, except where that
+    is the TMA or a Gluon kernel (a TMA GPU with a 2-byte output at M > 64; a Hopper GPU with Gluon at any M):
+    there a config without ``kernel`` tunes the kernel that was the default before those existed (the tile
+    kernel on a GPU); name the kernel to tune it.
 
     Raises:
         ValueError: mismatched shapes or dtypes (scales not float32); an invalid config value (see
             :func:`_check_config`; BN neither dividing 128 nor a multiple of it, KPI not 1 or 2);
             ``kernel="tma"`` where it cannot run (no TMA on the device, a base or row stride of A, B or the
-            output not 16-byte aligned, BN not dividing 128).
-        triton.runtime.errors.OutOfResources: a tile config whose shared memory does not fit the device."""
+            output not 16-byte aligned, BN not dividing 128); ``kernel="wgmma"`` / ``"wgmma_small_m"`` where
+            they cannot run (not a Hopper GPU with Gluon, the fused quant, TMA alignment, a non-2-byte output
+            for "wgmma", M over the token tile for "wgmma_small_m").
+        triton.runtime.errors.OutOfResources: a config whose shared memory does not fit the device."""
     return _gemm(qa, sa, qb, sb, out_dtype, False, _fmt_of(qa), False, config)
 
 

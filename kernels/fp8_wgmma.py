@@ -14,15 +14,17 @@ on the H200). Three schedules (config key WS), measured on the H200 (kernels/NOT
   warps stalled at the CTA barriers Triton puts around every TMA issue, with 0.32-0.43 instructions issued a
   cycle per scheduler and L2 at 42-56 % of peak (results/2026-12-01_h200_fp8_gluon_run4_ncu.log).
 * WS=1, :func:`_block_gemm_ws_kernel`: one producer warp issues every load, paced by per-stage barriers;
-  0.72-0.85 of _scaled_mm with MODE 2. Its two consumer warpgroups are still one partition, held in step by
+  0.72-0.75 of _scaled_mm at 4096^3 with MODE 2. Its two consumer warpgroups are still one partition, held in step by
   the partition barrier before each "stage empty" arrival.
 * WS=2 (default), :func:`_block_gemm_ws2_kernel`: the two consumer warpgroups in two partitions of 64 rows
   each, each arriving on the stage's barrier itself, so one's scale-FMAs run while the other's wgmma does (the
   overlap of CUTLASS's sm90 "ping-pong" warp-specialised schedule, without its ordering barrier):
-  0.79-0.86 of _scaled_mm at 4096^3 and 8192^3.
+  0.836 and 0.815 of _scaled_mm at 4096^3 and 8192^3 (medians of nine rounds, run 10).
 
-Decode (kernel="wgmma_small_m", the default for M <= 64): :func:`_small_m_wgmma_kernel`, swap-AB split-K with
-every K-block of a program requested by TMA at once and the block scales staged in shared memory.
+Decode (kernel="wgmma_small_m", the default for M <= 64): :func:`_small_m_wgmma_kernel` (M <= 32), swap-AB
+split-K with up to num_stages K-blocks of a program in flight by TMA and the block scales staged in shared
+memory; :func:`_rows_wgmma_kernel` (SWAP_AB=False; 32 < M <= 64), no split of K, the tokens padded to the
+wgmma's 64 rows.
 
 Nothing here runs under the CPU interpreter (Gluon has none); the CPU gates run the tile kernel, whose sums
 the prefill kernels repeat, and the refusals of these kernels.
@@ -46,15 +48,17 @@ except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5) or no Tri
     HAVE_GLUON = False
 
 GROUP = 128
-SMALL_M_SMEM = 192 * 1024  # the decode kernel's stages stay under this (the H200 grants 227 KiB a block)
+SMALL_M_SMEM = 192 * 1024  # the decode kernels' stages and scales stay under this (the H200: 227 KiB a block)
+SCALES_MAX = 32 * 1024  # bytes of block scales a decode program stages (registers, then shared memory)
 
 
 def gluon_supported(device) -> bool:
     """True where these kernels can run (``kernels.fp8.fp8_block_gemm(..., config=dict(kernel="wgmma"))`` or
-    ``"wgmma_small_m"``): Gluon importable, a CUDA device of compute capability 9.x (Hopper's wgmma)."""
+    ``"wgmma_small_m"``): Gluon importable, an NVIDIA CUDA device (not ROCm) of compute capability 9.x
+    (Hopper's wgmma)."""
     device = torch.device(device)
-    return (HAVE_GLUON and device.type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device)[0] == 9)
+    return (HAVE_GLUON and device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] == 9)  # ROCm reports gfx9xx as 9.x: excluded
 
 
 if HAVE_GLUON:
@@ -63,7 +67,8 @@ if HAVE_GLUON:
         # GROUP_M-swizzled order, as _block_gemm_tma_kernel: GROUP_M row tiles share each column tile in turn
         group = GROUP_M * num_n
         first_m = (tile // group) * GROUP_M
-        gsize = gl.minimum(num_m - first_m, GROUP_M)
+        gsize = gl.maximum(gl.minimum(num_m - first_m, GROUP_M), 1)  # >= 1: the WS=0 kernel also asks for
+        # the tile after its last (masked off), where num_m - first_m may be 0: no remainder by zero
         pid_m = first_m + (tile % group) % gsize
         pid_n = (tile % group) // gsize
         return pid_m, pid_n
@@ -437,8 +442,8 @@ if HAVE_GLUON:
         kernels.fp8._small_m_kernel (the weight rows on the wgmma's 64-row side, the tokens on its n), grid
         (cdiv(N, BN), SPLIT_K): program (pid_n, pid_k) owns K-blocks [pid_k KB_PER, +KB_PER) (KB_PER <= KBP, a
         power of two). Descriptors: w_desc [BN, 128] over B [N, K], a_desc [BT, 128] over A [M, K] (rows past
-        M read as zeros). Why: the weight stream is the whole cost at decode, so every K-block of the program
-        is requested by TMA at once (STAGES >= KB_PER) and the block scales (sb[n / 128, kb] * sa[m, kb] HALF,
+        M read as zeros). Why: the weight stream is the whole cost at decode, so STAGES K-blocks of the program
+        are in flight by TMA (all of them when STAGES >= KB_PER) and the block scales (sb[n / 128, kb] * sa[m, kb] HALF,
         as _small_m_kernel) are read once into shared memory before the first MMA instead of one dependent
         load a K-block. SPLIT_K > 1: the fp32 partial goes to ws [SPLIT_K, M, N]; the last program of an
         output tile to arrive (an acq_rel counter per tile in lock, reset by it) sums ws in split order
@@ -512,6 +517,67 @@ if HAVE_GLUON:
                 gl.store(out, tot.to(c.dtype.element_ty), mask=omask)
                 gl.atomic_xchg(lock + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
+    @gluon.jit
+    def _rows_load(j, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES: gl.constexpr):
+        # K-block j's TMA loads (weights [BN, 128] at row n0, tokens [64, 128]) into stage j % STAGES
+        live = j < KB
+        s = j % STAGES
+        bar = bars.index(s)
+        mbarrier.expect(bar, w_desc.block_type.nbytes + a_desc.block_type.nbytes, pred=live)
+        tma.async_copy_global_to_shared(w_desc, [n0, j * 128], bar, w_bufs.index(s), pred=live)
+        tma.async_copy_global_to_shared(a_desc, [0, j * 128], bar, a_bufs.index(s), pred=live)
+
+    @gluon.jit
+    def _rows_wgmma_kernel(w_desc, a_desc, sa, sb, c, M, N, K, ssam, ssbn, scm,
+                           HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr):
+        """Decode without split-K: out [64 (M <= 64 tokens), BN] = A [64, K] @ W [BN, K]^T for the program's
+        BN weight rows (grid cdiv(N, BN), BN 8..64 dividing 128, one warpgroup), all of K in one program, so
+        there is no partial to reduce. The tokens are padded to the wgmma's 64-row side (TMA zero-fills the
+        rows past M; wasted MMA work is cheap at decode, the weight stream is the cost). STAGES K-blocks are in
+        flight; the per-K-block scales (sa[m, kb] HALF sb[n / 128, kb], as _block_gemm_kernel) are read into
+        shared memory once, [KBP, 64], before the first MMA. Why: the split-K kernel's last program of each
+        output tile waits for the others' partials (an L2 round trip for the counter, one for the partials)."""
+        BN: gl.constexpr = w_desc.block_type.shape[0]
+        gl.static_assert(a_desc.block_type.shape[0] == 64)
+        gl.static_assert(128 % BN == 0)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BN, 32])
+        rl: gl.constexpr = gl.SliceLayout(1, mma)
+        cl: gl.constexpr = gl.SliceLayout(0, mma)
+        sl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [KBP, 64] scales
+        pid = gl.program_id(0)
+        n0 = pid * BN
+        KB = K // 128
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            _rows_load(i, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
+        kk = gl.arange(0, KBP, layout=gl.SliceLayout(1, sl))
+        mv = gl.arange(0, 64, layout=gl.SliceLayout(0, sl))
+        km = kk < KB
+        scb = gl.load(sb + (n0 // 128) * ssbn + kk, mask=km, other=0.0)
+        sca = gl.load(sa + mv[None, :] * ssam + kk[:, None], mask=km[:, None] & (mv < M)[None, :], other=0.0)
+        s_smem = gl.allocate_shared_memory(gl.float32, [KBP, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        s_smem.store(sca * HALF * scb[:, None])
+        s_rows = s_smem._reinterpret(gl.float32, [KBP, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        zero = gl.zeros((64, BN), dtype=gl.float32, layout=mma)
+        acc = zero
+        for j in range(KB):
+            s = j % STAGES
+            mbarrier.wait(bars.index(s), (j // STAGES) & 1)
+            d = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), zero, use_acc=False)
+            _rows_load(j + STAGES, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
+            acc = acc + d * s_rows.index(j).load(rl)[:, None]
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+        offs_m = gl.arange(0, 64, layout=rl)
+        offs_n = n0 + gl.arange(0, BN, layout=cl)
+        gl.store(c + offs_m[:, None] * scm + offs_n[None, :], acc.to(c.dtype.element_ty),
+                 mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
 
 def _gl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
@@ -534,6 +600,13 @@ def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch
     N = b8.shape[0]
     BM, BN = cfg["BM"], cfg["BN"]
     stages = max(1, min(cfg["num_stages"], K // GROUP))  # the refill reaches at most one tile ahead
+    ws = cfg.get("WS", 0)
+    ring = (stages if ws == 0 else cfg["num_stages"]) * ((128 if ws == 2 else BM) + BN) * GROUP
+    need = ring + (128 if ws == 2 else BM) * BN * c.element_size()
+    limit = getattr(torch.cuda.get_device_properties(a8.device), "shared_memory_per_block_optin", 232448)
+    if need > limit:
+        raise ValueError(f"num_stages={cfg['num_stages']}: {need} bytes of shared memory (stages and the C tile), "
+                         f"more than the device's {limit} a block")
     if cfg.get("WS") == 2:  # two consumer partitions of 64 rows (BM 128), one producer warp
         _block_gemm_ws2_kernel[(programs,)](
             _descriptor(a8, [128, GROUP]), _descriptor(b8, [BN, GROUP]), _descriptor(c, [64, BN]), sa, sb,
@@ -560,19 +633,42 @@ def launch_small_m_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, s
     cfg["BN"] weight rows a program, 64 or 128, with BN / 16 warps) with ``split`` K-splits (1: no
     workspace) and ``lock`` at least cdiv(N, BN) zeroed int32 counters (see kernels.fp8._lock_buffer; read
     only where split > 1).
-    Every K-block of a program is in flight at once where ``cfg["num_stages"]`` allows (it is capped at the
+    ``cfg["num_stages"]`` K-blocks of a program are in flight (all of them where it allows; it is capped at the
     program's K-blocks and at :data:`SMALL_M_SMEM` bytes of stages)."""
     M, K = a8.shape
     N = b8.shape[0]
     BM, BN = cfg["BM"], cfg["BN"]
     kb = K // GROUP
+    # the staged scales, [next_pow2(K-blocks a program), BM] fp32, stay within SCALES_MAX bytes (they pass
+    # through registers on their way to shared memory): more splits where K is long
+    split = max(split, triton.cdiv(kb, SCALES_MAX // (4 * BM)))
     kb_per = triton.cdiv(kb, split)
     split = triton.cdiv(kb, kb_per)  # no empty split
+    kbp = triton.next_power_of_2(kb_per)
     ws = torch.empty(split, M, N, dtype=torch.float32, device=a8.device) if split > 1 else c
-    # capped at the program's K-blocks and at SMALL_M_SMEM bytes of stages
-    stages = max(1, min(cfg["num_stages"], kb_per, SMALL_M_SMEM // ((BN + BM) * GROUP)))
+    # capped at the program's K-blocks and at SMALL_M_SMEM bytes of stages and scales
+    stages = max(1, min(cfg["num_stages"], kb_per, (SMALL_M_SMEM - kbp * BM * 4) // ((BN + BM) * GROUP)))
     _small_m_wgmma_kernel[(triton.cdiv(N, BN), split)](
         _descriptor(b8, [BN, GROUP]), _descriptor(a8, [BM, GROUP]), sa, sb, c, ws,
         lock, M, N, K, kb_per, split, sa.stride(0), sb.stride(0), c.stride(0),
-        HALF=half, KBP=triton.next_power_of_2(kb_per), STAGES=stages, ROTATE=bool(cfg.get("ROTATE", False)),
+        HALF=half, KBP=kbp, STAGES=stages, ROTATE=bool(cfg.get("ROTATE", False)),
         num_warps=BN // 16)
+
+
+def launch_rows_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,
+                      half: float, cfg: dict) -> None:
+    """Launch :func:`_rows_wgmma_kernel` into ``c`` [M, N] (M <= 64; cfg["BN"] weight rows a program, 8..64
+    dividing 128; one warpgroup): no split of K. ``cfg["num_stages"]`` K-blocks in flight, capped at K / 128
+    and at :data:`SMALL_M_SMEM` bytes of stages and scales."""
+    M, K = a8.shape
+    N = b8.shape[0]
+    BN = cfg["BN"]
+    kb = K // GROUP
+    kbp = triton.next_power_of_2(kb)
+    if kbp * 64 * 4 > SCALES_MAX:
+        raise ValueError(f"SWAP_AB=False stages all {kb} K-blocks' scales: K={K} is over "
+                         f"{SCALES_MAX // 256 * GROUP} (use the split-K kernel, SWAP_AB=True)")
+    stages = max(1, min(cfg["num_stages"], kb, (SMALL_M_SMEM - kbp * 64 * 4) // ((BN + 64) * GROUP)))
+    _rows_wgmma_kernel[(triton.cdiv(N, BN),)](
+        _descriptor(b8, [BN, GROUP]), _descriptor(a8, [64, GROUP]), sa, sb, c, M, N, K, sa.stride(0),
+        sb.stride(0), c.stride(0), HALF=half, KBP=kbp, STAGES=stages, num_warps=4)

@@ -1,23 +1,23 @@
 """The Gluon fp8 kernels (kernels/fp8_wgmma.py) against torch._scaled_mm (per-tensor fp8) and the repo's other
 kernels on the H200.
 
-* ``--prefill``: M = N = K = 4096 and 8192 (and 2048 x 7168 x 4096), median of do_bench (us; TFLOP/s =
-  2 M N K / t): _scaled_mm, the default, the TMA kernel, and kernel="wgmma" variants (PREFILL). Every variant's
-  output is compared with the tile kernel's (``same``: bit-identical).
-* ``--decode``: M = 1, 16, 64 x 4096 x 4096 and 16 x 8192 x 8192 by kernel time (CUDA profiler, L2 flushed
-  before each call, median of 20; gdn_bench.bench_kernels), twice: after a flush that writes (do_bench's:
-  the call also pays for the write-back of the dirty lines it evicts) and after one that reads (clean L2):
-  _scaled_mm, the default, the best Triton split-K of session 4, and kernel="wgmma_small_m" variants
-  (DECODE); each output's error against the float64 product (BAD at 4e-3).
-
+* ``--prefill``: M = N = K = 4096 and 8192, 2048 x 7168 x 4096, 512 x 4096 x 4096 and 4096^3 again, median
+  of do_bench (us; TFLOP/s = 2 M N K / t): _scaled_mm, the default, the TMA kernel, and kernel="wgmma"
+  variants (PREFILL). Every variant's output is compared with the tile kernel's (``same``: bit-identical).
 * ``--prefill-repeat R``: 4096^3 and 8192^3, R rounds of _scaled_mm, the default and the TMA kernel in
   turn: the spread of the ratio from call to call (single readings of the same config ranged 0.70-0.80 at
   8192^3 in one run).
 * ``--prefill-kernel-time``: M = 128 .. 2048 x 4096 x 4096 by kernel time (there the launch path is longer
   than the kernel and do_bench times the host): _scaled_mm, the default, the TMA and the tile kernels.
+* ``--decode``: M = 1, 16, 32, 64 x 4096 x 4096 and 16 x 8192 x 8192 by kernel time (CUDA profiler, L2
+  flushed before each call, median of 20; gdn_bench.bench_kernels), twice: after a flush that writes
+  (do_bench's: the call also pays for the write-back of the dirty lines it evicts) and after one that reads
+  (clean L2): _scaled_mm, the default, session 5's default (the tile kernel), the best Triton split-K of
+  session 4, and the kernel="wgmma_small_m" variants (DECODE and ROWS); each output's error against the
+  float64 product (BAD at 4e-3). ``--decode-default``: without the variants; ``--decode-rows``: only ROWS.
 
-Usage (CUDA, Hopper): python -m kernels.bench.fp8_wgmma_bench [--prefill] [--prefill-kernel-time] [--decode]
-    [--json OUT]
+Usage (CUDA, Hopper): python -m kernels.bench.fp8_wgmma_bench [--prefill] [--prefill-repeat R]
+    [--prefill-kernel-time] [--decode | --decode-default | --decode-rows] [--json OUT]
 """
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ PREFILL = {  # MODE 0: a K-block's fold overlaps the next block's wgmma (the def
     # and y trading roles (no copies; spills at 255 registers under Triton 3.6); 2: no overlap.
     # ws: warp-specialised (one producer warp issues the TMA loads; _block_gemm_ws_kernel); ws2: its two
     # consumer warpgroups in two partitions, 64 rows each, never held in step (_block_gemm_ws2_kernel)
-    "wgmma s4 (default)": dict(kernel="wgmma"),
-    "ws s4 mode2": dict(kernel="wgmma", WS=True, MODE=2),
+    "ws0 mode0 s4": dict(kernel="wgmma", WS=0),  # "wgmma s4 (default)" in runs 2-7's logs (WS=0 until run 6)
+    "ws s4 mode2": dict(kernel="wgmma", WS=1, MODE=2),
     "ws2 s4": dict(kernel="wgmma", WS=2),
     "ws2 s5": dict(kernel="wgmma", WS=2, num_stages=5),
     "ws2 s4 r240": dict(kernel="wgmma", WS=2, CONSUMER_REGS=240),
@@ -43,7 +43,8 @@ PREFILL = {  # MODE 0: a K-block's fold overlaps the next block's wgmma (the def
     "ws2 s4 bn64": dict(kernel="wgmma", WS=2, BN=64),
     "ws2 s4 (again)": dict(kernel="wgmma", WS=2),
 }
-DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM; rot: ROTATE (see the kernel)
+DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM; rot: ROTATE (see the kernel);
+    # rows: SWAP_AB=False, the kernel without split-K (_rows_wgmma_kernel), stages capped by shared memory
     "wg bn64 s4": dict(kernel="wgmma_small_m", num_stages=4),
     "wg bn64 s4 rot": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True),
     "wg bn64 s3 rot": dict(kernel="wgmma_small_m", num_stages=3, ROTATE=True),
@@ -53,6 +54,14 @@ DECODE = {  # BN 64 (4 warps) unless named; auto split: about two programs an SM
     "wg bn64 s4 rot p396": dict(kernel="wgmma_small_m", num_stages=4, ROTATE=True, PROGRAMS=396),
     "wg bn64 split1": dict(kernel="wgmma_small_m", SPLIT_K=1),
     "wg bn64 split2 rot": dict(kernel="wgmma_small_m", SPLIT_K=2, ROTATE=True),
+}
+ROWS = {
+    "rows bn32 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=16),
+    "rows bn32 s8": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=8),
+    "rows bn16 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=16, num_stages=16),
+    "rows bn16 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=16, num_stages=32),
+    "rows bn8 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=8, num_stages=32),
+    "rows bn64 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=16),
 }
 SESSION4_BEST = dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=2, num_warps=4, num_stages=3,
                      FAST_DIV=True)  # "s bn64 auto r2 s3" of kernels/NOTES_II.md, 10.8 us at M = 16
@@ -95,7 +104,7 @@ def prefill(res: dict) -> None:
                 print(f"{shape}: {name} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
-def decode(res: dict, variants: bool = True) -> None:
+def decode(res: dict, variants: str = "all") -> None:
     from kernels.bench.gdn_bench import bench_kernels
 
     for M, N, K in [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]:
@@ -116,7 +125,7 @@ def decode(res: dict, variants: bool = True) -> None:
                "tile (session 5 default)": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(
                    kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2 if M <= 16 else 1, num_warps=4, num_stages=4)),
                "small_m bn64 auto r2 s3": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=SESSION4_BEST)}
-        chosen = DECODE if variants else {}
+        chosen = {"all": dict(DECODE, **ROWS), "rows": ROWS, "none": {}}[variants]
         fns.update({n: (lambda c=c: F.fp8_block_gemm(qa, sa, qb, sb, config=c)) for n, c in chosen.items()})
         for name, fn in fns.items():
             try:
@@ -195,12 +204,20 @@ def prefill_kernel_time(res: dict) -> None:
                 print(f"{shape:>26} | {name:<10} | FAILED {type(ex).__name__}: {str(ex)[:300]}", flush=True)
 
 
+def _positive_int(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text}")
+    return n
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--decode", action="store_true")
-    ap.add_argument("--prefill-repeat", type=int, metavar="ROUNDS",
+    ap.add_argument("--prefill-repeat", type=_positive_int, metavar="ROUNDS",
                     help="4096^3 and 8192^3: _scaled_mm, the default and the TMA kernel in turn, ROUNDS times")
+    ap.add_argument("--decode-rows", action="store_true", help="--decode with only the ROWS variants")
     ap.add_argument("--decode-default", action="store_true",
                     help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
     ap.add_argument("--prefill-kernel-time", action="store_true",
@@ -208,8 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     res: dict = {}
-    if args.decode or args.decode_default:
-        decode(res, variants=args.decode)
+    if args.decode or args.decode_default or args.decode_rows:
+        decode(res, variants="all" if args.decode else "rows" if args.decode_rows else "none")
     if args.prefill:
         prefill(res)
     if args.prefill_repeat:

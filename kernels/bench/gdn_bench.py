@@ -188,6 +188,8 @@ def bench_kernels(fn, n: int = 40, flush_by: str = "zero") -> tuple[float, float
     weights after the previous layer's)."""
     if flush_by not in ("zero", "read"):
         raise ValueError(f"flush_by must be 'zero' or 'read', got {flush_by!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int (calls to time), got {n!r}")
     from torch.profiler import ProfilerActivity, profile
 
     fn()

@@ -26,6 +26,13 @@ def rel(out, ref):
     return ((out - ref).norm() / ref.norm()).item()
 
 
+def poison(M, N, device):
+    """NaN into the caching allocator's free blocks of an [M, N] bf16 output and an fp32 workspace, so that an
+    output the kernel did not write (or a partial it did not sum) cannot pass as an earlier call's result."""
+    for shape, dt in (((M, N), torch.bfloat16), ((64, M, N), torch.float32)):
+        torch.full(shape, float("nan"), dtype=dt, device=device)
+
+
 def need_hopper(device):
     if not gluon_supported(device):
         pytest.skip(f"{device}: the Gluon kernels need a Hopper GPU")
@@ -64,9 +71,13 @@ def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
         _, qa, sa, qb, sb = operands(3, M, N, K, device)
         ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
         for cfg in [dict(), dict(SPLIT_K=1), dict(SPLIT_K=3), dict(BN=128, num_warps=8), dict(num_stages=2),
-                    dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3)]:
+                    dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3),
+                    dict(SWAP_AB=False, BN=32, num_stages=16), dict(SWAP_AB=False, BN=8, num_stages=3),
+                    dict(SWAP_AB=False, BN=64, num_stages=16)]:
+            poison(M, N, device)
             c = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
             assert rel(c, ref) < BOUND, (M, N, K, cfg, rel(c, ref))
+            poison(M, N, device)
             again = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
             assert torch.equal(c, again), (M, N, K, cfg)  # the split order is fixed, the counters were reset
 
@@ -83,6 +94,65 @@ def test_wgmma_small_m_fnuz_and_fp32_out(mode, device):
     assert c.dtype == torch.float32 and rel(c, ref) < 2e-4, rel(c, ref)  # no bf16 rounding (~1e-3)
 
 
+def test_wgmma_small_m_long_k(mode, device):
+    """K = 53248 (a 405B down projection): the decode kernels stage every K-block's scales of a program; the
+    split kernel now splits K so that they stay within SCALES_MAX and the stages plus scales fit shared memory
+    (OutOfResources before, fault-injection review), and the kernel without split-K refuses K > 16384."""
+    if mode == "interp":
+        pytest.skip("Gluon has no interpreter")
+    need_hopper(device)
+    for M, K in [(16, 53248), (64, 53248), (64, 18432)]:
+        _, qa, sa, qb, sb = operands(7, M, 256, K, device)
+        ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
+        for cfg in [None, dict(kernel="wgmma_small_m", SPLIT_K=1),
+                    dict(kernel="wgmma_small_m", BN=128, num_warps=8, SPLIT_K=1, num_stages=8)]:
+            c = fp8_block_gemm(qa, sa, qb, sb, config=cfg)
+            assert rel(c, ref) < BOUND, (M, K, cfg, rel(c, ref))
+    _, qa, sa, qb, sb = operands(8, 64, 256, 18432, device)
+    with pytest.raises(ValueError, match="K=18432 is over 16384"):
+        fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32))
+
+
+def test_default_with_a_one_byte_or_fp32_output(mode, device):
+    """The default at M > 64 with an fp8 or fp32 output is not the Gluon prefill kernel (it stores bf16 /
+    fp16 by TMA; an fp8 output raised ValueError there before the fault-injection review's fix)."""
+    if mode == "interp":
+        pytest.skip("GPU defaults")
+    M, N, K = 256, 512, 1024
+    _, qa, sa, qb, sb = operands(9, M, N, K, device)
+    ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
+    c32 = fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32)
+    assert rel(c32, ref) < 2e-4
+    c8 = fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float8_e4m3fn)
+    assert c8.dtype == torch.float8_e4m3fn and rel(c8.float(), ref) < 0.07  # e4m3's 3 mantissa bits
+
+
+def test_split_k_under_cuda_graph_capture(mode, device):
+    """The split-K decode kernel's tile counters: the first call on a stream inside CUDA-graph capture must
+    not leave an unzeroed buffer behind for eager calls (the zeroing is only recorded); the graph replays
+    right, and eager calls on that stream after the capture are right too."""
+    if mode == "interp":
+        pytest.skip("CUDA graphs")
+    need_hopper(device)
+    M, N, K = 16, 4096, 4096
+    _, qa, sa, qb, sb = operands(10, M, N, K, device)
+    ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
+    fp8_block_gemm(qa, sa, qb, sb)  # compiled (and its counters made) on the default stream, not on `stream`
+    stream = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            out = fp8_block_gemm(qa, sa, qb, sb)
+        for _ in range(3):  # eager on the capture's stream before any replay
+            assert rel(fp8_block_gemm(qa, sa, qb, sb), ref) < BOUND
+    out.fill_(float("nan"))
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel(out, ref) < BOUND
+    assert F.default_gemm_config(M, N, K, gluon=True)["SPLIT_K"] == "auto"  # a split-K default indeed
+
+
 def test_wgmma_refused_where_it_cannot_run(mode, device):
     """An explicit Gluon kernel that cannot run raises ValueError naming why; nothing is launched."""
     M, N, K = 80, 256, 256
@@ -91,8 +161,9 @@ def test_wgmma_refused_where_it_cannot_run(mode, device):
         with pytest.raises(ValueError, match="pre-quantised A"):
             fp8_block_gemm_qa(x, qb, sb, config=dict(kernel=kernel))
     if not gluon_supported(device):
-        with pytest.raises(ValueError, match="not a Hopper GPU"):
-            fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma"))
+        for kernel, rows in (("wgmma", M), ("wgmma_small_m", 4)):
+            with pytest.raises(ValueError, match="not a Hopper GPU"):
+                fp8_block_gemm(qa[:rows], sa[:rows], qb, sb, config=dict(kernel=kernel))
         return
     with pytest.raises(ValueError, match="token tile"):
         fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="wgmma_small_m"))  # M = 80 > 64
@@ -117,7 +188,39 @@ def test_wgmma_config_checks_on_any_device():
         F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, BM=128))
     with pytest.raises(ValueError, match="WS=3"):
         F._check_config(dict(F.WGMMA_DEFAULT, WS=3))
-    with pytest.raises(ValueError, match="CONSUMER_REGS"):
-        F._check_config(dict(F.WGMMA_DEFAULT, CONSUMER_REGS=100))
+    with pytest.raises(ValueError, match="MODE=2 does not exist with WS=2"):
+        F._check_config(dict(F.WGMMA_DEFAULT, MODE=2))
+    with pytest.raises(ValueError, match="MODE=1 does not exist with WS=1"):
+        F._check_config(dict(F.WGMMA_DEFAULT, WS=1, MODE=1))
+    with pytest.raises(ValueError, match="ROTATE"):
+        F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, ROTATE="yes"))
+    for regs in (16, 216, 228, 264):
+        with pytest.raises(ValueError, match="CONSUMER_REGS"):
+            F._check_config(dict(F.WGMMA_DEFAULT, CONSUMER_REGS=regs))
+    for regs in (224, 256):
+        F._check_config(dict(F.WGMMA_DEFAULT, CONSUMER_REGS=regs))
     F._check_config(dict(F.WGMMA_DEFAULT))
     F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT))
+    F._check_config(dict(F.WGMMA_DEFAULT, WS=1, MODE=2))
+
+
+def test_default_selection(monkeypatch):
+    """Which kernel the shape gets on a Hopper GPU with Gluon (gluon=True: _gemm passes it there), and that
+    without Gluon nothing changes (session 5's choices); every default config passes _check_config. The
+    GPU's table, also under the interpreter (which otherwise picks its own small tiles)."""
+    monkeypatch.setattr(F, "_interpreting", lambda: False)
+    want = {1: ("wgmma_small_m", True, 16), 16: ("wgmma_small_m", True, 16), 17: ("wgmma_small_m", True, 32),
+            32: ("wgmma_small_m", True, 32), 33: ("wgmma_small_m", False, 64), 64: ("wgmma_small_m", False, 64)}
+    for M, (kernel, swap, bm) in want.items():
+        cfg = F.default_gemm_config(M, 4096, 4096, tma=True, gluon=True)
+        F._check_config(cfg)
+        assert (cfg["kernel"], cfg.get("SWAP_AB", True), cfg["BM"]) == (kernel, swap, bm), (M, cfg)
+    long_k = F.default_gemm_config(64, 4096, 32768, tma=True, gluon=True)  # the no-split kernel stages every
+    assert long_k.get("SWAP_AB", True) and long_k["SPLIT_K"] == 1          # K-block's scales: K <= 16384
+    assert F.default_gemm_config(4096, 4096, 4096, tma=True, gluon=True) == F.WGMMA_DEFAULT
+    # no 2-byte TMA-addressable output: the tile kernel; the fused quant never takes a Gluon kernel
+    assert F.default_gemm_config(4096, 4096, 4096, tma=False, gluon=True)["kernel"] == "tile"
+    assert F.default_gemm_config(4096, 4096, 4096, quant_a=True, tma=True, gluon=True)["kernel"] == "tile"
+    assert F.default_gemm_config(8, 4096, 4096, quant_a=True, tma=True, gluon=True)["kernel"] == "tile"
+    for M in (1, 16, 64, 65, 4096):
+        assert "wgmma" not in F.default_gemm_config(M, 4096, 4096, tma=True)["kernel"]

@@ -116,7 +116,8 @@ def test_defect_default_tma_breaks_kernel_less_override(mode, device, monkeypatc
     qa, sa, qb, sb = fp8_operands(4, 128, 256, 256, device)
     monkeypatch.setattr(F, "_interpreting", lambda: False)
     monkeypatch.setattr(F, "tma_supported", lambda dev: True)
-    assert F.default_gemm_config(128, 256, 256, tma=True)["kernel"] == "tma"     # what _gemm now picks
+    assert F.default_gemm_config(128, 256, 256, tma=True)["kernel"] == "tma"     # what _gemm picks here (CPU
+    # tensors: no Gluon kernel)
     expect = fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2, BN=256))
     got = fp8_block_gemm(qa, sa, qb, sb, config=dict(BN=256))                # observed: ValueError
     assert torch.equal(got, expect)
