@@ -82,6 +82,63 @@ if HAVE_GLUON:
         tma.async_copy_global_to_shared(b_desc, [on, k], bar, b_bufs.index(s), pred=live)
 
     @gluon.jit
+    def _alloc_stages(x_desc, y_desc, STAGES: gl.constexpr, ARRIVALS: gl.constexpr):
+        """Shared memory for a STAGES-deep ring of two operand blocks (x_desc's and y_desc's block shapes and
+        layouts) and one mbarrier a stage, initialised to expect ARRIVALS arrivals."""
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        y_bufs = gl.allocate_shared_memory(y_desc.dtype, [STAGES] + y_desc.block_type.shape, y_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=ARRIVALS)
+        return x_bufs, y_bufs, bars
+
+    @gluon.jit
+    def _alloc_ring(a_desc, b_desc, STAGES: gl.constexpr, EMPTY_ARRIVALS: gl.constexpr):
+        """The warp-specialised kernels' ring: STAGES A and B blocks, a "ready" barrier a stage (the producer's
+        TMA bytes) and an "empty" one (EMPTY_ARRIVALS consumer arrivals)."""
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS)
+        return a_bufs, b_bufs, ready, empty
+
+    @gluon.jit
+    def _block_scale(p_sa, p_sb, kb, mm, HALF: gl.constexpr):
+        # K-block kb's fold factor sa[m, kb] * HALF * sb[n / 128, kb] for the rows of p_sa (masked by mm), in
+        # the tile kernel's order of operations
+        return gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+
+    @gluon.jit
+    def _store_tile(c_desc, c_smem, acc, om, on):
+        # C tile at (om, on) by TMA through c_smem, once the previous store from c_smem has left it
+        tma.store_wait(pendings=0)
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+
+    @gluon.jit
+    def _stage_scales(sa, ssam, p_sb, kb_lo, nkb, M, KBP: gl.constexpr, BT: gl.constexpr, HALF: gl.constexpr,
+                      num_warps: gl.constexpr):
+        """The decode kernels' fold factors of K-blocks kb_lo .. kb_lo + nkb - 1 (row j: sb[., kb_lo + j] *
+        (sa[m, kb_lo + j] HALF) for the BT token columns m < M; zeros elsewhere) in shared memory, [KBP, BT]
+        fp32, returned as KBP rows of a rank-1 view so that ``.index(j)`` is row j. p_sb: the program's row of
+        sb."""
+        sl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        kk = gl.arange(0, KBP, layout=gl.SliceLayout(1, sl))
+        mv = gl.arange(0, BT, layout=gl.SliceLayout(0, sl))
+        km = kk < nkb
+        scb = gl.load(p_sb + kb_lo + kk, mask=km, other=0.0)
+        sca = gl.load(sa + mv[None, :] * ssam + (kb_lo + kk)[:, None], mask=km[:, None] & (mv < M)[None, :],
+                      other=0.0)
+        s_smem = gl.allocate_shared_memory(gl.float32, [KBP, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        s_smem.store(scb[:, None] * (sca * HALF))
+        # the same unswizzled row-major bytes viewed as KBP rows of a rank-1 layout
+        return s_smem._reinterpret(gl.float32, [KBP, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+
+    @gluon.jit
     def _refill(s, j, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars):
         # stage s is free: load K-block j of this tile (om, on) or, past its last, K-block j - KB of the next
         # tile (om_next, on_next; only if there is one: ``more``). j - KB < KB as STAGES <= KB.
@@ -109,11 +166,7 @@ if HAVE_GLUON:
                                                       instr_shape=[16, BN, 32])
         rows: gl.constexpr = gl.SliceLayout(1, mma)
 
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
+        a_bufs, b_bufs, bars = _alloc_stages(a_desc, b_desc, STAGES, 1)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
 
         pid = gl.program_id(0)
@@ -147,7 +200,7 @@ if HAVE_GLUON:
             mbarrier.wait(bars.index(s), (c // STAGES) & 1)
             x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
                               is_async=True)
-            sx = gl.load(p_sa, mask=mm, other=0.0) * HALF * gl.load(p_sb)
+            sx = _block_scale(p_sa, p_sb, 0, mm, HALF)
             x = warpgroup_mma_wait(0, deps=(x,))
             _refill(s, STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars)
             acc = zero
@@ -164,7 +217,7 @@ if HAVE_GLUON:
                     mbarrier.wait(bars.index(s), (c // STAGES) & 1)
                     y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), y, use_acc=False,
                                       is_async=True)
-                    sy = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    sy = _block_scale(p_sa, p_sb, kb, mm, HALF)
                     acc = acc + x * sx[:, None]
                     y = warpgroup_mma_wait(0, deps=(y,))
                     _refill(s, kb + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs,
@@ -200,7 +253,7 @@ if HAVE_GLUON:
                     mbarrier.wait(bars.index(s), (c // STAGES) & 1)
                     x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), x, use_acc=False,
                                       is_async=True)
-                    sx = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    sx = _block_scale(p_sa, p_sb, kb, mm, HALF)
                     x = warpgroup_mma_wait(0, deps=(x,))
                     _refill(s, kb + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars)
             else:
@@ -213,17 +266,14 @@ if HAVE_GLUON:
                     mbarrier.wait(bars.index(s), (c // STAGES) & 1)
                     y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
                                       is_async=True)
-                    sy = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    sy = _block_scale(p_sa, p_sb, kb, mm, HALF)
                     acc = acc + x * sx[:, None]
                     x = warpgroup_mma_wait(0, deps=(y,))
                     _refill(s, kb + STAGES, KB, more, om, on, om_next, on_next, a_desc, b_desc, a_bufs, b_bufs, bars)
                     sx = sy
             acc = acc + x * sx[:, None]
             c += 1
-            tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+            _store_tile(c_desc, c_smem, acc, om, on)
         tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
@@ -252,6 +302,28 @@ if HAVE_GLUON:
                 tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * 128], bar, a_bufs.index(s))
                 tma.async_copy_global_to_shared(b_desc, [pid_n * BN, kb * 128], bar, b_bufs.index(s))
                 p += 1
+
+    @gluon.jit
+    def _consume_tile(a_bufs, b_bufs, ready, empty, c, KB, p_sa, p_sb, mm, zero, HALF: gl.constexpr,
+                      STAGES: gl.constexpr, ROWS: gl.constexpr, ROW0: gl.constexpr = 0):
+        # A warp-specialised consumer's tile, K-block by K-block in order: wait for the stage, wgmma (rows
+        # [ROW0, ROW0 + ROWS) of the A block; ROWS 0: all of it), release the stage, fold with the block's
+        # scales. c: the ring's step counter in and out. Returns (acc, c).
+        acc = zero
+        for kb in range(KB):
+            s = c % STAGES
+            sx = _block_scale(p_sa, p_sb, kb, mm, HALF)
+            mbarrier.wait(ready.index(s), (c // STAGES) & 1)
+            if ROWS == 0:
+                a = a_bufs.index(s)
+            else:
+                a = a_bufs.index(s).slice(ROW0, ROWS)
+            x = warpgroup_mma(a, b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            x = warpgroup_mma_wait(0, deps=(x,))
+            mbarrier.arrive(empty.index(s), count=1)
+            acc = acc + x * sx[:, None]
+            c += 1
+        return acc, c
 
     @gluon.jit
     def _ws_mma_partition(a_bufs, b_bufs, ready, empty, c_desc, c_smem, sa, sb, M, N, K, ssam, ssbn,
@@ -285,7 +357,7 @@ if HAVE_GLUON:
                 mbarrier.wait(ready.index(s), (c // STAGES) & 1)
                 x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
                                   is_async=True)
-                sx = gl.load(p_sa, mask=mm, other=0.0) * HALF * gl.load(p_sb)
+                sx = _block_scale(p_sa, p_sb, 0, mm, HALF)
                 x = warpgroup_mma_wait(0, deps=(x,))
                 mbarrier.arrive(empty.index(s), count=1)
                 c += 1
@@ -294,7 +366,7 @@ if HAVE_GLUON:
                     mbarrier.wait(ready.index(s), (c // STAGES) & 1)
                     y = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
                                       is_async=True)
-                    sy = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
+                    sy = _block_scale(p_sa, p_sb, kb, mm, HALF)
                     acc = acc + x * sx[:, None]
                     x = warpgroup_mma_wait(0, deps=(y,))
                     mbarrier.arrive(empty.index(s), count=1)
@@ -302,20 +374,8 @@ if HAVE_GLUON:
                     c += 1
                 acc = acc + x * sx[:, None]
             else:
-                for kb in range(KB):
-                    s = c % STAGES
-                    sx = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
-                    mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-                    x = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                                      is_async=True)
-                    x = warpgroup_mma_wait(0, deps=(x,))
-                    mbarrier.arrive(empty.index(s), count=1)
-                    acc = acc + x * sx[:, None]
-                    c += 1
-            tma.store_wait(pendings=0)  # the previous tile's store has left c_smem
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+                acc, c = _consume_tile(a_bufs, b_bufs, ready, empty, c, KB, p_sa, p_sb, mm, zero, HALF, STAGES, 0)
+            _store_tile(c_desc, c_smem, acc, om, on)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -333,13 +393,7 @@ if HAVE_GLUON:
         BN: gl.constexpr = c_desc.block_type.shape[1]
         gl.static_assert(a_desc.block_type.shape[1] == 128)
         gl.static_assert(128 % BN == 0)
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        a_bufs, b_bufs, ready, empty = _alloc_ring(a_desc, b_desc, STAGES, 1)
         c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([
             (_ws_mma_partition, (a_bufs, b_bufs, ready, empty, c_desc, c_smem, sa, sb, M, N, K, ssam, ssbn,
@@ -373,21 +427,9 @@ if HAVE_GLUON:
             mm = offs_m < M
             p_sa = sa + offs_m * ssam
             p_sb = sb + (on // 128) * ssbn
-            acc = zero
-            for kb in range(KB):
-                s = c % STAGES
-                sx = gl.load(p_sa + kb, mask=mm, other=0.0) * HALF * gl.load(p_sb + kb)
-                mbarrier.wait(ready.index(s), (c // STAGES) & 1)
-                x = warpgroup_mma(a_bufs.index(s).slice(HALF_ROWS * 64, 64), b_bufs.index(s).permute((1, 0)),
-                                  zero, use_acc=False, is_async=True)
-                x = warpgroup_mma_wait(0, deps=(x,))
-                mbarrier.arrive(empty.index(s), count=1)
-                acc = acc + x * sx[:, None]
-                c += 1
-            tma.store_wait(pendings=0)  # this half's previous store has left c_smem
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [om, on], c_smem)
+            acc, c = _consume_tile(a_bufs, b_bufs, ready, empty, c, KB, p_sa, p_sb, mm, zero, HALF, STAGES, 64,
+                                   HALF_ROWS * 64)
+            _store_tile(c_desc, c_smem, acc, om, on)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -404,13 +446,7 @@ if HAVE_GLUON:
         gl.static_assert(c_desc.block_type.shape[0] == 64)
         gl.static_assert(128 % BN == 0)
         gl.static_assert(num_warps == 4)
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=2)
+        a_bufs, b_bufs, ready, empty = _alloc_ring(a_desc, b_desc, STAGES, 2)  # an arrival from each consumer
         c_bufs = gl.allocate_shared_memory(c_desc.dtype, [2] + c_desc.block_type.shape, c_desc.layout)
         gl.warp_specialize([
             (_ws2_consumer, (0, a_bufs, b_bufs, ready, empty, c_desc, c_bufs, sa, sb, M, N, K, ssam, ssbn,
@@ -421,18 +457,12 @@ if HAVE_GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
-    def _issue_small_m_load(j, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars,
-                            STAGES: gl.constexpr):
-        # the TMA loads of the program's j-th K-block (weights [BN, 128] at row n0, tokens [BT, 128]) into
-        # stage j % STAGES; nothing past its last block (pred)
-        live = j < nkb
-        s = j % STAGES
-        bar = bars.index(s)
-        jj = j + rot  # the program's j-th K-block in its rotated order
+    def _issue_small_m_load(j, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES: gl.constexpr):
+        # the program's j-th K-block (in its rotated order) into stage j % STAGES: weights [BN, 128] at row n0,
+        # tokens [BT, 128]; nothing past its last block
+        jj = j + rot
         k = (kb_lo + gl.where(jj >= nkb, jj - nkb, jj)) * 128
-        mbarrier.expect(bar, w_desc.block_type.nbytes + a_desc.block_type.nbytes, pred=live)
-        tma.async_copy_global_to_shared(w_desc, [n0, k], bar, w_bufs.index(s), pred=live)
-        tma.async_copy_global_to_shared(a_desc, [0, k], bar, a_bufs.index(s), pred=live)
+        _load_stage(j % STAGES, j < nkb, n0, 0, k, w_desc, a_desc, w_bufs, a_bufs, bars)
 
     @gluon.jit
     def _small_m_wgmma_kernel(w_desc, a_desc, sa, sb, c, ws, lock, M, N, K, KB_PER, SPLIT_K, ssam, ssbn, scm,
@@ -455,7 +485,6 @@ if HAVE_GLUON:
                                                       instr_shape=[16, BT, 32])
         nl: gl.constexpr = gl.SliceLayout(1, mma)
         ml: gl.constexpr = gl.SliceLayout(0, mma)
-        sl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # [KBP, BT] scales
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -466,25 +495,12 @@ if HAVE_GLUON:
         # do not ask for the same token block of A at the same moment
         rot = (pid_n % gl.maximum(nkb, 1)) if ROTATE else 0
 
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
+        w_bufs, a_bufs, bars = _alloc_stages(w_desc, a_desc, STAGES, 1)
         for i in gl.static_range(STAGES):
             _issue_small_m_load(i, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
 
         # every K-block's scale of this program, [KBP, BT], into shared memory (row j: K-block kb_lo + j)
-        kk = gl.arange(0, KBP, layout=gl.SliceLayout(1, sl))
-        mv = gl.arange(0, BT, layout=gl.SliceLayout(0, sl))
-        km = kk < nkb
-        scb = gl.load(sb + (n0 // 128) * ssbn + kb_lo + kk, mask=km, other=0.0)
-        sca = gl.load(sa + mv[None, :] * ssam + (kb_lo + kk)[:, None], mask=km[:, None] & (mv < M)[None, :],
-                      other=0.0)
-        s_smem = gl.allocate_shared_memory(gl.float32, [KBP, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        s_smem.store(scb[:, None] * (sca * HALF))
-        # the same unswizzled row-major bytes viewed as KBP rows of a rank-1 layout, so that .index(j) is row j
-        s_rows = s_smem._reinterpret(gl.float32, [KBP, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        s_rows = _stage_scales(sa, ssam, sb + (n0 // 128) * ssbn, kb_lo, nkb, M, KBP, BT, HALF, num_warps)
 
         zero = gl.zeros((BN, BT), dtype=gl.float32, layout=mma)
         acc = zero
@@ -518,16 +534,6 @@ if HAVE_GLUON:
                 gl.atomic_xchg(lock + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
     @gluon.jit
-    def _rows_load(j, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES: gl.constexpr):
-        # K-block j's TMA loads (weights [BN, 128] at row n0, tokens [64, 128]) into stage j % STAGES
-        live = j < KB
-        s = j % STAGES
-        bar = bars.index(s)
-        mbarrier.expect(bar, w_desc.block_type.nbytes + a_desc.block_type.nbytes, pred=live)
-        tma.async_copy_global_to_shared(w_desc, [n0, j * 128], bar, w_bufs.index(s), pred=live)
-        tma.async_copy_global_to_shared(a_desc, [0, j * 128], bar, a_bufs.index(s), pred=live)
-
-    @gluon.jit
     def _rows_wgmma_kernel(w_desc, a_desc, sa, sb, c, M, N, K, ssam, ssbn, scm,
                            HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr):
         """Decode without split-K: out [64 (M <= 64 tokens), BN] = A [64, K] @ W [BN, K]^T for the program's
@@ -544,32 +550,20 @@ if HAVE_GLUON:
                                                       instr_shape=[16, BN, 32])
         rl: gl.constexpr = gl.SliceLayout(1, mma)
         cl: gl.constexpr = gl.SliceLayout(0, mma)
-        sl: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [KBP, 64] scales
         pid = gl.program_id(0)
         n0 = pid * BN
         KB = K // 128
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        w_bufs, a_bufs, bars = _alloc_stages(w_desc, a_desc, STAGES, 1)
         for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(STAGES):
-            _rows_load(i, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
-        kk = gl.arange(0, KBP, layout=gl.SliceLayout(1, sl))
-        mv = gl.arange(0, 64, layout=gl.SliceLayout(0, sl))
-        km = kk < KB
-        scb = gl.load(sb + (n0 // 128) * ssbn + kk, mask=km, other=0.0)
-        sca = gl.load(sa + mv[None, :] * ssam + kk[:, None], mask=km[:, None] & (mv < M)[None, :], other=0.0)
-        s_smem = gl.allocate_shared_memory(gl.float32, [KBP, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-        s_smem.store(sca * HALF * scb[:, None])
-        s_rows = s_smem._reinterpret(gl.float32, [KBP, 64], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+            _load_stage(i, i < KB, n0, 0, i * 128, w_desc, a_desc, w_bufs, a_bufs, bars)
+        s_rows = _stage_scales(sa, ssam, sb + (n0 // 128) * ssbn, 0, KB, M, KBP, 64, HALF, 4)
         zero = gl.zeros((64, BN), dtype=gl.float32, layout=mma)
         acc = zero
         for j in range(KB):
             s = j % STAGES
             mbarrier.wait(bars.index(s), (j // STAGES) & 1)
             d = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), zero, use_acc=False)
-            _rows_load(j + STAGES, KB, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
+            _load_stage(s, j + STAGES < KB, n0, 0, (j + STAGES) * 128, w_desc, a_desc, w_bufs, a_bufs, bars)
             acc = acc + d * s_rows.index(j).load(rl)[:, None]
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
