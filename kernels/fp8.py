@@ -222,6 +222,16 @@ if triton is not None:
         return qa, sca
 
     @triton.jit
+    def _swizzle_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+        """(pid_m, pid_n) of output tile ``tile`` (int32 scalar) in GROUP_M-swizzled order: GROUP_M row tiles
+        share each column tile in turn, so their B blocks are reused from L2 (Triton's matmul tutorial order).
+        num_m / num_n: the row / column tile counts."""
+        group = GROUP_M * num_n
+        first_m = (tile // group) * GROUP_M
+        gsize = tl.minimum(num_m - first_m, GROUP_M)
+        return first_m + (tile % group) % gsize, (tile % group) // gsize
+
+    @triton.jit
     def _block_gemm_kernel(
         a, sa, b, sb, c, qa_out, sa_out, M, N, K,
         sam, ssam, sbn, ssbn, scm, sqm, ssqm,
@@ -233,14 +243,7 @@ if triton is not None:
         # BN divides 128 (one weight-scale per program and K-block) or is a multiple of 128 (a [BN] vector).
         # KPI K-blocks per loop iteration: their dots are issued before the first scale-FMA waits on its own,
         # so one block's fp32 scaling overlaps the next block's MMA.
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BM)
-        num_n = tl.cdiv(N, BN)
-        group = GROUP_M * num_n
-        first_m = (pid // group) * GROUP_M
-        gsize = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group) % gsize
-        pid_n = (pid % group) // gsize
+        pid_m, pid_n = _swizzle_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
         offs_m = pid_m * BM + tl.arange(0, BM)
         offs_n = pid_n * BN + tl.arange(0, BN)
         offs_k = tl.arange(0, 128)
@@ -299,12 +302,8 @@ if triton is not None:
         against the tile kernel's ~0.42 in the same sweep (kernels/NOTES_II.md)."""
         num_m = tl.cdiv(M, BM)
         num_n = tl.cdiv(N, BN)
-        group = GROUP_M * num_n
         for tile in tl.range(tl.program_id(0), num_m * num_n, programs, flatten=True):
-            first_m = (tile // group) * GROUP_M
-            gsize = tl.minimum(num_m - first_m, GROUP_M)
-            pid_m = first_m + (tile % group) % gsize
-            pid_n = (tile % group) // gsize
+            pid_m, pid_n = _swizzle_tile(tile, num_m, num_n, GROUP_M)
             om = pid_m * BM
             on = pid_n * BN
             offs_m = om + tl.arange(0, BM)

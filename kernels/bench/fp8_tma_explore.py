@@ -35,16 +35,12 @@ def _tma_kernel(a_desc, b_desc, c_desc, sa, sb, M, N, K, ssam, ssak, ssbn,
     num_n = tl.cdiv(N, BN)
     tiles = num_m * num_n
     kbs = K // 128
-    group = GROUP_M * num_n
     if PERSIST:
         step = NUM_SMS
     else:
         step = tiles
     for tile in tl.range(tl.program_id(0), tiles, step, flatten=True):
-        first_m = (tile // group) * GROUP_M
-        gsize = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % group) % gsize
-        pid_n = (tile % group) // gsize
+        pid_m, pid_n = F._swizzle_tile(tile, num_m, num_n, GROUP_M)
         om = pid_m * BM
         on = pid_n * BN
         offs_m = om + tl.arange(0, BM)
