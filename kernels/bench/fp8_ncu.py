@@ -14,7 +14,7 @@ import json
 import torch
 
 import kernels.fp8 as F
-from kernels.bench.fp8_wgmma_bench import operands
+from kernels.bench.fp8_wgmma_bench import operands, scaled_mm_call
 
 
 def main(argv=None) -> int:
@@ -27,9 +27,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     x, w, qa, sa, qb, sb = operands(a.M, a.N, a.K)
     if a.gemm == "scaled_mm":
-        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        one = torch.ones((), device="cuda")
-        fn = lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+        fn = scaled_mm_call(x, w)
     else:
         cfg = json.loads(a.gemm)
         fn = lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=cfg)  # noqa: E731

@@ -76,18 +76,28 @@ def operands(M, N, K, dev="cuda"):
     return x, w, qa, sa, qb, sb
 
 
+def scaled_mm_call(x: torch.Tensor, w: torch.Tensor):
+    """The baseline: a zero-argument call of per-tensor fp8 ``torch._scaled_mm`` on e4m3fn copies of x [M, K]
+    and w [N, K] (fp32, CUDA; unit scales), bf16 [M', N] out. Rows of x are zero-padded to a multiple of 16
+    (cuBLASLt wants them; the padded call a server would make: M' = 16 at M = 1)."""
+    M, K = x.shape
+    xa = torch.zeros(-(-M // 16) * 16, K, device=x.device, dtype=torch.float8_e4m3fn)
+    xa[:M] = x.to(torch.float8_e4m3fn)
+    wt = w.to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=x.device)
+    return lambda: torch._scaled_mm(xa, wt, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
 def prefill(res: dict) -> None:
     bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
     for M, N, K in [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 7168, 4096), (512, 4096, 4096),
                     (4096, 4096, 4096)]:
         torch.manual_seed(0)
         x, w, qa, sa, qb, sb = operands(M, N, K)
-        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        one = torch.ones((), device="cuda")
         tile = F.fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2))
         tf = lambda us: 2 * M * N * K / us / 1e6  # noqa: E731
         shape = f"{M}x{N}x{K}" + (" (again)" if f"{M}x{N}x{K}" in res else "")
-        t_mm = bench(lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        t_mm = bench(scaled_mm_call(x, w))
         print(f"{shape}: _scaled_mm {t_mm:.1f} us {tf(t_mm):.0f} TFLOP/s", flush=True)
         res[shape] = {"scaled_mm": t_mm}
         variants = {"default": None, "tma": dict(kernel="tma")}
@@ -111,16 +121,9 @@ def decode(res: dict, variants: str = "all") -> None:
         torch.manual_seed(0)
         x, w, qa, sa, qb, sb = operands(M, N, K)
         ref = F.fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64).float()
-        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        one = torch.ones((), device="cuda")
-        if M % 16:  # cuBLASLt wants 16-row multiples: the padded call a server would make
-            xp = torch.zeros(16, K, device="cuda", dtype=torch.float8_e4m3fn)
-            xp[:M] = xa
-            xa = xp
         shape = f"{M}x{N}x{K}"
         res[shape] = {}
-        fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one,
-                                                     out_dtype=torch.bfloat16),
+        fns = {"scaled_mm": scaled_mm_call(x, w),
                "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb),
                "tile (session 5 default)": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(
                    kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2 if M <= 16 else 1, num_warps=4, num_stages=4)),
@@ -151,9 +154,7 @@ def prefill_repeat(res: dict, rounds: int) -> None:
     for n in (4096, 8192):
         torch.manual_seed(0)
         x, w, qa, sa, qb, sb = operands(n, n, n)
-        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        one = torch.ones((), device="cuda")
-        fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+        fns = {"scaled_mm": scaled_mm_call(x, w),
                "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb),
                "tma": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="tma"))}
         rows = {k: [] for k in fns}
@@ -179,13 +180,10 @@ def prefill_kernel_time(res: dict) -> None:
                     (2048, 4096, 4096)]:
         torch.manual_seed(0)
         x, w, qa, sa, qb, sb = operands(M, N, K)
-        xa, wt = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        one = torch.ones((), device="cuda")
         tile = F.fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2))
         shape = f"{M}x{N}x{K} kernel time"
         res[shape] = {}
-        fns = {"scaled_mm": lambda: torch._scaled_mm(xa, wt.t(), scale_a=one, scale_b=one,
-                                                     out_dtype=torch.bfloat16),
+        fns = {"scaled_mm": scaled_mm_call(x, w),
                "default": lambda: F.fp8_block_gemm(qa, sa, qb, sb),
                "tma": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(kernel="tma")),
                "tile kpi2": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(F.TILE_DEFAULT, KPI=2))}
