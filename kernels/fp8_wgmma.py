@@ -589,7 +589,11 @@ def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch
     calls this): 2 :func:`_block_gemm_ws2_kernel` (BM 128; two 4-warp consumers and a producer warp whatever
     ``num_warps`` says), 1 :func:`_block_gemm_ws_kernel`, 0 :func:`_block_gemm_wgmma_kernel` (``MODE``).
     a8 ``[M, K]`` / b8 ``[N, K]`` viewed as e4m3fn, sa / sb fp32 row-major scales, c ``[M, N]`` 2-byte float,
-    ``programs`` the persistent grid (one program an SM is what the config table assumes)."""
+    ``programs`` the persistent grid (one program an SM is what the config table assumes).
+
+    Raises:
+        ValueError: ``num_stages`` whose ring of A and B blocks and the C tile need more shared memory than the
+            device grants a block (``shared_memory_per_block_optin``; 232,448 bytes on the H200)."""
     M, K = a8.shape
     N = b8.shape[0]
     BM, BN = cfg["BM"], cfg["BN"]
@@ -653,7 +657,10 @@ def launch_rows_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: 
                       half: float, cfg: dict) -> None:
     """Launch :func:`_rows_wgmma_kernel` into ``c`` [M, N] (M <= 64; cfg["BN"] weight rows a program, 8..64
     dividing 128; one warpgroup): no split of K. ``cfg["num_stages"]`` K-blocks in flight, capped at K / 128
-    and at :data:`SMALL_M_SMEM` bytes of stages and scales."""
+    and at :data:`SMALL_M_SMEM` bytes of stages and scales.
+
+    Raises:
+        ValueError: K over 16384 (its [next_pow2(K / 128), 64] fp32 scales would pass :data:`SCALES_MAX`)."""
     M, K = a8.shape
     N = b8.shape[0]
     BN = cfg["BN"]

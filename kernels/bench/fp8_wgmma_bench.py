@@ -69,6 +69,8 @@ BOUND = 4e-3
 
 
 def operands(M, N, K, dev="cuda"):
+    """(x [M, K], w [N, K] fp32 standard normal, qa / sa its per-token-group quant, qb / sb the per-128x128-block
+    quant of w) on ``dev``, from torch's current seed."""
     x = torch.randn(M, K, device=dev)
     w = torch.randn(N, K, device=dev)
     qa, sa = F.fp8_quant_group(x)
@@ -89,6 +91,7 @@ def scaled_mm_call(x: torch.Tensor, w: torch.Tensor):
 
 
 def prefill(res: dict) -> None:
+    """``--prefill`` (module docstring): prints a line a variant and stores its us and bit-identity in ``res``."""
     bench = lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3  # noqa: E731
     for M, N, K in [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 7168, 4096), (512, 4096, 4096),
                     (4096, 4096, 4096)]:
@@ -115,6 +118,8 @@ def prefill(res: dict) -> None:
 
 
 def decode(res: dict, variants: str = "all") -> None:
+    """``--decode`` (module docstring); ``variants``: "all" (DECODE and ROWS), "rows" or "none". Prints a line a
+    GEMM and stores its kernel times (us, both flushes), kernel count and error in ``res``."""
     from kernels.bench.gdn_bench import bench_kernels
 
     for M, N, K in [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]:

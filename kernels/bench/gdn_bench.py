@@ -185,7 +185,11 @@ def bench_kernels(fn, n: int = 40, flush_by: str = "zero") -> tuple[float, float
     ``flush_by``: "zero" writes a 256 MiB buffer as do_bench does, which leaves the L2 full of dirty lines, so
     a call that streams more than a few MiB from DRAM also pays for writing them back as it evicts them;
     "read" sums the buffer instead (clean lines: the call's DRAM traffic is its own, as for a decode step's
-    weights after the previous layer's)."""
+    weights after the previous layer's).
+
+    Raises:
+        ValueError: ``flush_by`` not "zero" / "read", or ``n`` not a positive int (before any CUDA call).
+        RuntimeError: the profiler did not record two marker kernels a call."""
     if flush_by not in ("zero", "read"):
         raise ValueError(f"flush_by must be 'zero' or 'read', got {flush_by!r}")
     if not isinstance(n, int) or n < 1:
