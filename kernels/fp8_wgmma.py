@@ -457,6 +457,20 @@ if HAVE_GLUON:
         ], [4, 1], [CONSUMER_REGS, 24])
 
     @gluon.jit
+    def _mma_block(j, x_bufs, y_bufs, bars, zero, STAGES: gl.constexpr):
+        # K-block j's product x[s] @ y[s]^T (s = j % STAGES) once its TMA bytes are in: an async wgmma into a
+        # fresh accumulator (the caller waits, so several blocks' wgmmas can be in flight at once)
+        s = j % STAGES
+        mbarrier.wait(bars.index(s), (j // STAGES) & 1)
+        return warpgroup_mma(x_bufs.index(s), y_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _rot_scale(s_rows, j, rot, nkb, layout: gl.constexpr):
+        # the staged fold factors of the program's j-th K-block in its rotated order (ROTATE), in ``layout``
+        jj = j + rot
+        return s_rows.index(gl.where(jj >= nkb, jj - nkb, jj)).load(layout)
+
+    @gluon.jit
     def _issue_small_m_load(j, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES: gl.constexpr):
         # the program's j-th K-block (in its rotated order) into stage j % STAGES: weights [BN, 128] at row n0,
         # tokens [BT, 128]; nothing past its last block
@@ -465,9 +479,33 @@ if HAVE_GLUON:
         _load_stage(j % STAGES, j < nkb, n0, 0, k, w_desc, a_desc, w_bufs, a_bufs, bars)
 
     @gluon.jit
+    def _sum_partials(p, MN, omask, SPLIT_K):
+        """sum_sp p[sp MN] over sp = 0..SPLIT_K-1, added in that order (deterministic), read through L2 (.cg:
+        other programs wrote them; not a stale L1). Why four at a time: each load is an L2 round trip (~0.5 us
+        on the H200), and one load at a time put SPLIT_K - 1 of them after the last weight block (session 7)."""
+        v0 = gl.load(p, mask=omask, other=0.0, cache_modifier=".cg")
+        v1 = gl.load(p + MN, mask=omask & (SPLIT_K > 1), other=0.0, cache_modifier=".cg")
+        v2 = gl.load(p + 2 * MN, mask=omask & (SPLIT_K > 2), other=0.0, cache_modifier=".cg")
+        v3 = gl.load(p + 3 * MN, mask=omask & (SPLIT_K > 3), other=0.0, cache_modifier=".cg")
+        tot = v0
+        tot = gl.where(SPLIT_K > 1, tot + v1, tot)  # not tot + 0.0 past the last split: -0.0 stays -0.0
+        tot = gl.where(SPLIT_K > 2, tot + v2, tot)
+        tot = gl.where(SPLIT_K > 3, tot + v3, tot)
+        for sp in range(4, SPLIT_K, 4):
+            v0 = gl.load(p + sp * MN, mask=omask, other=0.0, cache_modifier=".cg")
+            v1 = gl.load(p + (sp + 1) * MN, mask=omask & (sp + 1 < SPLIT_K), other=0.0, cache_modifier=".cg")
+            v2 = gl.load(p + (sp + 2) * MN, mask=omask & (sp + 2 < SPLIT_K), other=0.0, cache_modifier=".cg")
+            v3 = gl.load(p + (sp + 3) * MN, mask=omask & (sp + 3 < SPLIT_K), other=0.0, cache_modifier=".cg")
+            tot = tot + v0
+            tot = gl.where(sp + 1 < SPLIT_K, tot + v1, tot)
+            tot = gl.where(sp + 2 < SPLIT_K, tot + v2, tot)
+            tot = gl.where(sp + 3 < SPLIT_K, tot + v3, tot)
+        return tot
+
+    @gluon.jit
     def _small_m_wgmma_kernel(w_desc, a_desc, sa, sb, c, ws, lock, M, N, K, KB_PER, SPLIT_K, ssam, ssbn, scm,
                               HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr, ROTATE: gl.constexpr,
-                              num_warps: gl.constexpr):
+                              num_warps: gl.constexpr, UNROLL: gl.constexpr = 1):
         """Decode (M <= BT): out^T [BN, BT] = W [BN, K-range] @ A [BT, K-range]^T, swap-AB as
         kernels.fp8._small_m_kernel (the weight rows on the wgmma's 64-row side, the tokens on its n), grid
         (cdiv(N, BN), SPLIT_K): program (pid_n, pid_k) owns K-blocks [pid_k KB_PER, +KB_PER) (KB_PER <= KBP, a
@@ -504,13 +542,32 @@ if HAVE_GLUON:
 
         zero = gl.zeros((BN, BT), dtype=gl.float32, layout=mma)
         acc = zero
-        for j in range(nkb):
-            s = j % STAGES
-            mbarrier.wait(bars.index(s), (j // STAGES) & 1)
-            d = warpgroup_mma(w_bufs.index(s), a_bufs.index(s).permute((1, 0)), zero, use_acc=False)
+        nfull = nkb - nkb % UNROLL
+        for j in range(0, nfull, UNROLL):  # UNROLL K-blocks' wgmmas in flight at once, folded in order
+            t0 = _mma_block(j, w_bufs, a_bufs, bars, zero, STAGES)
+            if UNROLL == 1:
+                d0 = warpgroup_mma_wait(0, deps=[t0])
+            elif UNROLL == 2:
+                t1 = _mma_block(j + 1, w_bufs, a_bufs, bars, zero, STAGES)
+                d0, d1 = warpgroup_mma_wait(0, deps=[t0, t1])
+            else:
+                t1 = _mma_block(j + 1, w_bufs, a_bufs, bars, zero, STAGES)
+                t2 = _mma_block(j + 2, w_bufs, a_bufs, bars, zero, STAGES)
+                t3 = _mma_block(j + 3, w_bufs, a_bufs, bars, zero, STAGES)
+                d0, d1, d2, d3 = warpgroup_mma_wait(0, deps=[t0, t1, t2, t3])
+            for u in gl.static_range(UNROLL):  # the stages just read are free
+                _issue_small_m_load(j + u + STAGES, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars,
+                                    STAGES)
+            acc = acc + d0 * _rot_scale(s_rows, j, rot, nkb, ml)[None, :]
+            if UNROLL >= 2:
+                acc = acc + d1 * _rot_scale(s_rows, j + 1, rot, nkb, ml)[None, :]
+            if UNROLL == 4:
+                acc = acc + d2 * _rot_scale(s_rows, j + 2, rot, nkb, ml)[None, :]
+                acc = acc + d3 * _rot_scale(s_rows, j + 3, rot, nkb, ml)[None, :]
+        for j in range(nfull, nkb):  # the last nkb % UNROLL blocks one at a time
+            d = warpgroup_mma_wait(0, deps=[_mma_block(j, w_bufs, a_bufs, bars, zero, STAGES)])
             _issue_small_m_load(j + STAGES, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars, STAGES)
-            jj = j + rot
-            acc = acc + d * s_rows.index(gl.where(jj >= nkb, jj - nkb, jj)).load(ml)[None, :]
+            acc = acc + d * _rot_scale(s_rows, j, rot, nkb, ml)[None, :]
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
 
@@ -527,15 +584,12 @@ if HAVE_GLUON:
             gl.thread_barrier()  # every thread's partial is issued before the (one-thread) release below
             prev = gl.atomic_add(lock + pid_n, 1, sem="acq_rel", scope="gpu")
             if prev == SPLIT_K - 1:
-                tot = gl.load(ws + tile, mask=omask, other=0.0, cache_modifier=".cg")  # L2, not a stale L1
-                for sp in range(1, SPLIT_K):
-                    tot += gl.load(ws + sp * MN + tile, mask=omask, other=0.0, cache_modifier=".cg")
-                gl.store(out, tot.to(c.dtype.element_ty), mask=omask)
+                gl.store(out, _sum_partials(ws + tile, MN, omask, SPLIT_K).to(c.dtype.element_ty), mask=omask)
                 gl.atomic_xchg(lock + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
     @gluon.jit
     def _rows_wgmma_kernel(w_desc, a_desc, sa, sb, c, M, N, K, ssam, ssbn, scm,
-                           HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr):
+                           HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr, UNROLL: gl.constexpr = 1):
         """Decode without split-K: out [64 (M <= 64 tokens), BN] = A [64, K] @ W [BN, K]^T for the program's
         BN weight rows (grid cdiv(N, BN), BN 8..64 dividing 128, one warpgroup), all of K in one program, so
         there is no partial to reduce. The tokens are padded to the wgmma's 64-row side (TMA zero-fills the
@@ -559,11 +613,32 @@ if HAVE_GLUON:
         s_rows = _stage_scales(sa, ssam, sb + (n0 // 128) * ssbn, 0, KB, M, KBP, 64, HALF, 4)
         zero = gl.zeros((64, BN), dtype=gl.float32, layout=mma)
         acc = zero
-        for j in range(KB):
-            s = j % STAGES
-            mbarrier.wait(bars.index(s), (j // STAGES) & 1)
-            d = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), zero, use_acc=False)
-            _load_stage(s, j + STAGES < KB, n0, 0, (j + STAGES) * 128, w_desc, a_desc, w_bufs, a_bufs, bars)
+        nfull = KB - KB % UNROLL
+        for j in range(0, nfull, UNROLL):  # as _small_m_wgmma_kernel: UNROLL blocks' wgmmas in flight at once
+            t0 = _mma_block(j, a_bufs, w_bufs, bars, zero, STAGES)
+            if UNROLL == 1:
+                d0 = warpgroup_mma_wait(0, deps=[t0])
+            elif UNROLL == 2:
+                t1 = _mma_block(j + 1, a_bufs, w_bufs, bars, zero, STAGES)
+                d0, d1 = warpgroup_mma_wait(0, deps=[t0, t1])
+            else:
+                t1 = _mma_block(j + 1, a_bufs, w_bufs, bars, zero, STAGES)
+                t2 = _mma_block(j + 2, a_bufs, w_bufs, bars, zero, STAGES)
+                t3 = _mma_block(j + 3, a_bufs, w_bufs, bars, zero, STAGES)
+                d0, d1, d2, d3 = warpgroup_mma_wait(0, deps=[t0, t1, t2, t3])
+            for u in gl.static_range(UNROLL):
+                nxt = j + u + STAGES
+                _load_stage((j + u) % STAGES, nxt < KB, n0, 0, nxt * 128, w_desc, a_desc, w_bufs, a_bufs, bars)
+            acc = acc + d0 * s_rows.index(j).load(rl)[:, None]
+            if UNROLL >= 2:
+                acc = acc + d1 * s_rows.index(j + 1).load(rl)[:, None]
+            if UNROLL == 4:
+                acc = acc + d2 * s_rows.index(j + 2).load(rl)[:, None]
+                acc = acc + d3 * s_rows.index(j + 3).load(rl)[:, None]
+        for j in range(nfull, KB):
+            d = warpgroup_mma_wait(0, deps=[_mma_block(j, a_bufs, w_bufs, bars, zero, STAGES)])
+            _load_stage(j % STAGES, j + STAGES < KB, n0, 0, (j + STAGES) * 128, w_desc, a_desc, w_bufs, a_bufs,
+                        bars)
             acc = acc + d * s_rows.index(j).load(rl)[:, None]
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
@@ -625,6 +700,15 @@ def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch
         num_warps=cfg["num_warps"])
 
 
+def _unroll(cfg: dict, stages: int) -> int:
+    # cfg["UNROLL"] (1, 2 or 4) halved until the ring holds that many K-blocks: a group's blocks are all in
+    # their stages before its wait, and the refills go to the stages the group read
+    u = int(cfg.get("UNROLL", 1))
+    while u > stages:
+        u //= 2
+    return u
+
+
 def launch_small_m_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor,
                          c: torch.Tensor, half: float, cfg: dict, split: int, lock: torch.Tensor) -> None:
     """Launch :func:`_small_m_wgmma_kernel` into ``c`` [M, N] (M <= cfg["BM"], the token tile: 16, 32 or 64;
@@ -650,7 +734,7 @@ def launch_small_m_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, s
         _descriptor(b8, [BN, GROUP]), _descriptor(a8, [BM, GROUP]), sa, sb, c, ws,
         lock, M, N, K, kb_per, split, sa.stride(0), sb.stride(0), c.stride(0),
         HALF=half, KBP=kbp, STAGES=stages, ROTATE=bool(cfg.get("ROTATE", False)),
-        num_warps=BN // 16)
+        num_warps=BN // 16, UNROLL=_unroll(cfg, stages))
 
 
 def launch_rows_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,
@@ -672,4 +756,4 @@ def launch_rows_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: 
     stages = max(1, min(cfg["num_stages"], kb, (SMALL_M_SMEM - kbp * 64 * 4) // ((BN + 64) * GROUP)))
     _rows_wgmma_kernel[(triton.cdiv(N, BN),)](
         _descriptor(b8, [BN, GROUP]), _descriptor(a8, [64, GROUP]), sa, sb, c, M, N, K, sa.stride(0),
-        sb.stride(0), c.stride(0), HALF=half, KBP=kbp, STAGES=stages, num_warps=4)
+        sb.stride(0), c.stride(0), HALF=half, KBP=kbp, STAGES=stages, num_warps=4, UNROLL=_unroll(cfg, stages))

@@ -14,10 +14,11 @@ kernels on the H200.
   (do_bench's: the call also pays for the write-back of the dirty lines it evicts) and after one that reads
   (clean L2): _scaled_mm, the default, session 5's default (the tile kernel), the best Triton split-K of
   session 4, and the kernel="wgmma_small_m" variants (DECODE and ROWS); each output's error against the
-  float64 product (BAD at 4e-3). ``--decode-default``: without the variants; ``--decode-rows``: only ROWS.
+  float64 product (BAD at 4e-3). ``--decode-default``: without the variants; ``--decode-rows``: only ROWS;
+  ``--decode-sweep``: only SWEEP, an output with UNROLL > 1 also compared bit for bit with UNROLL 1's.
 
 Usage (CUDA, Hopper): python -m kernels.bench.fp8_wgmma_bench [--prefill] [--prefill-repeat R]
-    [--prefill-kernel-time] [--decode | --decode-default | --decode-rows] [--json OUT]
+    [--prefill-kernel-time] [--decode | --decode-default | --decode-rows | --decode-sweep] [--json OUT]
 """
 from __future__ import annotations
 
@@ -62,6 +63,21 @@ ROWS = {
     "rows bn16 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=16, num_stages=32),
     "rows bn8 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=8, num_stages=32),
     "rows bn64 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=16),
+}
+SWEEP = {  # session 7 (kernels/NOTES_II.md "fp8 decode, session 7"): the split count, the token tile and the
+    # weight rows, with UNROLL K-blocks' wgmmas issued back to back before one wait (the same sums as UNROLL 1)
+    "wg s4 u2": dict(kernel="wgmma_small_m", num_stages=4, UNROLL=2),
+    "wg split2 s8": dict(kernel="wgmma_small_m", SPLIT_K=2, num_stages=8),
+    "wg split8 s4": dict(kernel="wgmma_small_m", SPLIT_K=8, num_stages=4),
+    "wg split8 s4 u2": dict(kernel="wgmma_small_m", SPLIT_K=8, num_stages=4, UNROLL=2),
+    "wg bn128 split8 s4": dict(kernel="wgmma_small_m", BN=128, num_warps=8, SPLIT_K=8, num_stages=4),
+    "wg bm32 split2 s8": dict(kernel="wgmma_small_m", BM=32, SPLIT_K=2, num_stages=8),
+    "wg bm32 split4 s4": dict(kernel="wgmma_small_m", BM=32, SPLIT_K=4, num_stages=4),
+    "rows bn64 s8 u2": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=8, UNROLL=2),
+    "rows bn64 s8 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=8, UNROLL=4),
+    "rows bn64 s11 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=11, UNROLL=4),
+    "rows bn32 s8 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=8, UNROLL=4),
+    "rows bn32 s12 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=12, UNROLL=4),
 }
 SESSION4_BEST = dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=2, num_warps=4, num_stages=3,
                      FAST_DIV=True)  # "s bn64 auto r2 s3" of kernels/NOTES_II.md, 10.8 us at M = 16
@@ -118,7 +134,7 @@ def prefill(res: dict) -> None:
 
 
 def decode(res: dict, variants: str = "all") -> None:
-    """``--decode`` (module docstring); ``variants``: "all" (DECODE and ROWS), "rows" or "none". Prints a line a
+    """``--decode`` (module docstring); ``variants``: "all" (DECODE and ROWS), "rows", "sweep" or "none". Prints a line a
     GEMM and stores its kernel times (us, both flushes), kernel count and error in ``res``."""
     from kernels.bench.gdn_bench import bench_kernels
 
@@ -133,16 +149,22 @@ def decode(res: dict, variants: str = "all") -> None:
                "tile (session 5 default)": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=dict(
                    kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2 if M <= 16 else 1, num_warps=4, num_stages=4)),
                "small_m bn64 auto r2 s3": lambda: F.fp8_block_gemm(qa, sa, qb, sb, config=SESSION4_BEST)}
-        chosen = {"all": dict(DECODE, **ROWS), "rows": ROWS, "none": {}}[variants]
+        chosen = {"all": dict(DECODE, **ROWS), "rows": ROWS, "sweep": SWEEP, "none": {}}[variants]
         fns.update({n: (lambda c=c: F.fp8_block_gemm(qa, sa, qb, sb, config=c)) for n, c in chosen.items()})
         for name, fn in fns.items():
             try:
-                err = None if name == "scaled_mm" else ((fn().float() - ref).norm() / ref.norm()).item()
+                out = fn()
+                err = None if name == "scaled_mm" else ((out.float() - ref).norm() / ref.norm()).item()
                 row = dict(rel_err=err)
+                if variants == "sweep" and SWEEP.get(name, {}).get("UNROLL", 1) > 1:  # the same bits as UNROLL 1?
+                    row["same_as_unroll1"] = bool(torch.equal(out, F.fp8_block_gemm(
+                        qa, sa, qb, sb, config=dict(SWEEP[name], UNROLL=1))))
                 for flush_by in ("zero", "read"):
                     ms, nk = bench_kernels(fn, n=20, flush_by=flush_by)
                     row[f"us_flush_{flush_by}"], row["kernels"] = ms * 1e3, nk
                 e = "" if err is None else f" rel {err:.1e}" + ("" if err < BOUND else " BAD")
+                if "same_as_unroll1" in row:
+                    e += f" same as UNROLL 1: {row['same_as_unroll1']}"
                 print(f"{shape:>16} | {name:<26} | {row['us_flush_zero']:7.2f} us after a written flush, "
                       f"{row['us_flush_read']:7.2f} after a read one ({nk:.0f} kernels){e}", flush=True)
                 res[shape][name] = row
@@ -221,6 +243,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-repeat", type=_positive_int, metavar="ROUNDS",
                     help="4096^3 and 8192^3: _scaled_mm, the default and the TMA kernel in turn, ROUNDS times")
     ap.add_argument("--decode-rows", action="store_true", help="--decode with only the ROWS variants")
+    ap.add_argument("--decode-sweep", action="store_true",
+                    help="--decode with only the SWEEP variants (those with UNROLL > 1 also checked bit for bit "
+                         "against UNROLL 1)")
     ap.add_argument("--decode-default", action="store_true",
                     help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
     ap.add_argument("--prefill-kernel-time", action="store_true",
@@ -228,8 +253,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
     res: dict = {}
-    if args.decode or args.decode_default or args.decode_rows:
-        decode(res, variants="all" if args.decode else "rows" if args.decode_rows else "none")
+    if args.decode or args.decode_default or args.decode_rows or args.decode_sweep:
+        decode(res, variants="all" if args.decode else "rows" if args.decode_rows
+               else "sweep" if args.decode_sweep else "none")
     if args.prefill:
         prefill(res)
     if args.prefill_repeat:
