@@ -587,8 +587,8 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     """Tile config by shape. Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
     _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
     kernels/fp8_wgmma.py (H200, session 6, kernels/NOTES_II.md "fp8 GEMM, session 6"): M <= 16 the swap-AB
-    split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with one split, M <= 64 the kernel
-    without split-K (SWAP_AB=False, 32 weight rows a program), larger M with a 2-byte output (``tma``) the
+    split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with a 32-token tile, M <= 64 the
+    kernel without split-K (SWAP_AB=False, 64 weight rows a program, UNROLL 4), larger M with a 2-byte output (``tma``) the
     warp-specialised prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere, the
     winners of the H200 sweep of 2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096
     and 8192):
@@ -619,11 +619,13 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     if gluon and not quant_a:  # Hopper with Gluon, A and B TMA-addressable: kernels/fp8_wgmma.py
         if M <= 16:
             return dict(WGMMA_SMALL_M_DEFAULT)
-        if M <= 32:
-            return dict(WGMMA_SMALL_M_DEFAULT, BM=32, SPLIT_K=1, num_stages=8)
-        if M <= SMALL_M_MAX and K <= 16384:  # no split: 12.1 / 11.6 us at M = 64 against 14.0 / 13.3 with
-            # one (run 9); its staged scales bound K (kernels.fp8_wgmma.SCALES_MAX)
-            return dict(WGMMA_SMALL_M_DEFAULT, BM=64, BN=32, SWAP_AB=False, num_stages=8)
+        if M <= 32:  # split as M <= 16 since the four-at-a-time reduce: 9.63 / 20.83 us at 32 x 4096^2 /
+            # 32 x 8192^2 against 11.30 / 20.80 with one split (session 7, run 4; read flush)
+            return dict(WGMMA_SMALL_M_DEFAULT, BM=32)
+        if M <= SMALL_M_MAX and K <= 16384:  # no split, 64 weight rows a program, four K-blocks' wgmmas at once:
+            # 10.53 / 22.56 us at 64 x 4096^2 / 64 x 8192^2 against 11.49 / 25.25 with BN 32 and one at a time
+            # (session 7, run 4); its staged scales bound K (kernels.fp8_wgmma.SCALES_MAX)
+            return dict(WGMMA_SMALL_M_DEFAULT, BM=64, BN=64, SWAP_AB=False, num_stages=8, UNROLL=4)
         if M <= SMALL_M_MAX:
             return dict(WGMMA_SMALL_M_DEFAULT, BM=64, SPLIT_K=1, num_stages=8)
         if tma:

@@ -15,7 +15,8 @@ kernels on the H200.
   (clean L2): _scaled_mm, the default, session 5's default (the tile kernel), the best Triton split-K of
   session 4, and the kernel="wgmma_small_m" variants (DECODE and ROWS); each output's error against the
   float64 product (BAD at 4e-3). ``--decode-default``: without the variants; ``--decode-rows``: only ROWS;
-  ``--decode-sweep``: only SWEEP, an output with UNROLL > 1 also compared bit for bit with UNROLL 1's.
+  ``--decode-sweep``: only SWEEP, also at 32 and 64 x 8192^2; an output with UNROLL > 1 also compared bit for
+  bit with UNROLL 1's.
 
 Usage (CUDA, Hopper): python -m kernels.bench.fp8_wgmma_bench [--prefill] [--prefill-repeat R]
     [--prefill-kernel-time] [--decode | --decode-default | --decode-rows | --decode-sweep] [--json OUT]
@@ -64,20 +65,16 @@ ROWS = {
     "rows bn8 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=8, num_stages=32),
     "rows bn64 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=16),
 }
-SWEEP = {  # session 7 (kernels/NOTES_II.md "fp8 decode, session 7"): the split count, the token tile and the
-    # weight rows, with UNROLL K-blocks' wgmmas issued back to back before one wait (the same sums as UNROLL 1)
+SWEEP = {  # session 7 (kernels/NOTES_II.md "fp8 decode, session 7"), run 4: the candidates for the defaults
+    # after the four-at-a-time reduce; UNROLL K-blocks' wgmmas issued back to back (the same sums as UNROLL 1)
     "wg s4 u2": dict(kernel="wgmma_small_m", num_stages=4, UNROLL=2),
-    "wg split2 s8": dict(kernel="wgmma_small_m", SPLIT_K=2, num_stages=8),
-    "wg split8 s4": dict(kernel="wgmma_small_m", SPLIT_K=8, num_stages=4),
-    "wg split8 s4 u2": dict(kernel="wgmma_small_m", SPLIT_K=8, num_stages=4, UNROLL=2),
-    "wg bn128 split8 s4": dict(kernel="wgmma_small_m", BN=128, num_warps=8, SPLIT_K=8, num_stages=4),
-    "wg bm32 split2 s8": dict(kernel="wgmma_small_m", BM=32, SPLIT_K=2, num_stages=8),
-    "wg bm32 split4 s4": dict(kernel="wgmma_small_m", BM=32, SPLIT_K=4, num_stages=4),
-    "rows bn64 s8 u2": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=8, UNROLL=2),
+    "wg s8 u2": dict(kernel="wgmma_small_m", num_stages=8, UNROLL=2),
+    "wg bm32 s4": dict(kernel="wgmma_small_m", BM=32, num_stages=4),
+    "wg bm32 s4 u2": dict(kernel="wgmma_small_m", BM=32, num_stages=4, UNROLL=2),
+    "wg bm64 s4 u2": dict(kernel="wgmma_small_m", BM=64, num_stages=4, UNROLL=2),
+    "wg bm64 split2 s8 u2": dict(kernel="wgmma_small_m", BM=64, SPLIT_K=2, num_stages=8, UNROLL=2),
     "rows bn64 s8 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=8, UNROLL=4),
-    "rows bn64 s11 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=11, UNROLL=4),
     "rows bn32 s8 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=8, UNROLL=4),
-    "rows bn32 s12 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=12, UNROLL=4),
 }
 SESSION4_BEST = dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=2, num_warps=4, num_stages=3,
                      FAST_DIV=True)  # "s bn64 auto r2 s3" of kernels/NOTES_II.md, 10.8 us at M = 16
@@ -138,7 +135,10 @@ def decode(res: dict, variants: str = "all") -> None:
     GEMM and stores its kernel times (us, both flushes), kernel count and error in ``res``."""
     from kernels.bench.gdn_bench import bench_kernels
 
-    for M, N, K in [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]:
+    shapes = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]
+    if variants == "sweep":
+        shapes += [(32, 8192, 8192), (64, 8192, 8192)]
+    for M, N, K in shapes:
         torch.manual_seed(0)
         x, w, qa, sa, qb, sb = operands(M, N, K)
         ref = F.fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64).float()

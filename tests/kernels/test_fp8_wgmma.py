@@ -71,7 +71,8 @@ def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
         _, qa, sa, qb, sb = operands(3, M, N, K, device)
         ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
         for cfg in [dict(), dict(SPLIT_K=1), dict(SPLIT_K=3), dict(BN=128, num_warps=8), dict(num_stages=2),
-                    dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3),
+                    dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3), dict(SPLIT_K=5), dict(SPLIT_K=9, UNROLL=2),
+                    dict(UNROLL=4, num_stages=8), dict(SWAP_AB=False, BN=32, num_stages=8, UNROLL=4),
                     dict(SWAP_AB=False, BN=32, num_stages=16), dict(SWAP_AB=False, BN=8, num_stages=3),
                     dict(SWAP_AB=False, BN=64, num_stages=16)]:
             poison(M, N, device)
@@ -80,6 +81,47 @@ def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
             poison(M, N, device)
             again = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, kernel="wgmma_small_m"))
             assert torch.equal(c, again), (M, N, K, cfg)  # the split order is fixed, the counters were reset
+
+
+def test_unroll_gives_the_same_bits(mode, device):
+    """UNROLL 2 / 4 (K-blocks' wgmmas issued back to back into their own accumulators, folded in order) equal
+    UNROLL 1 bit for bit in both decode kernels, also where the K-blocks are not a multiple of UNROLL (5, 9:
+    the one-at-a-time tail), where the ring is shallower than UNROLL (capped) and with ROTATE."""
+    if mode == "interp":
+        pytest.skip("Gluon has no interpreter")
+    need_hopper(device)
+    for M, N, K in [(16, 512, 640), (3, 384, 1152), (64, 256, 4096)]:
+        _, qa, sa, qb, sb = operands(9, M, N, K, device)
+        for cfg in [dict(), dict(SPLIT_K=2), dict(SPLIT_K=1, num_stages=8), dict(num_stages=2),
+                    dict(ROTATE=True, SPLIT_K=2), dict(SWAP_AB=False, BN=32, num_stages=8),
+                    dict(SWAP_AB=False, BN=64, num_stages=3)]:
+            cfg = dict(cfg, kernel="wgmma_small_m")
+            one = fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, UNROLL=1))
+            for u in (2, 4):
+                assert torch.equal(fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, UNROLL=u)), one), (M, K, cfg, u)
+
+
+@pytest.mark.parametrize("split", [2, 5, 9])
+def test_split_k_sums_the_splits_in_order(mode, device, split):
+    """With an fp32 output the split-K kernel's result is exactly the fp32 sum, in split order 0, 1, ..., of
+    the one-split kernel run on each split's K-range (the same per-block folds): the reduce adds every
+    partial once, in a fixed order, also past four splits (where it loads four at a time)."""
+    if mode == "interp":
+        pytest.skip("Gluon has no interpreter")
+    need_hopper(device)
+    M, N, K = 5, 320, 1152  # 9 K-blocks: split 2 -> 5 + 4 blocks, 5 -> 2 x 4 + 1, 9 -> one each
+    _, qa, sa, qb, sb = operands(10, M, N, K, device)
+    cfg = dict(kernel="wgmma_small_m", SPLIT_K=split)
+    got = fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32, config=cfg)
+    kb_per = -(-9 // split)
+    want = None
+    for lo in range(0, 9, kb_per):
+        hi = min(lo + kb_per, 9)
+        part = fp8_block_gemm(qa[:, lo * 128:hi * 128].contiguous(), sa[:, lo:hi].contiguous(),
+                              qb[:, lo * 128:hi * 128].contiguous(), sb[:, lo:hi].contiguous(),
+                              out_dtype=torch.float32, config=dict(cfg, SPLIT_K=1))
+        want = part if want is None else want + part
+    assert torch.equal(got, want), (split, (got - want).abs().max().item())
 
 
 def test_wgmma_small_m_fnuz_and_fp32_out(mode, device):
@@ -194,6 +236,12 @@ def test_wgmma_config_checks_on_any_device():
         F._check_config(dict(F.WGMMA_DEFAULT, WS=1, MODE=1))
     with pytest.raises(ValueError, match="ROTATE"):
         F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, ROTATE="yes"))
+    for u in (0, 3, 8, "2", True, 2.0):
+        with pytest.raises(ValueError, match="UNROLL"):
+            F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, UNROLL=u))
+    for u in (1, 2, 4):
+        F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, UNROLL=u))
+        F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, SWAP_AB=False, BN=32, UNROLL=u))
     for regs in (16, 216, 228, 264):
         with pytest.raises(ValueError, match="CONSUMER_REGS"):
             F._check_config(dict(F.WGMMA_DEFAULT, CONSUMER_REGS=regs))
@@ -202,6 +250,15 @@ def test_wgmma_config_checks_on_any_device():
     F._check_config(dict(F.WGMMA_DEFAULT))
     F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT))
     F._check_config(dict(F.WGMMA_DEFAULT, WS=1, MODE=2))
+
+
+def test_unroll_capped_at_the_stages():
+    """The launch halves UNROLL until the ring holds a group's K-blocks (the refills go to the stages a group
+    read): pure Python, any device."""
+    from kernels.fp8_wgmma import _unroll
+    assert [_unroll(dict(UNROLL=4), s) for s in (1, 2, 3, 4, 8)] == [1, 2, 2, 4, 4]
+    assert [_unroll(dict(UNROLL=2), s) for s in (1, 2)] == [1, 2]
+    assert _unroll({}, 8) == 1
 
 
 def test_default_selection(monkeypatch):
@@ -215,6 +272,9 @@ def test_default_selection(monkeypatch):
         cfg = F.default_gemm_config(M, 4096, 4096, tma=True, gluon=True)
         F._check_config(cfg)
         assert (cfg["kernel"], cfg.get("SWAP_AB", True), cfg["BM"]) == (kernel, swap, bm), (M, cfg)
+    assert F.default_gemm_config(32, 4096, 4096, tma=True, gluon=True)["SPLIT_K"] == "auto"
+    assert (F.default_gemm_config(64, 4096, 4096, tma=True, gluon=True)["BN"],
+            F.default_gemm_config(64, 4096, 4096, tma=True, gluon=True)["UNROLL"]) == (64, 4)
     long_k = F.default_gemm_config(64, 4096, 32768, tma=True, gluon=True)  # the no-split kernel stages every
     assert long_k.get("SWAP_AB", True) and long_k["SPLIT_K"] == 1          # K-block's scales: K <= 16384
     assert F.default_gemm_config(4096, 4096, 4096, tma=True, gluon=True) == F.WGMMA_DEFAULT
