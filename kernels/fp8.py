@@ -505,8 +505,7 @@ KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
 # (_rows_wgmma_kernel: tokens padded to 64 on the wgmma's M side, BN 8..64 weight rows a program, 4 warps;
 # the default for 32 < M <= 64). UNROLL (1, 2 or 4; both decode kernels): K-blocks whose wgmmas are issued
 # back to back into their own accumulators before one wait, then folded in order (the same sums as 1; capped at
-# the stages in flight). REDUCE (the split kernel): "last" (default; the last split to arrive sums, by an
-# acq_rel counter) or "spin" (the grid's last split polls the others' slots; kernels.fp8_wgmma._spin_epilogue).
+# the stages in flight).
 # worker consumer's register budget. H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6".
 WGMMA_DEFAULT = dict(kernel="wgmma", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, WS=2)
 WGMMA_SMALL_M_DEFAULT = dict(kernel="wgmma_small_m", BM=16, BN=64, SPLIT_K="auto", num_warps=4, num_stages=4)
@@ -534,9 +533,6 @@ def _check_config(cfg: dict) -> None:
     p = cfg.get("PROGRAMS")
     if cfg["kernel"] in ("tma", "wgmma", "wgmma_small_m") and p is not None and p != 0 and not pos_int(p):
         raise ValueError(f"PROGRAMS={p!r} must be a positive int, or None / 0 for one program per SM")
-    if cfg["kernel"] == "wgmma_small_m" and cfg.get("REDUCE", "last") not in ("last", "spin"):
-        raise ValueError(f"REDUCE={cfg.get('REDUCE')!r} must be 'last' or 'spin' for wgmma_small_m (the split-K "
-                         f"reduce: the last split to arrive, or the grid's last split polling the others)")
     u = cfg.get("UNROLL", 1)
     if cfg["kernel"] == "wgmma_small_m" and (type(u) is not int or u not in (1, 2, 4)):
         raise ValueError(f"UNROLL={u!r} must be the int 1, 2 or 4 (K-blocks' wgmmas in flight at once)")

@@ -50,8 +50,6 @@ except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5) or no Tri
 GROUP = 128
 SMALL_M_SMEM = 192 * 1024  # the decode kernels' stages and scales stay under this (the H200: 227 KiB a block)
 SCALES_MAX = 32 * 1024  # bytes of block scales a decode program stages (registers, then shared memory)
-SPIN_EMPTY = 0x7FA05E1F  # an fp32 signalling NaN: an empty REDUCE="spin" slot (arithmetic yields quiet NaNs only)
-_SPIN_WS: dict = {}
 
 
 def gluon_supported(device) -> bool:
@@ -64,8 +62,6 @@ def gluon_supported(device) -> bool:
 
 
 if HAVE_GLUON:
-    _SPIN_EMPTY = gl.constexpr(SPIN_EMPTY)  # jit code reads only constexpr globals
-
     @gluon.jit
     def _tile_coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
         # GROUP_M-swizzled order, as _block_gemm_tma_kernel: GROUP_M row tiles share each column tile in turn
@@ -513,7 +509,9 @@ if HAVE_GLUON:
         counted on lock[pid_n] (acq_rel); the last split to arrive sums the partials in split order
         (:func:`_sum_partials`) into ``out`` (pointers, cast to their dtype) and resets the counter. (An acquire
         read first, letting a program that finds every other split counted skip its store and release, was
-        slower: 7.65 against 7.30 us at 1 x 4096^2; session 7, run 7.)"""
+        slower: 7.65 against 7.30 us at 1 x 4096^2, run 7; so was a counter-free reduce, the grid's last split
+        polling the others' slots for a sentinel, 7.46 against 7.26 at M = 1 and 1.2-3.3x at M >= 16, run 8:
+        session 7, commit f23ad72.)"""
         gl.store(ws + pid_k * MN + tile, acc, mask=omask)
         gl.thread_barrier()  # every thread's partial is issued before the (one-thread) release below
         prev = gl.atomic_add(lock + pid_n, 1, sem="acq_rel", scope="gpu")
@@ -522,68 +520,9 @@ if HAVE_GLUON:
             gl.atomic_xchg(lock + pid_n, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
     @gluon.jit
-    def _is_empty(v):
-        # the slot still holds SPIN_EMPTY's bits (no partial stored there yet)
-        return v.to(gl.int32, bitcast=True) == _SPIN_EMPTY
-
-    @gluon.jit
-    def _poll4(p, sp, MN, omask, NOTHER):
-        # splits sp..sp+3 (those < NOTHER) of the partials p[sp MN], re-read (volatile: from L2) until no slot
-        # holds SPIN_EMPTY; zeros past NOTHER
-        m0 = omask & (sp < NOTHER)
-        m1 = omask & (sp + 1 < NOTHER)
-        m2 = omask & (sp + 2 < NOTHER)
-        m3 = omask & (sp + 3 < NOTHER)
-        v0 = gl.load(p + sp * MN, mask=m0, other=0.0, volatile=True)
-        v1 = gl.load(p + (sp + 1) * MN, mask=m1, other=0.0, volatile=True)
-        v2 = gl.load(p + (sp + 2) * MN, mask=m2, other=0.0, volatile=True)
-        v3 = gl.load(p + (sp + 3) * MN, mask=m3, other=0.0, volatile=True)
-        busy = gl.max(gl.max((_is_empty(v0) | _is_empty(v1) | _is_empty(v2) | _is_empty(v3)).to(gl.int32),
-                             axis=1), axis=0)
-        while busy > 0:
-            v0 = gl.load(p + sp * MN, mask=m0, other=0.0, volatile=True)
-            v1 = gl.load(p + (sp + 1) * MN, mask=m1, other=0.0, volatile=True)
-            v2 = gl.load(p + (sp + 2) * MN, mask=m2, other=0.0, volatile=True)
-            v3 = gl.load(p + (sp + 3) * MN, mask=m3, other=0.0, volatile=True)
-            busy = gl.max(gl.max((_is_empty(v0) | _is_empty(v1) | _is_empty(v2) | _is_empty(v3)).to(gl.int32),
-                                 axis=1), axis=0)
-        return v0, v1, v2, v3
-
-    @gluon.jit
-    def _spin_epilogue(acc, out, ws, tile, omask, MN, pid_k, SPLIT_K):
-        """REDUCE="spin": the split-K reduce without a counter. Splits 0..SPLIT_K-2 store their fp32 partial
-        ``acc`` to ws [SPLIT_K - 1, M, N] (element offsets ``tile``, ``omask``) and are done; split SPLIT_K-1
-        reads the others' slots until none holds SPIN_EMPTY (a signalling-NaN pattern arithmetic never
-        produces), sums them in split order then its own ``acc`` (the bits of REDUCE="last"), stores ``out``
-        and writes SPIN_EMPTY back for the next launch. Why: no release fence, counter or second read on the
-        way out (the reduce took 1.3-2.4 us of the kernel; session 7). Progress: the summing programs are
-        the grid's last (pid_k = SPLIT_K - 1, the highest block ids), so every slot they wait on belongs to a
-        program dispatched before them, which waits on nothing (blocks start in id order)."""
-        NOTHER = SPLIT_K - 1
-        p = ws + tile
-        if pid_k < NOTHER:
-            gl.store(p + pid_k * MN, acc, mask=omask)
-        else:
-            v0, v1, v2, v3 = _poll4(p, 0, MN, omask, NOTHER)
-            tot = v0
-            tot = gl.where(NOTHER > 1, tot + v1, tot)  # not tot + 0.0 past the last: -0.0 stays -0.0
-            tot = gl.where(NOTHER > 2, tot + v2, tot)
-            tot = gl.where(NOTHER > 3, tot + v3, tot)
-            for sp in range(4, NOTHER, 4):
-                v0, v1, v2, v3 = _poll4(p, sp, MN, omask, NOTHER)
-                tot = tot + v0
-                tot = gl.where(sp + 1 < NOTHER, tot + v1, tot)
-                tot = gl.where(sp + 2 < NOTHER, tot + v2, tot)
-                tot = gl.where(sp + 3 < NOTHER, tot + v3, tot)
-            gl.store(out, (tot + acc).to(out.dtype.element_ty), mask=omask)
-            empty = gl.full(acc.shape, _SPIN_EMPTY, gl.int32, acc.type.layout).to(gl.float32, bitcast=True)
-            for sp in range(0, NOTHER):
-                gl.store(p + sp * MN, empty, mask=omask)
-
-    @gluon.jit
     def _small_m_wgmma_kernel(w_desc, a_desc, sa, sb, c, ws, lock, M, N, K, KB_PER, SPLIT_K, ssam, ssbn, scm,
                               HALF: gl.constexpr, KBP: gl.constexpr, STAGES: gl.constexpr, ROTATE: gl.constexpr,
-                              num_warps: gl.constexpr, UNROLL: gl.constexpr = 1, SPIN: gl.constexpr = False):
+                              num_warps: gl.constexpr, UNROLL: gl.constexpr = 1):
         """Decode (M <= BT): out^T [BN, BT] = W [BN, K-range] @ A [BT, K-range]^T, swap-AB as
         kernels.fp8._small_m_kernel (the weight rows on the wgmma's 64-row side, the tokens on its n), grid
         (cdiv(N, BN), SPLIT_K): program (pid_n, pid_k) owns K-blocks [pid_k KB_PER, +KB_PER) (KB_PER <= KBP, a
@@ -655,8 +594,6 @@ if HAVE_GLUON:
         out = c + offs_m[None, :] * scm + offs_n[:, None]
         if SPLIT_K == 1:
             gl.store(out, acc.to(c.dtype.element_ty), mask=omask)
-        elif SPIN:
-            _spin_epilogue(acc, out, ws, offs_m[None, :] * N + offs_n[:, None], omask, M * N, pid_k, SPLIT_K)
         else:
             _split_k_epilogue(acc, out, ws, lock, offs_m[None, :] * N + offs_n[:, None], omask, M * N, pid_n, pid_k,
                               SPLIT_K)
@@ -774,21 +711,6 @@ def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch
         num_warps=cfg["num_warps"])
 
 
-def spin_workspace(device, n: int) -> torch.Tensor:
-    """At least ``n`` fp32 slots holding SPIN_EMPTY for REDUCE="spin" (:func:`_spin_epilogue`), one buffer per
-    (device, stream), grown on demand: every launch leaves the slots it used empty again. Under CUDA-graph
-    capture a fresh buffer that belongs to the graph (its fill is recorded and runs at every replay)."""
-    fill = lambda k: torch.full((k,), SPIN_EMPTY, dtype=torch.int32, device=device).view(torch.float32)  # noqa: E731
-    if torch.cuda.is_current_stream_capturing():
-        return fill(max(n, 1))
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream)
-    buf = _SPIN_WS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = fill(max(n, 1 << 20))
-        _SPIN_WS[key] = buf
-    return buf
-
-
 def _unroll(cfg: dict, stages: int) -> int:
     # cfg["UNROLL"] (1, 2 or 4) halved until the ring holds that many K-blocks: a group's blocks are all in
     # their stages before its wait, and the refills go to the stages the group read
@@ -816,18 +738,14 @@ def launch_small_m_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, s
     kb_per = triton.cdiv(kb, split)
     split = triton.cdiv(kb, kb_per)  # no empty split
     kbp = triton.next_power_of_2(kb_per)
-    spin = cfg.get("REDUCE", "last") == "spin" and split > 1
-    if spin:
-        ws = spin_workspace(a8.device, (split - 1) * M * N)
-    else:
-        ws = torch.empty(split, M, N, dtype=torch.float32, device=a8.device) if split > 1 else c
+    ws = torch.empty(split, M, N, dtype=torch.float32, device=a8.device) if split > 1 else c
     # capped at the program's K-blocks and at SMALL_M_SMEM bytes of stages and scales
     stages = max(1, min(cfg["num_stages"], kb_per, (SMALL_M_SMEM - kbp * BM * 4) // ((BN + BM) * GROUP)))
     _small_m_wgmma_kernel[(triton.cdiv(N, BN), split)](
         _descriptor(b8, [BN, GROUP]), _descriptor(a8, [BM, GROUP]), sa, sb, c, ws,
         lock, M, N, K, kb_per, split, sa.stride(0), sb.stride(0), c.stride(0),
         HALF=half, KBP=kbp, STAGES=stages, ROTATE=bool(cfg.get("ROTATE", False)),
-        num_warps=BN // 16, UNROLL=_unroll(cfg, stages), SPIN=spin)
+        num_warps=BN // 16, UNROLL=_unroll(cfg, stages))
 
 
 def launch_rows_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,

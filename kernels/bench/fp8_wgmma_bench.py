@@ -65,15 +65,17 @@ ROWS = {
     "rows bn8 s32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=8, num_stages=32),
     "rows bn64 s16": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=16),
 }
-SWEEP = {  # session 7 (kernels/NOTES_II.md "fp8 decode, session 7"), run 8: REDUCE="spin" (the grid's last split
-    # polls the others' slots; no counter) against the default's "last" at the default splits and at more
-    "wg spin": dict(kernel="wgmma_small_m", REDUCE="spin"),
-    "wg bm32 spin": dict(kernel="wgmma_small_m", BM=32, REDUCE="spin"),
-    "wg split8 s4 spin": dict(kernel="wgmma_small_m", SPLIT_K=8, num_stages=4, REDUCE="spin"),
-    "wg split8 s4": dict(kernel="wgmma_small_m", SPLIT_K=8, num_stages=4),
-    "wg bn128 split8 s4 spin": dict(kernel="wgmma_small_m", BN=128, num_warps=8, SPLIT_K=8, num_stages=4,
-                                    REDUCE="spin"),
-    "wg split16 s2 spin": dict(kernel="wgmma_small_m", SPLIT_K=16, num_stages=2, REDUCE="spin"),
+SWEEP = {  # session 7 (kernels/NOTES_II.md "fp8 decode, session 7"), run 4: the candidates for the defaults
+    # after the four-at-a-time reduce; UNROLL K-blocks' wgmmas issued back to back (the same sums as UNROLL 1).
+    # Runs 1-3 and 8 swept other tables (their logs name each config; run 8's REDUCE="spin" is gone, f23ad72)
+    "wg s4 u2": dict(kernel="wgmma_small_m", num_stages=4, UNROLL=2),
+    "wg s8 u2": dict(kernel="wgmma_small_m", num_stages=8, UNROLL=2),
+    "wg bm32 s4": dict(kernel="wgmma_small_m", BM=32, num_stages=4),
+    "wg bm32 s4 u2": dict(kernel="wgmma_small_m", BM=32, num_stages=4, UNROLL=2),
+    "wg bm64 s4 u2": dict(kernel="wgmma_small_m", BM=64, num_stages=4, UNROLL=2),
+    "wg bm64 split2 s8 u2": dict(kernel="wgmma_small_m", BM=64, SPLIT_K=2, num_stages=8, UNROLL=2),
+    "rows bn64 s8 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=64, num_stages=8, UNROLL=4),
+    "rows bn32 s8 u4": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=8, UNROLL=4),
 }
 SESSION4_BEST = dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=2, num_warps=4, num_stages=3,
                      FAST_DIV=True)  # "s bn64 auto r2 s3" of kernels/NOTES_II.md, 10.8 us at M = 16

@@ -73,7 +73,7 @@ def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
         for cfg in [dict(), dict(SPLIT_K=1), dict(SPLIT_K=3), dict(BN=128, num_warps=8), dict(num_stages=2),
                     dict(SPLIT_K=K // 128), dict(ROTATE=True, SPLIT_K=3), dict(SPLIT_K=5), dict(SPLIT_K=9, UNROLL=2),
                     dict(UNROLL=4, num_stages=8), dict(SWAP_AB=False, BN=32, num_stages=8, UNROLL=4),
-                    dict(REDUCE="spin"), dict(REDUCE="spin", SPLIT_K=K // 128), dict(REDUCE="spin", SPLIT_K=7),
+                    dict(SPLIT_K=7),
                     dict(SWAP_AB=False, BN=32, num_stages=16), dict(SWAP_AB=False, BN=8, num_stages=3),
                     dict(SWAP_AB=False, BN=64, num_stages=16)]:
             poison(M, N, device)
@@ -102,9 +102,8 @@ def test_unroll_gives_the_same_bits(mode, device):
                 assert torch.equal(fp8_block_gemm(qa, sa, qb, sb, config=dict(cfg, UNROLL=u)), one), (M, K, cfg, u)
 
 
-@pytest.mark.parametrize("reduce", ["last", "spin"])
 @pytest.mark.parametrize("split", [2, 5, 9])
-def test_split_k_sums_the_splits_in_order(mode, device, split, reduce):
+def test_split_k_sums_the_splits_in_order(mode, device, split):
     """With an fp32 output the split-K kernel's result is exactly the fp32 sum, in split order 0, 1, ..., of
     the one-split kernel run on each split's K-range (the same per-block folds): the reduce adds every
     partial once, in a fixed order, also past four splits (where it loads four at a time)."""
@@ -113,9 +112,9 @@ def test_split_k_sums_the_splits_in_order(mode, device, split, reduce):
     need_hopper(device)
     M, N, K = 5, 320, 1152  # 9 K-blocks: split 2 -> 5 + 4 blocks, 5 -> 2 x 4 + 1, 9 -> one each
     _, qa, sa, qb, sb = operands(10, M, N, K, device)
-    cfg = dict(kernel="wgmma_small_m", SPLIT_K=split, REDUCE=reduce)
+    cfg = dict(kernel="wgmma_small_m", SPLIT_K=split)
     got = fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32, config=cfg)
-    assert torch.equal(fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32, config=cfg), got)  # slots reset
+    assert torch.equal(fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32, config=cfg), got)  # counters reset
     kb_per = -(-9 // split)
     want = None
     for lo in range(0, 9, kb_per):
@@ -172,26 +171,24 @@ def test_default_with_a_one_byte_or_fp32_output(mode, device):
     assert c8.dtype == torch.float8_e4m3fn and rel(c8.float(), ref) < 0.07  # e4m3's 3 mantissa bits
 
 
-@pytest.mark.parametrize("reduce", ["last", "spin"])
-def test_split_k_under_cuda_graph_capture(mode, device, reduce):
-    """The split-K decode kernel's tile counters ("last") or empty slots ("spin"): the first call on a stream
-    inside CUDA-graph capture must not leave an unzeroed / unfilled buffer behind for eager calls (the fill is
-    only recorded); the graph replays right, and eager calls on that stream after the capture are right too."""
+def test_split_k_under_cuda_graph_capture(mode, device):
+    """The split-K decode kernel's tile counters: the first call on a stream inside CUDA-graph capture must
+    not leave an unzeroed buffer behind for eager calls (the zeroing is only recorded); the graph replays
+    right, and eager calls on that stream after the capture are right too."""
     if mode == "interp":
         pytest.skip("CUDA graphs")
     need_hopper(device)
     M, N, K = 16, 4096, 4096
     _, qa, sa, qb, sb = operands(10, M, N, K, device)
     ref = fp8_block_gemm_ref(qa, sa, qb, sb, torch.float64)
-    cfg = None if reduce == "last" else dict(F.WGMMA_SMALL_M_DEFAULT, REDUCE="spin")
-    fp8_block_gemm(qa, sa, qb, sb, config=cfg)  # compiled (its buffers made) on the default stream
+    fp8_block_gemm(qa, sa, qb, sb)  # compiled (and its counters made) on the default stream, not on `stream`
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            out = fp8_block_gemm(qa, sa, qb, sb, config=cfg)
+            out = fp8_block_gemm(qa, sa, qb, sb)
         for _ in range(3):  # eager on the capture's stream before any replay
-            assert rel(fp8_block_gemm(qa, sa, qb, sb, config=cfg), ref) < BOUND
+            assert rel(fp8_block_gemm(qa, sa, qb, sb), ref) < BOUND
     out.fill_(float("nan"))
     for _ in range(3):
         graph.replay()
@@ -244,9 +241,6 @@ def test_wgmma_config_checks_on_any_device():
     for u in (0, 3, 8, "2", True, 2.0):
         with pytest.raises(ValueError, match="UNROLL"):
             F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, UNROLL=u))
-    for r in ("first", 2, None):
-        with pytest.raises(ValueError, match="REDUCE"):
-            F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, REDUCE=r))
     for u in (1, 2, 4):
         F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, UNROLL=u))
         F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, SWAP_AB=False, BN=32, UNROLL=u))
