@@ -24,7 +24,10 @@ on the H200). Three schedules (config key WS), measured on the H200 (kernels/NOT
 Decode (kernel="wgmma_small_m", the default for M <= 64): :func:`_small_m_wgmma_kernel` (M <= 32), swap-AB
 split-K with up to num_stages K-blocks of a program in flight by TMA and the block scales staged in shared
 memory; :func:`_rows_wgmma_kernel` (SWAP_AB=False; 32 < M <= 64), no split of K, the tokens padded to the
-wgmma's 64 rows.
+wgmma's 64 rows. Both take UNROLL (1, 2, 4): that many K-blocks' wgmmas in flight before one wait, folded in
+order (the same bits). Against _scaled_mm they are 1.05-1.47x its time at 1-64 x 4096^2, and ~1.0-1.1x at
+16 x 8192^2: the bare TMA stream of the weights on the split kernel's grid is 5.5-5.6 us of its 7.3-8.4 at
+4096^2, the split-K reduce 1.3-2.4 (kernels/NOTES_II.md, "fp8 decode, session 7").
 
 Nothing here runs under the CPU interpreter (Gluon has none); the CPU gates run the tile kernel, whose sums
 the prefill kernels repeat, and the refusals of these kernels.
