@@ -505,8 +505,8 @@ KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
 # (_rows_wgmma_kernel: tokens padded to 64 on the wgmma's M side, BN 8..64 weight rows a program, 4 warps;
 # the default for 32 < M <= 64). UNROLL (1, 2 or 4; both decode kernels): K-blocks whose wgmmas are issued
 # back to back into their own accumulators before one wait, then folded in order (the same sums as 1; capped at
-# the stages in flight).
-# worker consumer's register budget. H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6".
+# the stages in flight). H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6" (prefill) and "fp8 decode,
+# session 7" (decode).
 WGMMA_DEFAULT = dict(kernel="wgmma", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, WS=2)
 WGMMA_SMALL_M_DEFAULT = dict(kernel="wgmma_small_m", BM=16, BN=64, SPLIT_K="auto", num_warps=4, num_stages=4)
 
@@ -514,7 +514,8 @@ WGMMA_SMALL_M_DEFAULT = dict(kernel="wgmma_small_m", BM=16, BN=64, SPLIT_K="auto
 def _check_config(cfg: dict) -> None:
     """ValueError naming the key of a config (see the table above :data:`TILE_DEFAULT`) that no kernel can run:
     BM / BN / num_warps not a positive power of two, num_stages or GROUP_M not a positive int, PROGRAMS not
-    None, 0 (the default: one program per SM) or a positive int, an unknown kernel. KPI, REDUCE and the BN rules
+    None, 0 (the default: one program per SM) or a positive int, an unknown kernel, and the Gluon kernels' keys
+    (WS, MODE, CONSUMER_REGS, SPLIT_K, ROTATE, SWAP_AB, UNROLL). KPI, REDUCE and the BN rules
     of each kernel are checked in _gemm."""
     def pos_int(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v > 0
@@ -586,10 +587,12 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
                         tma: bool = False, gluon: bool = False) -> dict:
     """Tile config by shape. Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
     _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
-    kernels/fp8_wgmma.py (H200, session 6, kernels/NOTES_II.md "fp8 GEMM, session 6"): M <= 16 the swap-AB
-    split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with a 32-token tile, M <= 64 the
-    kernel without split-K (SWAP_AB=False, 64 weight rows a program, UNROLL 4), larger M with a 2-byte output (``tma``) the
-    warp-specialised prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere, the
+    kernels/fp8_wgmma.py (H200; kernels/NOTES_II.md "fp8 decode, session 7" and "fp8 GEMM, session 6"): M <=
+    16 the swap-AB split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with a 32-token
+    tile, M <= 64 with K <= 16384 the kernel without split-K (SWAP_AB=False, 64 weight rows a program, UNROLL
+    4; longer K: the split kernel, one split), larger M with a 2-byte output (``tma``) the warp-specialised
+    prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere (``gluon`` false: also Triton outside
+    kernels.fp8_wgmma.GLUON_TRITON), the
     winners of the H200 sweep of 2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096
     and 8192):
 
@@ -732,11 +735,9 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         if 128 % cfg["BN"]:
             raise ValueError(f"kernel='tma' needs BN dividing 128, got BN={cfg['BN']}")
     if cfg["kernel"] in ("wgmma", "wgmma_small_m"):
-        from kernels.fp8_wgmma import gluon_supported
+        from kernels.fp8_wgmma import gluon_problem
 
-        why = ("it reads a pre-quantised A (not the fused quant)" if quant_a else
-               None if gluon_supported(a.device) else
-               f"{a.device} is not a Hopper GPU (compute capability 9.x) with Triton's Gluon")
+        why = "it reads a pre-quantised A (not the fused quant)" if quant_a else gluon_problem(a.device)
         why = why or _tma_layout_problem(a, b, c if cfg["kernel"] == "wgmma" else b)
         if not why and cfg["kernel"] == "wgmma" and c.dtype not in (torch.bfloat16, torch.float16):
             why = f"it stores a 2-byte output (bf16 or fp16) by TMA, not {c.dtype}"

@@ -1,4 +1,4 @@
-"""Block-scaled fp8 GEMMs for Hopper written in Gluon (Triton's explicit-layout dialect, Triton >= 3.5).
+"""Block-scaled fp8 GEMMs for Hopper written in Gluon (Triton's explicit-layout dialect, Triton 3.5-3.8: GLUON_TRITON).
 
 Prefill (``kernels.fp8`` kernel="wgmma", the default there for M > 64 with a pre-quantised A and a 2-byte
 output). Each 128-wide K-block's product is a fresh zero-initialised fp32 wgmma folded into the accumulator
@@ -55,13 +55,37 @@ SMALL_M_SMEM = 192 * 1024  # the decode kernels' stages and scales stay under th
 SCALES_MAX = 32 * 1024  # bytes of block scales a decode program stages (registers, then shared memory)
 
 
-def gluon_supported(device) -> bool:
-    """True where these kernels can run (``kernels.fp8.fp8_block_gemm(..., config=dict(kernel="wgmma"))`` or
-    ``"wgmma_small_m"``): Gluon importable, an NVIDIA CUDA device (not ROCm) of compute capability 9.x
-    (Hopper's wgmma)."""
+# [from, to) of the Triton versions whose Gluon API these kernels are written against: 3.5 brought Gluon, 3.9
+# replaced tma.async_copy_global_to_shared / async_copy_shared_to_global by async_load / async_store (the old
+# names raise there). Built and gated on the H200 with 3.6 (kernels/NOTES_II.md).
+GLUON_TRITON = ((3, 5), (3, 9))
+
+
+def _triton_version() -> tuple[int, int]:
+    major, minor = (triton.__version__.split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def gluon_problem(device) -> str | None:
+    """None where these kernels can run (``kernels.fp8.fp8_block_gemm(..., config=dict(kernel="wgmma"))`` or
+    ``"wgmma_small_m"``), else why not: Gluon importable from a Triton in :data:`GLUON_TRITON`, an NVIDIA
+    CUDA device (not ROCm, which reports gfx9xx as 9.x) of compute capability 9.x (Hopper's wgmma)."""
     device = torch.device(device)
-    return (HAVE_GLUON and device.type == "cuda" and torch.version.hip is None and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device)[0] == 9)  # ROCm reports gfx9xx as 9.x: excluded
+    if not HAVE_GLUON:
+        return "Triton's Gluon is not importable (Triton >= 3.5)"
+    if not GLUON_TRITON[0] <= _triton_version() < GLUON_TRITON[1]:
+        lo, hi = GLUON_TRITON
+        return (f"the Gluon kernels are written for Triton {lo[0]}.{lo[1]} to {hi[0]}.{hi[1] - 1} (this is "
+                f"{triton.__version__}; 3.9 renamed Gluon's TMA copies)")
+    if (device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available()
+            or torch.cuda.get_device_capability(device)[0] != 9):
+        return f"{device} is not a Hopper GPU (NVIDIA CUDA, compute capability 9.x)"
+    return None
+
+
+def gluon_supported(device) -> bool:
+    """True where :func:`gluon_problem` finds nothing in the way."""
+    return gluon_problem(device) is None
 
 
 if HAVE_GLUON:
@@ -484,8 +508,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _sum_partials(p, MN, omask, SPLIT_K):
         """sum_sp p[sp MN] over sp = 0..SPLIT_K-1, added in that order (deterministic), read through L2 (.cg:
-        other programs wrote them; not a stale L1). Why four at a time: each load is an L2 round trip (~0.5 us
-        on the H200), and one load at a time put SPLIT_K - 1 of them after the last weight block (session 7)."""
+        other programs wrote them; not a stale L1). Why four at a time: one load at a time, each add waiting for
+        its load, put SPLIT_K - 1 dependent L2 reads after the last weight block; four at a time saved 0.26-0.44
+        us of the default at 1-16 x 4096^2 and 16 x 8192^2 (session 7, runs 2 and 3)."""
         v0 = gl.load(p, mask=omask, other=0.0, cache_modifier=".cg")
         v1 = gl.load(p + MN, mask=omask & (SPLIT_K > 1), other=0.0, cache_modifier=".cg")
         v2 = gl.load(p + 2 * MN, mask=omask & (SPLIT_K > 2), other=0.0, cache_modifier=".cg")
@@ -513,7 +538,7 @@ if HAVE_GLUON:
         (:func:`_sum_partials`) into ``out`` (pointers, cast to their dtype) and resets the counter. (An acquire
         read first, letting a program that finds every other split counted skip its store and release, was
         slower: 7.65 against 7.30 us at 1 x 4096^2, run 7; so was a counter-free reduce, the grid's last split
-        polling the others' slots for a sentinel, 7.46 against 7.26 at M = 1 and 1.2-3.3x at M >= 16, run 8:
+        polling the others' slots for a sentinel, 7.46 against 7.26 at M = 1 and 1.1-3.2x at M >= 16, run 8:
         session 7, commit f23ad72.)"""
         gl.store(ws + pid_k * MN + tile, acc, mask=omask)
         gl.thread_barrier()  # every thread's partial is issued before the (one-thread) release below

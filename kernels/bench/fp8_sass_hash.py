@@ -6,7 +6,7 @@ and fp8_tma_explore's (two each), the Gluon prefill kernels (WS=0 MODE 0 / 1 / 2
 the two decode kernels.
 
 The H200 machines run Triton 3.6: ``PYTHONPATH=<a triton 3.6 install> python -m kernels.bench.fp8_sass_hash``
-(Gluon needs Triton >= 3.5).
+(these kernels need Triton 3.5-3.8: kernels.fp8_wgmma.GLUON_TRITON).
 """
 from __future__ import annotations
 

@@ -132,8 +132,8 @@ def prefill(res: dict) -> None:
 
 
 def decode(res: dict, variants: str = "all") -> None:
-    """``--decode`` (module docstring); ``variants``: "all" (DECODE and ROWS), "rows", "sweep" or "none". Prints a line a
-    GEMM and stores its kernel times (us, both flushes), kernel count and error in ``res``."""
+    """``--decode`` (module docstring); ``variants``: "all" (DECODE and ROWS), "rows", "sweep" or "none". Prints a
+    line a GEMM and stores its kernel times (us, both flushes), kernel count and error in ``res``."""
     from kernels.bench.gdn_bench import bench_kernels
 
     shapes = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]

@@ -1,8 +1,9 @@
 """The floor under a decode GEMM: how long the H200 takes to stream an fp8 weight [N, K] into shared memory by
 TMA and do nothing else, on the grids the decode kernels use (kernels/fp8_wgmma.py: ``cdiv(N, BN)`` weight
-tiles times SPLIT_K K-ranges, ``STAGES`` [BN, 128] blocks in flight a program). A kernel that multiplies
-cannot be faster than this stream on its grid; _scaled_mm's time at the same shape says how much of its own
-time is the stream. Kernel time by the CUDA profiler after a written and after a read flush
+tiles times SPLIT_K K-ranges, ``STAGES`` [BN, 128] blocks in flight a program). The stream's time moves with
+the stage count as well as the grid (kernels/NOTES_II.md, "fp8 decode, session 7"): it is the floor of a
+kernel on the same grid and stages; _scaled_mm's time at the same shape says how much of its own time is the
+stream. Kernel time by the CUDA profiler after a written and after a read flush
 (gdn_bench.bench_kernels, median of 20).
 
 ``--decompose``: the split kernel's pieces one at a time on the M <= 16 default's grid at 4096^2 (BN 64, 4
@@ -11,7 +12,8 @@ kernel loads them), and with the split-K partials and their last-arriving reduce
 protocol and layouts, no MMA); beside them the kernel itself. The differences say where its time over the
 bare stream goes.
 
-Usage (CUDA, Hopper, Triton >= 3.5): python -m kernels.bench.tma_stream_floor [--decompose] [--json OUT]
+Usage (CUDA, Hopper, Triton 3.5-3.8 as kernels/fp8_wgmma.py; 3.6 on the H200):
+    python -m kernels.bench.tma_stream_floor [--decompose] [--json OUT]
 """
 from __future__ import annotations
 

@@ -1,21 +1,26 @@
-"""Gates of the Gluon fp8 kernels (kernels/fp8_wgmma.py, session 6), which run on a Hopper GPU only (Gluon has
-no CPU interpreter; on the CPU these tests check that an explicit request is refused with the reason):
+"""Gates of the Gluon fp8 kernels (kernels/fp8_wgmma.py, sessions 6 and 7), which run on a Hopper GPU only (Gluon
+has no CPU interpreter; on the CPU these tests check that an explicit request is refused with the reason, the
+config checks and the default table):
 
 * kernel="wgmma" (prefill): the tile kernel's per-K-block sums and scale-FMAs in the same order, its wgmma
   waits moved so that a block's scale-FMA overlaps the next block's MMA; it must equal the tile kernel bit for
   bit, persistent loop turning (fewer programs than tiles), odd shapes, fnuz operands;
-* kernel="wgmma_small_m" (decode): swap-AB split-K with every K-block in flight, the last-arriving split
-  summing the partials in split order; within the GEMM's bound of the float64 product, bit-identical from
-  call to call (deterministic reduce), and its counters reset (a second call after a different split).
+* kernel="wgmma_small_m" (decode): swap-AB split-K with num_stages K-blocks in flight, the last-arriving
+  split summing the partials in split order (exactly the in-order fp32 sum of one-split runs), and the kernel
+  without split-K (SWAP_AB=False); within the GEMM's bound of the float64 product, bit-identical from call to
+  call (deterministic reduce) and its counters reset (a second call after a different split); UNROLL 2 / 4
+  bit-identical to UNROLL 1.
 """
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
 import kernels.fp8 as F
 from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref
-from kernels.fp8_wgmma import gluon_supported
+from kernels.fp8_wgmma import gluon_problem, gluon_supported
 from tests.kernels.cases import fp8_operands as operands
 
 BOUND = 4e-3  # bf16 output against float64, as tests/kernels/test_fp8.py
@@ -206,7 +211,7 @@ def test_wgmma_refused_where_it_cannot_run(mode, device):
             fp8_block_gemm_qa(x, qb, sb, config=dict(kernel=kernel))
     if not gluon_supported(device):
         for kernel, rows in (("wgmma", M), ("wgmma_small_m", 4)):
-            with pytest.raises(ValueError, match="not a Hopper GPU"):
+            with pytest.raises(ValueError, match=re.escape(gluon_problem(device))):  # the device or the Triton
                 fp8_block_gemm(qa[:rows], sa[:rows], qb, sb, config=dict(kernel=kernel))
         return
     with pytest.raises(ValueError, match="token tile"):
@@ -252,6 +257,26 @@ def test_wgmma_config_checks_on_any_device():
     F._check_config(dict(F.WGMMA_DEFAULT))
     F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT))
     F._check_config(dict(F.WGMMA_DEFAULT, WS=1, MODE=2))
+
+
+@pytest.mark.parametrize("version, ok", [("3.4.0", False), ("3.5.0", True), ("3.6.0", True), ("3.8.1", True),
+                                         ("3.9.0", False), ("3.10.0+git1234", False), ("4.0.0", False)])
+def test_gluon_needs_a_triton_with_its_tma_api(monkeypatch, version, ok):
+    """Triton 3.9 renamed Gluon's TMA copies (the old names raise RuntimeError when a kernel compiles), and the
+    project pins 3.9 on the CPU: on a Hopper GPU with it the default path picked these kernels and failed to
+    compile every call. gluon_supported now checks the version (on a faked Hopper device here) and an explicit
+    request says why."""
+    import triton
+
+    import kernels.fp8_wgmma as W
+    monkeypatch.setattr(triton, "__version__", version)
+    monkeypatch.setattr(W, "HAVE_GLUON", True)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert W.gluon_supported("cuda:0") == ok
+    if not ok:
+        assert f"this is {version}" in W.gluon_problem("cuda:0")
 
 
 def test_unroll_capped_at_the_stages():
