@@ -564,6 +564,8 @@ if HAVE_GLUON:
         BN: gl.constexpr = w_desc.block_type.shape[0]
         BT: gl.constexpr = a_desc.block_type.shape[0]
         gl.static_assert(128 % BN == 0)
+        gl.static_assert((UNROLL == 1) or (UNROLL == 2) or (UNROLL == 4))  # the loop below knows these three
+        gl.static_assert(UNROLL <= STAGES)  # a group's blocks are all in the ring before its wait
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                       instr_shape=[16, BT, 32])
         nl: gl.constexpr = gl.SliceLayout(1, mma)
@@ -639,6 +641,8 @@ if HAVE_GLUON:
         BN: gl.constexpr = w_desc.block_type.shape[0]
         gl.static_assert(a_desc.block_type.shape[0] == 64)
         gl.static_assert(128 % BN == 0)
+        gl.static_assert((UNROLL == 1) or (UNROLL == 2) or (UNROLL == 4))
+        gl.static_assert(UNROLL <= STAGES)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BN, 32])
         rl: gl.constexpr = gl.SliceLayout(1, mma)
@@ -742,7 +746,9 @@ def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch
 def _unroll(cfg: dict, stages: int) -> int:
     # cfg["UNROLL"] (1, 2 or 4) halved until the ring holds that many K-blocks: a group's blocks are all in
     # their stages before its wait, and the refills go to the stages the group read
-    u = int(cfg.get("UNROLL", 1))
+    u = cfg.get("UNROLL", 1)
+    if type(u) is not int or u not in (1, 2, 4):
+        raise ValueError(f"UNROLL={u!r} must be the int 1, 2 or 4")
     while u > stages:
         u //= 2
     return u

@@ -15,8 +15,8 @@ kernels on the H200.
   (clean L2): _scaled_mm, the default, session 5's default (the tile kernel), the best Triton split-K of
   session 4, and the kernel="wgmma_small_m" variants (DECODE and ROWS); each output's error against the
   float64 product (BAD at 4e-3). ``--decode-default``: without the variants; ``--decode-rows``: only ROWS;
-  ``--decode-sweep``: only SWEEP, also at 32 and 64 x 8192^2; an output with UNROLL > 1 also compared bit for
-  bit with UNROLL 1's.
+  ``--decode-sweep``: only SWEEP, also at 32 and 64 x 8192^2; a config with UNROLL > 1 also compared bit for
+  bit with UNROLL 1 in fp32 output (bf16 in runs 1-4 of session 7).
 
 Usage (CUDA, Hopper): python -m kernels.bench.fp8_wgmma_bench [--prefill] [--prefill-repeat R]
     [--prefill-kernel-time] [--decode | --decode-default | --decode-rows | --decode-sweep] [--json OUT]
@@ -157,9 +157,11 @@ def decode(res: dict, variants: str = "all") -> None:
                 out = fn()
                 err = None if name == "scaled_mm" else ((out.float() - ref).norm() / ref.norm()).item()
                 row = dict(rel_err=err)
-                if variants == "sweep" and SWEEP.get(name, {}).get("UNROLL", 1) > 1:  # the same bits as UNROLL 1?
-                    row["same_as_unroll1"] = bool(torch.equal(out, F.fp8_block_gemm(
-                        qa, sa, qb, sb, config=dict(SWEEP[name], UNROLL=1))))
+                if variants == "sweep" and SWEEP.get(name, {}).get("UNROLL", 1) > 1:  # the same fp32 bits as UNROLL
+                    # 1? (fp32: a bf16 output hides a fold in another order; runs 1-4 compared bf16)
+                    f32 = lambda u: F.fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32,  # noqa: E731
+                                                     config=dict(SWEEP[name], UNROLL=u))
+                    row["same_as_unroll1"] = bool(torch.equal(f32(SWEEP[name]["UNROLL"]), f32(1)))
                 for flush_by in ("zero", "read"):
                     ms, nk = bench_kernels(fn, n=20, flush_by=flush_by)
                     row[f"us_flush_{flush_by}"], row["kernels"] = ms * 1e3, nk
@@ -230,6 +232,14 @@ def prefill_kernel_time(res: dict) -> None:
                 print(f"{shape:>26} | {name:<10} | FAILED {type(ex).__name__}: {str(ex)[:300]}", flush=True)
 
 
+def _need_hopper(ap: argparse.ArgumentParser) -> None:
+    # the Gluon kernels and the profiler's kernel times need a Hopper GPU and a Triton that builds them
+    from kernels.fp8_wgmma import gluon_problem
+    why = gluon_problem("cuda") if torch.cuda.is_available() else "no CUDA device"
+    if why:
+        ap.exit(2, f"{ap.prog}: error: this bench runs on a Hopper GPU: {why}\n")
+
+
 def _positive_int(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -240,19 +250,26 @@ def _positive_int(text: str) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--prefill", action="store_true")
-    ap.add_argument("--decode", action="store_true")
+    dec = ap.add_mutually_exclusive_group()  # one decode table a run
+    dec.add_argument("--decode", action="store_true")
     ap.add_argument("--prefill-repeat", type=_positive_int, metavar="ROUNDS",
                     help="4096^3 and 8192^3: _scaled_mm, the default and the TMA kernel in turn, ROUNDS times")
-    ap.add_argument("--decode-rows", action="store_true", help="--decode with only the ROWS variants")
-    ap.add_argument("--decode-sweep", action="store_true",
-                    help="--decode with only the SWEEP variants (those with UNROLL > 1 also checked bit for bit "
-                         "against UNROLL 1)")
-    ap.add_argument("--decode-default", action="store_true",
-                    help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
+    dec.add_argument("--decode-rows", action="store_true", help="--decode with only the ROWS variants")
+    dec.add_argument("--decode-sweep", action="store_true",
+                     help="--decode with only the SWEEP variants (those with UNROLL > 1 also checked bit for bit "
+                          "against UNROLL 1, in fp32)")
+    dec.add_argument("--decode-default", action="store_true",
+                     help="--decode without the DECODE variants (_scaled_mm, the default and the older kernels)")
     ap.add_argument("--prefill-kernel-time", action="store_true",
                     help="M = 128 .. 2048 x 4096 x 4096 by kernel time (CUDA profiler)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
+    if not (args.decode or args.decode_default or args.decode_rows or args.decode_sweep or args.prefill
+            or args.prefill_repeat or args.prefill_kernel_time):
+        ap.error("nothing to run: give --prefill, --prefill-repeat, --prefill-kernel-time or a --decode option")
+    _need_hopper(ap)
+    if args.json:
+        open(args.json, "a").close()  # a bad path fails now, not after the measurements
     res: dict = {}
     if args.decode or args.decode_default or args.decode_rows or args.decode_sweep:
         decode(res, variants="all" if args.decode else "rows" if args.decode_rows

@@ -177,8 +177,12 @@ def main(argv=None) -> int:
     ap.add_argument("--decompose", action="store_true", help="only the split kernel's pieces (see above)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args(argv)
-    from kernels.bench.fp8_wgmma_bench import scaled_mm_call
+    from kernels.bench.fp8_wgmma_bench import _need_hopper, scaled_mm_call
     from kernels.bench.gdn_bench import bench_kernels
+
+    _need_hopper(ap)
+    if args.json:
+        open(args.json, "a").close()  # a bad path fails now, not after the measurements
 
     res: dict = {}
     if args.decompose:
