@@ -492,6 +492,28 @@ if HAVE_GLUON:
         return warpgroup_mma(x_bufs.index(s), y_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
 
     @gluon.jit
+    def _mma_group(j, x_bufs, y_bufs, bars, zero, STAGES: gl.constexpr, UNROLL: gl.constexpr):
+        """K-blocks j .. j + UNROLL - 1's products (:func:`_mma_block`) issued back to back, then one wait:
+        (d0, d1, d2, d3), the blocks past UNROLL returned as ``zero`` (unused by the caller)."""
+        t0 = _mma_block(j, x_bufs, y_bufs, bars, zero, STAGES)
+        if UNROLL == 1:
+            d0 = warpgroup_mma_wait(0, deps=[t0])
+            d1 = zero
+            d2 = zero
+            d3 = zero
+        elif UNROLL == 2:
+            t1 = _mma_block(j + 1, x_bufs, y_bufs, bars, zero, STAGES)
+            d0, d1 = warpgroup_mma_wait(0, deps=[t0, t1])
+            d2 = zero
+            d3 = zero
+        else:
+            t1 = _mma_block(j + 1, x_bufs, y_bufs, bars, zero, STAGES)
+            t2 = _mma_block(j + 2, x_bufs, y_bufs, bars, zero, STAGES)
+            t3 = _mma_block(j + 3, x_bufs, y_bufs, bars, zero, STAGES)
+            d0, d1, d2, d3 = warpgroup_mma_wait(0, deps=[t0, t1, t2, t3])
+        return d0, d1, d2, d3
+
+    @gluon.jit
     def _rot_scale(s_rows, j, rot, nkb, layout: gl.constexpr):
         # the staged fold factors of the program's j-th K-block in its rotated order (ROTATE), in ``layout``
         jj = j + rot
@@ -591,17 +613,7 @@ if HAVE_GLUON:
         acc = zero
         nfull = nkb - nkb % UNROLL
         for j in range(0, nfull, UNROLL):  # UNROLL K-blocks' wgmmas in flight at once, folded in order
-            t0 = _mma_block(j, w_bufs, a_bufs, bars, zero, STAGES)
-            if UNROLL == 1:
-                d0 = warpgroup_mma_wait(0, deps=[t0])
-            elif UNROLL == 2:
-                t1 = _mma_block(j + 1, w_bufs, a_bufs, bars, zero, STAGES)
-                d0, d1 = warpgroup_mma_wait(0, deps=[t0, t1])
-            else:
-                t1 = _mma_block(j + 1, w_bufs, a_bufs, bars, zero, STAGES)
-                t2 = _mma_block(j + 2, w_bufs, a_bufs, bars, zero, STAGES)
-                t3 = _mma_block(j + 3, w_bufs, a_bufs, bars, zero, STAGES)
-                d0, d1, d2, d3 = warpgroup_mma_wait(0, deps=[t0, t1, t2, t3])
+            d0, d1, d2, d3 = _mma_group(j, w_bufs, a_bufs, bars, zero, STAGES, UNROLL)
             for u in gl.static_range(UNROLL):  # the stages just read are free
                 _issue_small_m_load(j + u + STAGES, nkb, rot, kb_lo, n0, w_desc, a_desc, w_bufs, a_bufs, bars,
                                     STAGES)
@@ -658,17 +670,7 @@ if HAVE_GLUON:
         acc = zero
         nfull = KB - KB % UNROLL
         for j in range(0, nfull, UNROLL):  # as _small_m_wgmma_kernel: UNROLL blocks' wgmmas in flight at once
-            t0 = _mma_block(j, a_bufs, w_bufs, bars, zero, STAGES)
-            if UNROLL == 1:
-                d0 = warpgroup_mma_wait(0, deps=[t0])
-            elif UNROLL == 2:
-                t1 = _mma_block(j + 1, a_bufs, w_bufs, bars, zero, STAGES)
-                d0, d1 = warpgroup_mma_wait(0, deps=[t0, t1])
-            else:
-                t1 = _mma_block(j + 1, a_bufs, w_bufs, bars, zero, STAGES)
-                t2 = _mma_block(j + 2, a_bufs, w_bufs, bars, zero, STAGES)
-                t3 = _mma_block(j + 3, a_bufs, w_bufs, bars, zero, STAGES)
-                d0, d1, d2, d3 = warpgroup_mma_wait(0, deps=[t0, t1, t2, t3])
+            d0, d1, d2, d3 = _mma_group(j, a_bufs, w_bufs, bars, zero, STAGES, UNROLL)
             for u in gl.static_range(UNROLL):
                 nxt = j + u + STAGES
                 _load_stage((j + u) % STAGES, nxt < KB, n0, 0, nxt * 128, w_desc, a_desc, w_bufs, a_bufs, bars)
