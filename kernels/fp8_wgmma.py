@@ -416,7 +416,6 @@ if HAVE_GLUON:
         CTA-wide barriers around every TMA issue (ncu on the H200: warps stalled on a CTA barrier, 0.32-0.43
         instructions issued a cycle per scheduler, L2 at 42-56 % of peak: neither the memory nor the issue
         rate is the bound)."""
-        BM: gl.constexpr = c_desc.block_type.shape[0]
         BN: gl.constexpr = c_desc.block_type.shape[1]
         gl.static_assert(a_desc.block_type.shape[1] == 128)
         gl.static_assert(128 % BN == 0)

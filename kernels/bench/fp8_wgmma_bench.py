@@ -131,11 +131,22 @@ def prefill(res: dict) -> None:
                 print(f"{shape}: {name} FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
+def kernel_times(fn, n: int = 20) -> tuple[dict, float]:
+    """({"us_flush_zero": us, "us_flush_read": us}, kernels a call) of ``fn``'s GPU kernels by the CUDA profiler,
+    median of ``n`` calls after a written and after a read flush of the L2 (gdn_bench.bench_kernels, whose
+    errors it raises); the kernel count is the read-flush run's."""
+    from kernels.bench.gdn_bench import bench_kernels
+
+    times, nk = {}, 0.0
+    for flush_by in ("zero", "read"):
+        ms, nk = bench_kernels(fn, n=n, flush_by=flush_by)
+        times[f"us_flush_{flush_by}"] = ms * 1e3
+    return times, nk
+
+
 def decode(res: dict, variants: str = "all") -> None:
     """``--decode`` (module docstring); ``variants``: "all" (DECODE and ROWS), "rows", "sweep" or "none". Prints a
     line a GEMM and stores its kernel times (us, both flushes), kernel count and error in ``res``."""
-    from kernels.bench.gdn_bench import bench_kernels
-
     shapes = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (16, 8192, 8192)]
     if variants == "sweep":
         shapes += [(32, 8192, 8192), (64, 8192, 8192)]
@@ -162,9 +173,8 @@ def decode(res: dict, variants: str = "all") -> None:
                     f32 = lambda u: F.fp8_block_gemm(qa, sa, qb, sb, out_dtype=torch.float32,  # noqa: E731
                                                      config=dict(SWEEP[name], UNROLL=u))
                     row["same_as_unroll1"] = bool(torch.equal(f32(SWEEP[name]["UNROLL"]), f32(1)))
-                for flush_by in ("zero", "read"):
-                    ms, nk = bench_kernels(fn, n=20, flush_by=flush_by)
-                    row[f"us_flush_{flush_by}"], row["kernels"] = ms * 1e3, nk
+                times, nk = kernel_times(fn)
+                row.update(times, kernels=nk)
                 e = "" if err is None else f" rel {err:.1e}" + ("" if err < BOUND else " BAD")
                 if "same_as_unroll1" in row:
                     e += f" same as UNROLL 1: {row['same_as_unroll1']}"
@@ -204,8 +214,6 @@ def prefill_repeat(res: dict, rounds: int) -> None:
 def prefill_kernel_time(res: dict) -> None:
     """Prefill shapes whose kernels are shorter than the host's launch path (do_bench would time the host):
     M = 128 .. 2048 x 4096 x 4096 by kernel time, after a written and after a read flush (see decode)."""
-    from kernels.bench.gdn_bench import bench_kernels
-
     for M, N, K in [(128, 4096, 4096), (256, 4096, 4096), (512, 4096, 4096), (1024, 4096, 4096),
                     (2048, 4096, 4096)]:
         torch.manual_seed(0)
@@ -220,9 +228,7 @@ def prefill_kernel_time(res: dict) -> None:
         for name, fn in fns.items():
             try:
                 row = dict(same=None if name == "scaled_mm" else bool(torch.equal(fn(), tile)))
-                for flush_by in ("zero", "read"):
-                    ms, nk = bench_kernels(fn, n=20, flush_by=flush_by)
-                    row[f"us_flush_{flush_by}"] = ms * 1e3
+                row.update(kernel_times(fn)[0])
                 tf = 2 * M * N * K / row["us_flush_zero"] / 1e6
                 print(f"{shape:>26} | {name:<10} | {row['us_flush_zero']:8.2f} us after a written flush "
                       f"({tf:5.0f} TFLOP/s), {row['us_flush_read']:8.2f} after a read one; same as tile: "

@@ -131,7 +131,7 @@ def pieces(w8: torch.Tensor, a8: torch.Tensor, with_a: bool, reduce: bool, BN: i
 def decompose(res: dict) -> None:
     """``--decompose`` (module docstring): prints a line a piece, stores its kernel times in ``res``."""
     import kernels.fp8 as F
-    from kernels.bench.gdn_bench import bench_kernels
+    from kernels.bench.fp8_wgmma_bench import kernel_times
 
     N = K = 4096
     for M in (1, 16):
@@ -145,10 +145,7 @@ def decompose(res: dict) -> None:
                "weights + tokens + reduce": pieces(w8, a8, True, True),
                "the kernel (default)": lambda: F.fp8_block_gemm(qa, sa, qb, sb)}
         for name, fn in fns.items():
-            row = {}
-            for flush_by in ("zero", "read"):
-                ms, _ = bench_kernels(fn, n=20, flush_by=flush_by)
-                row[f"us_flush_{flush_by}"] = ms * 1e3
+            row = kernel_times(fn)[0]
             print(f"M={M:<3} {N}x{K} | {name:<26} | {row['us_flush_zero']:7.2f} us after a written flush, "
                   f"{row['us_flush_read']:7.2f} after a read one", flush=True)
             res[f"M={M} {name}"] = row
@@ -172,25 +169,11 @@ GRIDS = [(64, 1, 16), (64, 2, 16), (64, 4, 8), (64, 8, 4), (64, 16, 2), (32, 1, 
          (128, 8, 4), (128, 16, 2)]  # BN, SPLIT_K, STAGES
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("--decompose", action="store_true", help="only the split kernel's pieces (see above)")
-    ap.add_argument("--json", help="write the figures here")
-    args = ap.parse_args(argv)
-    from kernels.bench.fp8_wgmma_bench import _need_hopper, scaled_mm_call
-    from kernels.bench.gdn_bench import bench_kernels
+def floor(res: dict) -> None:
+    """The default run (module docstring): _scaled_mm at M = 16 and the bare stream on each of :data:`GRIDS`
+    at 4096^2 and 8192^2; prints a line a call, stores its kernel times in ``res``."""
+    from kernels.bench.fp8_wgmma_bench import kernel_times, scaled_mm_call
 
-    _need_hopper(ap)
-    if args.json:
-        open(args.json, "a").close()  # a bad path fails now, not after the measurements
-
-    res: dict = {}
-    if args.decompose:
-        decompose(res)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1)
-        return 0
     for N, K in [(4096, 4096), (8192, 8192)]:
         torch.manual_seed(0)
         w = torch.randn(N, K, device="cuda")
@@ -198,14 +181,25 @@ def main(argv=None) -> int:
         fns = {"scaled_mm M=16": scaled_mm_call(torch.randn(16, K, device="cuda"), w)}
         fns.update({f"stream bn{bn} split{sp} s{st}": stream(w8, bn, sp, st) for bn, sp, st in GRIDS})
         for name, fn in fns.items():
-            row = {}
-            for flush_by in ("zero", "read"):
-                ms, _ = bench_kernels(fn, n=20, flush_by=flush_by)
-                row[f"us_flush_{flush_by}"] = ms * 1e3
+            row = kernel_times(fn)[0]
             tbs = N * K / row["us_flush_read"] / 1e6
             print(f"{N}x{K} | {name:<24} | {row['us_flush_zero']:7.2f} us after a written flush, "
                   f"{row['us_flush_read']:7.2f} after a read one ({tbs:.2f} TB/s of weights)", flush=True)
             res[f"{N}x{K} {name}"] = row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--decompose", action="store_true", help="only the split kernel's pieces (see above)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    from kernels.bench.fp8_wgmma_bench import _need_hopper
+
+    _need_hopper(ap)
+    if args.json:
+        open(args.json, "a").close()  # a bad path fails now, not after the measurements
+    res: dict = {}
+    (decompose if args.decompose else floor)(res)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
