@@ -37,6 +37,8 @@ Layout: A ``[M, K]`` e4m3fn, B ``[N, K]`` e4m3fn, both K-contiguous with K a mul
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -62,7 +64,13 @@ GLUON_TRITON = ((3, 5), (3, 9))
 
 
 def _triton_version() -> tuple[int, int]:
-    major, minor = (triton.__version__.split(".") + ["0"])[:2]
+    return _major_minor(triton.__version__)
+
+
+@functools.lru_cache(maxsize=None)
+def _major_minor(version: str) -> tuple[int, int]:
+    # "3.10.0+git1234" -> (3, 10); cached: gluon_problem runs on every fp8 GEMM call on a GPU
+    major, minor = (version.split(".") + ["0"])[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
