@@ -1,8 +1,8 @@
 """r9k: custom kernels for vLLM, loaded through the ``vllm.general_plugins`` entry point.
 
-vLLM calls :func:`register` in every process it starts (API server, engine core, workers). It logs the
-provenance line (which tree this is) and installs the op dispatch; every behaviour is behind a knob in
-:mod:`r9k.knobs`, whose stock values leave vLLM untouched.
+vLLM calls :func:`register` in every process it starts (API server, engine core, workers). It installs the
+op dispatch, then logs the provenance line (which tree this is, and which dispatch is installed in this
+process); every behaviour is behind a knob in :mod:`r9k.knobs`, whose stock values leave vLLM untouched.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ _registered = False
 
 
 def register() -> None:
-    """Entry point for ``vllm.general_plugins``: log provenance once per process and install dispatch.
+    """Entry point for ``vllm.general_plugins``: install the op dispatch, then log provenance once per process.
 
     Idempotent: vLLM may call it more than once in one process.
     """
@@ -20,10 +20,8 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from r9k import knobs, provenance
+    from r9k import knobs, ops, provenance
 
+    installed = ops.install()
     if knobs.PROVENANCE_LOG():
-        provenance.log_once()
-    from r9k import ops
-
-    ops.install()
+        provenance.log_once(installed.names, installed.failed)

@@ -22,6 +22,9 @@ class Knob:
         stock: value that restores stock vLLM (the plugin does nothing for this knob).
         help: one line: what it does, with units.
         choices: allowed values for ``str`` knobs (None = any).
+        dispatch: the op dispatch (an ``r9k.ops`` name such as ``gdn_seq``) that a non-stock value of this knob
+            needs in the server: a configuration that sets it so refuses a server whose provenance lines do not
+            list that dispatch ("plugin-inactive"). None for knobs that route nothing.
     """
 
     name: str
@@ -30,6 +33,7 @@ class Knob:
     stock: Any
     help: str
     choices: tuple[str, ...] | None = None
+    dispatch: str | None = None
 
     def parse(self, raw: str) -> Any:
         """Parse ``raw`` into the knob's type.
@@ -98,8 +102,53 @@ def in_force(environ: dict[str, str] | None = None) -> dict[str, Any]:
     return out
 
 
-def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tuple[str, ...] | None = None) -> Callable[[], Any]:
-    register_knob(Knob(name, type_, default, stock, help_, choices))
+def closest(name: str) -> str | None:
+    """The registered knob name nearest to ``name`` (difflib's ratio, at least 0.6), or None."""
+    import difflib
+
+    found = difflib.get_close_matches(name, list(KNOBS), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """Problems with the ``R9K_*`` entries of ``env`` (a configuration's ``env``): {variable: why}.
+
+    An unregistered ``R9K_*`` name (nothing reads it: a typo, or a knob r9k does not implement) and a value its
+    knob's type rejects are problems; other variables are not looked at.
+    """
+    out = {}
+    for name, raw in env.items():
+        if not name.startswith("R9K_"):
+            continue
+        if name not in KNOBS:
+            near = closest(name)
+            out[name] = "not a registered R9K_* knob (nothing reads it)" + (f"; did you mean {near}?" if near else
+                                                                        "; `r9k-validate knobs` lists them")
+            continue
+        try:
+            KNOBS[name].parse(raw)
+        except ValueError as e:
+            out[name] = str(e)
+    return out
+
+
+def expected_dispatch(env: dict[str, str]) -> dict[str, str]:
+    """{dispatch name: the knob asking for it} for the knobs ``env`` sets to a non-stock value.
+
+    Raises:
+        ValueError: a value its knob rejects (check with :func:`check_env` first).
+    """
+    out = {}
+    for name, raw in sorted(env.items()):
+        knob = KNOBS.get(name)
+        if knob is not None and knob.dispatch and knob.parse(raw) != knob.stock:
+            out.setdefault(knob.dispatch, f"{name}={raw}")
+    return out
+
+
+def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tuple[str, ...] | None = None,
+       dispatch: str | None = None) -> Callable[[], Any]:
+    register_knob(Knob(name, type_, default, stock, help_, choices, dispatch))
     return lambda: get(name)
 
 
@@ -109,11 +158,12 @@ GDN_PREFILL_MAX = _k(
     "R9K_GDN_PREFILL_MAX", int, 256, 0,
     "prefill tokens per step up to which a GDN layer runs r9k's token-by-token core (gdn_conv + gdn_seq); "
     "0 = vLLM's chunked core",
+    dispatch="gdn_seq",
 )
 GDN_PREFILL_CONV = _k(
     "R9K_GDN_PREFILL_CONV", str, "r9k", "stock",
     "causal conv for short prefills: r9k (one launch, gdn_conv) or stock (vLLM's causal_conv1d)",
-    choices=("r9k", "stock"),
+    choices=("r9k", "stock"), dispatch="gdn_conv",
 )
 PROVENANCE_LOG = _k(
     "R9K_PROVENANCE", bool, True, True,
@@ -123,9 +173,4 @@ TRITON_FAST_LAUNCH = _k(
     "R9K_TRITON_FAST_LAUNCH", bool, True, True,
     "launch r9k's Triton kernels through their cached compiled kernel (kernels/_launch.py) instead of Triton's JIT "
     "dispatcher on every call; outputs are identical either way (gated), only the host's time per launch differs",
-)
-LRU_THRESH = _k(
-    "R9K_LRU_THRESH", float, 0.99, 0.99,
-    "expert cache: a step whose distinct routed experts exceed this fraction of the cache's slots inserts "
-    "nothing (misses read through from host memory); outputs are identical whatever the value",
 )

@@ -1,11 +1,14 @@
 """Which tree a server runs: the plugin's version and a hash of the plugin and kernel sources.
 
-At load the plugin prints one line per process (API server, engine core, each worker)::
+At load the plugin prints one line per process (API server, engine core, each worker), after it has
+installed its op dispatch, naming what is installed in that process and what failed to install::
 
-    R9K-PROVENANCE version=0.1.0 source_hash=3f2a... files=12 pid=4242
+    R9K-PROVENANCE version=0.1.0 source_hash=3f2a... files=12 pid=4242 dispatch=gdn_seq,gdn_conv failed=-
 
 The validation engine computes :func:`source_hash` over the tree it validates and refuses (verdict
-"wrong tree") a server whose line carries another hash, or none when the configuration expects the plugin.
+"wrong-tree") a server whose line carries another hash, or none when the configuration expects the plugin;
+and (verdict "plugin-inactive") a server where a dispatch that the configuration's knobs ask for is missing
+from any process's line.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PREFIX = "R9K-PROVENANCE"
-_LINE_RE = re.compile(PREFIX + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d+)")
+_LINE_RE = re.compile(PREFIX + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d+)"
+                      r"(?: pid=(?P<pid>\d+))?(?: dispatch=(?P<dispatch>\S+))?(?: failed=(?P<failed>\S+))?")
 # Packages whose sources define what the plugin does on a server.
 HASHED_PACKAGES = ("r9k", "kernels")
 HASH_HEX_CHARS = 16
@@ -65,22 +69,36 @@ def source_hash(root: Path | None = None) -> tuple[str, int]:
     return h.hexdigest()[:HASH_HEX_CHARS], len(files)
 
 
-def line() -> str:
-    """The provenance line for this process (without a trailing newline)."""
+def _names(names) -> str:
+    return ",".join(names) if names else "-"
+
+
+def line(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[str, ...] = ()) -> str:
+    """The provenance line for this process (without a trailing newline).
+
+    Args:
+        dispatch: names of the op dispatches installed in this process (e.g. ``gdn_seq``); ``-`` when none.
+        failed: names of the dispatches whose install raised; ``-`` when none.
+    """
     from r9k import __version__
 
     digest, n = source_hash()
-    return f"{PREFIX} version={__version__} source_hash={digest} files={n} pid={os.getpid()}"
+    return (f"{PREFIX} version={__version__} source_hash={digest} files={n} pid={os.getpid()} "
+            f"dispatch={_names(dispatch)} failed={_names(failed)}")
 
 
 @dataclass(frozen=True)
 class Provenance:
-    """A parsed provenance line: plugin version, source hash, number of files hashed."""
+    """A parsed provenance line: plugin version, source hash, number of files hashed, and the op dispatches
+    installed in (``dispatch``) or failed in (``failed``) that process; both None when the line does not say
+    (a plugin that predates the field)."""
 
     version: str
     source_hash: str
     files: int
     raw: str
+    dispatch: tuple[str, ...] | None = None
+    failed: tuple[str, ...] | None = None
 
 
 def parse(text: str) -> list[Provenance]:
@@ -89,13 +107,16 @@ def parse(text: str) -> list[Provenance]:
     for raw_line in text.splitlines():
         m = _LINE_RE.search(raw_line)
         if m:
-            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[m.start():].strip()))
+            names = {k: None if m[k] is None else tuple(x for x in m[k].split(",") if x and x != "-")
+                     for k in ("dispatch", "failed")}
+            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[m.start():].strip(), **names))
     return out
 
 
-def log_once() -> str:
-    """Print the provenance line to stderr through logging and return it. Called by :func:`r9k.register`."""
-    text = line()
+def log_once(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[str, ...] = ()) -> str:
+    """Print the provenance line (see :func:`line`) to stderr through logging and return it. Called by
+    :func:`r9k.register` once the op dispatch is installed."""
+    text = line(dispatch, failed)
     logger = logging.getLogger("r9k")
     if not logger.handlers:
         handler = logging.StreamHandler()

@@ -11,7 +11,6 @@ EXPECTED = {  # name: (type, default, stock)
     "R9K_GDN_PREFILL_CONV": (str, "r9k", "stock"),
     "R9K_PROVENANCE": (bool, True, True),
     "R9K_TRITON_FAST_LAUNCH": (bool, True, True),
-    "R9K_LRU_THRESH": (float, 0.99, 0.99),
 }
 
 
@@ -25,7 +24,7 @@ def test_registry_holds_exactly_the_documented_knobs():
 @pytest.mark.parametrize("name,raw,value", [
     ("R9K_GDN_PREFILL_MAX", "0", 0), ("R9K_GDN_PREFILL_MAX", "1024", 1024),
     ("R9K_PROVENANCE", "off", False), ("R9K_PROVENANCE", "YES", True), ("R9K_TRITON_FAST_LAUNCH", "0", False),
-    ("R9K_LRU_THRESH", "0.5", 0.5), ("R9K_GDN_PREFILL_CONV", "stock", "stock"),
+    ("R9K_GDN_PREFILL_CONV", "stock", "stock"),
 ])
 def test_get_parses_the_environment(name, raw, value):
     assert get(name, {name: raw}) == value
@@ -33,7 +32,7 @@ def test_get_parses_the_environment(name, raw, value):
 
 
 @pytest.mark.parametrize("name,raw", [("R9K_GDN_PREFILL_MAX", "12.5"), ("R9K_PROVENANCE", "maybe"),
-                                      ("R9K_LRU_THRESH", "high"), ("R9K_GDN_PREFILL_CONV", "fla")])
+                                      ("R9K_TRITON_FAST_LAUNCH", "high"), ("R9K_GDN_PREFILL_CONV", "fla")])
 def test_bad_values_name_the_variable(name, raw):
     with pytest.raises(ValueError, match=name):
         get(name, {name: raw})
@@ -43,14 +42,44 @@ def test_unregistered_and_duplicate_names_are_refused():
     with pytest.raises(KeyError):
         get("R9K_NOT_A_KNOB", {})
     with pytest.raises(ValueError, match="registered twice"):
-        register_knob(Knob("R9K_LRU_THRESH", float, 0.5, 0.5, "dup"))
+        register_knob(Knob("R9K_PROVENANCE", bool, True, True, "dup"))
     with pytest.raises(ValueError, match="must start with R9K_"):
         register_knob(Knob("LRU_THRESH", float, 0.5, 0.5, "no prefix"))
     assert set(in_force({})) == set(EXPECTED) and knobs.KNOBS is KNOBS
 
 
 def test_in_force_keeps_misspelt_and_invalid_values_visible():
-    got = in_force({"R9K_GDN_PREFIL_MAX": "64", "R9K_LRU_THRESH": "lots", "PATH": "/bin"})
+    got = in_force({"R9K_GDN_PREFIL_MAX": "64", "R9K_PROVENANCE": "lots", "PATH": "/bin"})
     assert got["?R9K_GDN_PREFIL_MAX"] == "64"
-    assert got["R9K_LRU_THRESH"] == "invalid:lots"
+    assert got["R9K_PROVENANCE"] == "invalid:lots"
     assert got["R9K_GDN_PREFILL_MAX"] == 256 and "PATH" not in got and "?PATH" not in got
+
+
+def test_check_env_names_unknown_knobs_with_the_closest_and_bad_values():
+    got = knobs.check_env({"R9K_GDN_PREFIL_MAX": "64", "R9K_HC_FP8": "r9k", "R9K_GDN_PREFILL_CONV": "fla",
+                           "R9K_GDN_PREFILL_MAX": "32", "VLLM_X": "1"})
+    assert set(got) == {"R9K_GDN_PREFIL_MAX", "R9K_HC_FP8", "R9K_GDN_PREFILL_CONV"}
+    assert got["R9K_GDN_PREFIL_MAX"].endswith("did you mean R9K_GDN_PREFILL_MAX?")
+    assert "nothing reads it" in got["R9K_HC_FP8"]
+    assert "expected one of r9k, stock" in got["R9K_GDN_PREFILL_CONV"]
+
+
+def test_expected_dispatch_follows_non_stock_values_only():
+    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "400"}) == {"gdn_seq": "R9K_GDN_PREFILL_MAX=400"}
+    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "0", "R9K_GDN_PREFILL_CONV": "stock"}) == {}
+    assert knobs.expected_dispatch({"R9K_PROVENANCE": "1"}) == {}
+    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_CONV": "r9k"}) == {"gdn_conv": "R9K_GDN_PREFILL_CONV=r9k"}
+
+
+def test_every_knob_is_read_by_the_plugin():
+    """A knob nothing reads is a promise the plugin does not keep: each registered name occurs in r9k/ or
+    kernels/ outside the registry."""
+    from tests.conftest import REPO
+
+    text = "".join(p.read_text() for pkg in ("r9k", "kernels") for p in (REPO / pkg).rglob("*.py")
+                   if p.name != "knobs.py" and "bench" not in p.parts)
+    attrs = {"R9K_GDN_PREFILL_MAX": "GDN_PREFILL_MAX()", "R9K_GDN_PREFILL_CONV": "GDN_PREFILL_CONV()",
+             "R9K_PROVENANCE": "PROVENANCE_LOG()", "R9K_TRITON_FAST_LAUNCH": '"R9K_TRITON_FAST_LAUNCH"'}
+    assert set(attrs) == set(KNOBS)
+    for name, use in attrs.items():
+        assert use in text, f"{name} is registered but nothing reads it"

@@ -119,3 +119,26 @@ def test_release_name_is_a_plain_folder_name():
     for bad in ("", "../../x", "a/b", ".hidden", "v1..2"):
         with pytest.raises(InputError, match="release name"):
             check_release_name(bad)
+
+
+def test_config_refuses_an_unregistered_knob_naming_line_key_and_closest(tmp_path):
+    """A knob nothing reads is an error at load (before, it was recorded as '?R9K_...' and nothing failed)."""
+    p = write(tmp_path, "gdn.yaml", "name: gdn\nmodel: {path: m, served_name: m}\n"
+              "server: {max_num_seqs: 4, max_model_len: 4096}\nenv:\n  R9K_GDN_PREFIL_MAX: '64'\n"
+              "  R9K_HC_FP8: r9k\n  R9K_GDN_PREFILL_CONV: fla\n  VLLM_ANY: '1'\n")
+    with pytest.raises(InputError) as e:
+        load_config(p)
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"{p}:5: env.R9K_GDN_PREFIL_MAX: not a registered R9K_* knob (nothing reads it); did you mean R9K_GDN_PREFILL_MAX?"
+    assert lines[1].startswith(f"{p}:6: env.R9K_HC_FP8: not a registered R9K_* knob")
+    assert lines[2] == f"{p}:7: env.R9K_GDN_PREFILL_CONV: R9K_GDN_PREFILL_CONV='fla': expected one of r9k, stock"
+    assert len(lines) == 3
+
+
+def test_seed_configurations_set_only_registered_knobs_and_say_which_they_lack():
+    from r9k.knobs import KNOBS
+
+    for name, lacking in (("fn-tp2", "R9K_LRU_THRESH"), ("fn-tp4", "R9K_HC_FP8_DOWN"), ("27b-tp2", "R9K_GDN_STATE")):
+        cfg = load_config(REPO / "serve" / f"{name}.yaml")
+        assert set(k for k in cfg.env if k.startswith("R9K_")) <= set(KNOBS)
+        assert lacking in (REPO / "serve" / f"{name}.yaml").read_text()  # named in the comment

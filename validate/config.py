@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from validate.errors import InputError
-from validate.loader import load_model
+from validate.loader import line_of, load_model, read_yaml
 
 
 class _Strict(BaseModel):
@@ -97,12 +97,24 @@ def load_config(path: Path) -> ServeConfig:
     """Load and validate one configuration file.
 
     Raises:
-        InputError: the file is missing, malformed, has unknown keys or wrong types, or its ``name`` differs
-            from the file name.
+        InputError: the file is missing, malformed, has unknown keys or wrong types, its ``name`` differs
+            from the file name, or ``env`` sets an ``R9K_*`` variable that is not a registered knob (nothing
+            would read it) or gives a knob a value its type rejects; every such key is named with its line and,
+            for an unknown one, the closest registered name.
     """
-    cfg = load_model(path, ServeConfig)
+    from r9k.knobs import check_env
+
+    data = read_yaml(path)
+    cfg = load_model(path, ServeConfig, data)
     if cfg.name != path.stem:
         raise InputError(f"{path}: name: {cfg.name!r} differs from the file name {path.stem!r}")
+    problems = check_env(cfg.env)
+    if problems:
+        lines = []
+        for key, why in problems.items():
+            line = line_of(data, ("env", key))
+            lines.append(f"{path}{f':{line}' if line else ''}: env.{key}: {why}")
+        raise InputError("\n".join(lines))
     return cfg
 
 
@@ -118,3 +130,23 @@ def find_config(root: Path, name: str) -> ServeConfig:
 def all_configs(root: Path) -> list[ServeConfig]:
     """Every configuration under ``serve/``, by name."""
     return [load_config(p) for p in sorted(serve_dir(root).glob("*.yaml"))]
+
+
+def external_config(url: str, model: str, max_num_seqs: int, max_model_len: int) -> ServeConfig:
+    """The configuration of a server someone else launched (``--url`` without ``--config``).
+
+    It is named after the server and its model (``external-<host>-<port>-<model>``), so its records never land
+    in, or pair with, a configuration whose server the engine did not launch. ``max_num_seqs`` is what the
+    runners overload and cannot be read from the server; ``max_model_len`` comes from its ``/v1/models``.
+    """
+    import re
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    host = u.hostname or "server"
+    port = u.port or (443 if u.scheme == "https" else 80)
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"external-{host}-{port}-{model}").strip("_.")
+    return ServeConfig(name=name, description=f"a server already running at {url}, serving {model}",
+                       model=ModelSpec(path=url, served_name=model),
+                       server=ServerSpec(max_num_seqs=max_num_seqs, max_model_len=max_model_len),
+                       hardware=Hardware(kind="external server"))

@@ -56,8 +56,8 @@ def read_yaml(path: Path) -> Any:
         raise InputError(f"{path}{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
 
 
-def _line_of(data: Any, loc: tuple) -> int | None:
-    """Line of the deepest key of ``loc`` that the parsed YAML remembers."""
+def line_of(data: Any, loc: tuple) -> int | None:
+    """Line (1-based) of the deepest key of ``loc`` that YAML parsed by :func:`read_yaml` remembers, or None."""
     line = None
     node = data
     for part in loc:
@@ -77,7 +77,7 @@ def format_validation_error(path: Path, data: Any, err: ValidationError) -> str:
     for e in err.errors():
         loc = tuple(e["loc"])
         key = ".".join(str(p) for p in loc if str(p) != "") or "(top level)"
-        line = _line_of(data, loc)
+        line = line_of(data, loc)
         where = f"{path}:{line}" if line else str(path)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":

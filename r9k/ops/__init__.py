@@ -1,18 +1,67 @@
-"""Dispatch from vLLM layers to r9k kernels. Each installer patches only where vLLM has the layer."""
+"""Dispatch from vLLM layers to r9k kernels. Each installer patches only where vLLM has the layer.
+
+A dispatch is named by the r9k kernel it routes to (``gdn_seq``, ``gdn_conv``); the provenance line of every
+process lists the names installed there and the ones whose install failed, so a server where the plugin is
+loaded but inactive cannot pass for one that runs r9k's kernels.
+"""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 log = logging.getLogger("r9k")
 
+#: Dispatch families, each with the kernel names it can install (what knobs expect, see r9k.knobs.Knob.dispatch).
+FAMILIES = {"gdn": ("gdn_seq", "gdn_conv")}
 
-def install() -> list[str]:
-    """Install every op dispatch whose knob is not at its stock value. Returns the names installed."""
-    installed: list[str] = []
+
+@dataclass
+class Installed:
+    """What :func:`install` did in this process: dispatch names installed, families whose install raised,
+    and families not attempted with the reason."""
+
+    names: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def kernels_can_run() -> tuple[bool, str]:
+    """(True, '') where r9k's Triton kernels can run in this process: a CUDA or ROCm device is visible, or
+    Triton's interpreter is on (the CPU unit gates); else (False, why). On vLLM's CPU build nothing is routed,
+    so nothing is installed there and the provenance line says ``dispatch=-``."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return True, ""
+    except Exception as e:  # noqa: BLE001 - a broken torch must not take the server down
+        return False, f"torch unusable: {type(e).__name__}: {e}"
+    return False, "no CUDA or ROCm device visible (r9k's kernels run on GPUs only)"
+
+
+def install() -> Installed:
+    """Install every op dispatch whose knob is not at its stock value, where the kernels can run.
+
+    Never raises: an install that fails is logged with its traceback and listed in ``failed``, and vLLM keeps
+    its own op there.
+    """
+    out = Installed()
+    ok, why = kernels_can_run()
+    if not ok:
+        for fam in FAMILIES:
+            out.skipped[fam] = why
+        log.info("r9k: no op dispatch installed: %s", why)
+        return out
     from r9k.ops import gdn
 
     try:
-        installed += gdn.install()
-    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM
+        targets = gdn.install()
+        out.names += sorted({t.split(" <- ")[0] for t in targets})
+    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so in provenance
         log.exception("r9k: GDN dispatch not installed")
-    return installed
+        out.failed.append("gdn")
+    return out
