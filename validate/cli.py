@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from validate.errors import InputError, LaunchError
+from validate.errors import InputError, LaunchError, ReportsError, combine_exit
 
 # Off a terminal (CI logs, files) rich would wrap tables at 80 columns: give records' tables room.
 console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -76,46 +76,136 @@ def _opts(args) -> "RunOptions":
                       launch_timeout_s=getattr(args, "launch_timeout", None))
 
 
-def _run(plan: list[tuple[str, list[str]]], release: str, args) -> int:
-    from validate.config import find_config
-    from validate.engine import Engine, Outcome
+def _external(opts, args):
+    """The configuration of the ``--url`` server when no ``--config`` names one (see external_config)."""
+    from validate.config import external_config
+    from validate.server import served_max_model_len
+
+    if not opts.model:
+        raise InputError("--url needs --model NAME (the served model name)")
+    if not getattr(args, "max_num_seqs", None):
+        raise InputError("--url without --config: give --max-num-seqs N (the server's max_num_seqs, which it does not "
+                         "report), or --config NAME to record the run under a configuration of serve/")
+    mml = getattr(args, "max_model_len", None) or served_max_model_len(opts.url, opts.model)
+    if mml is None:
+        raise InputError(f"--url {opts.url}: its /v1/models does not state max_model_len for {opts.model!r}: "
+                         "give --max-model-len N")
+    return external_config(opts.url, opts.model, args.max_num_seqs, mml)
+
+
+def _preflight(engine, plan: list[tuple[str, list[str]]], executor: str) -> dict[str, tuple[str, set[str]]]:
+    """Check every input before anything launches and say every problem at once.
+
+    Returns {configuration: (why it cannot run here, the suites that need what is missing)} for configurations
+    whose model or hardware is missing on this machine: their suites are recorded as errors and the rest of the
+    release goes on. With Ray the model and the hardware are the node's, checked there.
+
+    Raises:
+        InputError: every malformed or unknown configuration or suite file, and every missing data file, one per
+            line (nothing has launched).
+    """
+    from validate.hardware import hardware_problem, visible_gpus
+    from validate.models import model_problems
     from validate.suite import find_suite
 
-    from validate.record import check_release_name
+    o = engine.o
+    problems: list[str] = []
+    blocked: dict[str, tuple[str, set[str]]] = {}
+    gpus = None
+    for cfg_name, suites in plan:
+        try:
+            c = engine.config(cfg_name)
+        except InputError as e:
+            problems.append(str(e))
+            c = None
+        loaded = []
+        for s in suites:
+            try:
+                ls = find_suite(o.root, s, o.profile)
+                ls.preflight(o.root, o.data_dir)
+                loaded.append(ls)
+            except InputError as e:
+                problems.append(str(e))
+        if c is None or executor != "local" or o.url:
+            continue
+        why, hit = [], set()
+        server_suites = {ls.spec.name for ls in loaded if ls.spec.needs_server}
+        if server_suites:
+            mp = model_problems(c.model, c.server.extra_args)
+            if mp:
+                why += mp
+                hit |= server_suites
+        if c.hardware.gpus > 0:
+            gpus = visible_gpus() if gpus is None else gpus
+            hp = hardware_problem(c.hardware, gpus)
+            if hp:
+                why.append(hp)
+                hit |= {ls.spec.name for ls in loaded}
+        if why:
+            blocked[cfg_name] = (f"serve/{cfg_name}.yaml: " + "; ".join(why), hit)
+    if problems:
+        raise InputError("\n".join(dict.fromkeys(problems)))
+    return blocked
+
+
+def _run(plan: list[tuple[str, list[str]]], release: str, args, external=None):
+    """Run ``plan``; returns the Outcome (records written, configurations that could not start)."""
+    from validate.engine import Engine, Outcome
+    from validate.record import Verdict, check_release_name
+    from validate.suite import find_suite
 
     check_release_name(release)
     opts = _opts(args)
-    from validate.models import locate_gguf
-
-    for cfg, suites in plan:  # validate every input before launching anything
-        c = find_config(opts.root, cfg)
-        if c.model.prepare is not None and not opts.url and any(find_suite(opts.root, s, opts.profile).spec.needs_server for s in suites):
-            locate_gguf(c.model.prepare)  # the weights package must be there
-        for s in suites:
-            find_suite(opts.root, s, opts.profile).preflight(opts.root, opts.data_dir)
     if opts.url and len(plan) > 1:
         raise InputError("--url runs suites against one server: name one --config")
     if (opts.model or opts.server_log) and not opts.url:
         raise InputError("--model and --server-log go with --url (a server that is already running)")
     if opts.server_log and not opts.server_log.is_file():
         raise InputError(f"--server-log {opts.server_log}: not a readable file")
+    opts.external_config = external
+    executor = getattr(args, "executor", "local")
     outcome = Outcome()
     import gc
 
-    gc.freeze()  # objects from the imports (torch, vLLM) never die: keep full collections short, so a collector
-    # pause does not land inside a timed stream (hundreds of ms measured with torch imported)
-    if getattr(args, "executor", "local") == "ray":
-        from validate.executors import run_ray
-
-        engine = Engine(opts, console=console)
-        run_ray(engine, plan, release, outcome, address=args.address, say=console.print)
-        return outcome.exit_code()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=False) as progress:
         engine = Engine(opts, console=console, progress_factory=lambda label: _Bar(progress, label))
-        for cfg, suites in plan:
-            engine.run_config(release, cfg, suites, outcome)
-    return outcome.exit_code()
+        blocked = _preflight(engine, plan, executor)
+        for cfg_name, (why, _) in blocked.items():
+            console.print(f"[red]preflight: {why}[/red]")
+        if blocked:
+            console.print(f"[yellow]preflight: {len(blocked)} configuration(s) cannot run here; their suites are "
+                          "recorded as not run and the others go on[/yellow]")
+        runnable = []
+        for cfg_name, suites in plan:
+            if cfg_name not in blocked:
+                runnable.append((cfg_name, suites))
+                continue
+            why, hit = blocked[cfg_name]
+            todo = engine.split_done(release, cfg_name, [s for s in suites if s in hit], outcome)
+            cfg = engine.config(cfg_name)
+            engine.record_unrun(release, cfg, [find_suite(opts.root, s, opts.profile) for s in todo],
+                                Verdict(status="error", cause=f"not run: {why}"), outcome)
+            outcome.launch_failures[cfg_name] = why
+            rest = [s for s in suites if s not in hit]
+            if rest:
+                runnable.append((cfg_name, rest))
+        gc.freeze()  # objects from the imports (torch, vLLM) never die: keep full collections short, so a
+        # collector pause does not land inside a timed stream (hundreds of ms measured with torch imported)
+        if executor == "ray":
+            from validate.executors import run_ray
+
+            run_ray(engine, runnable, release, outcome, address=args.address, say=console.print)
+        else:
+            for cfg_name, suites in runnable:
+                engine.run_config(release, cfg_name, suites, outcome)
+    return outcome
+
+
+def _exit(code: int, why: str) -> int:
+    style = "green" if code == 0 else "red"
+    console.print(f"[{style}]exit status {code}: {why}[/{style}]")
+    return code
 
 
 def cmd_release(args) -> int:
@@ -130,13 +220,23 @@ def cmd_release(args) -> int:
         if unknown:
             raise InputError(f"suite {unknown[0]!r} is not in the checklist for {', '.join(c for c, _ in plan)}")
         plan = [(c, [s for s in suites if s in args.suite]) for c, suites in plan]
-    code = _run(plan, args.release, args)
+    outcome = _run(plan, args.release, args)
     opts = _opts(args)
-    out = render_release(root, opts.reports, args.release, checklist, args.baseline)
+    out = _render(root, opts.reports, args.release, checklist, args.baseline)
     _summary(opts.reports, args.release)
-    code = max(code, _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan]))
+    gate = _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan])
     console.print(f"release notes: {out}")
-    return code
+    why = outcome.explain() + ("; the paired gate found a regression" if gate == 1 else "")
+    return _exit(combine_exit(outcome.exit_code(), gate), why)
+
+
+def _render(root: Path, reports: Path, release: str, checklist, baseline: str | None) -> Path:
+    from validate.render import render_release
+
+    try:
+        return render_release(root, reports, release, checklist, baseline)
+    except OSError as e:
+        raise ReportsError(f"cannot write the release notes under {reports / release}: {e.strerror or e}") from None
 
 
 def _release_gate(reports: Path, release: str, baseline: str | None, configs: list[str]) -> int:
@@ -157,9 +257,15 @@ def _release_gate(reports: Path, release: str, baseline: str | None, configs: li
 
 
 def cmd_suite(args) -> int:
-    code = _run([(args.config, [args.name])], args.release, args)
+    ext = None
+    if args.config is None:
+        if args.url:
+            ext = _external(_opts(args), args)
+            console.print(f"--url without --config: records go under the configuration {ext.name!r}")
+        args.config = ext.name if ext else "cpu-smol"
+    outcome = _run([(args.config, [args.name])], args.release, args, external=ext)
     _summary(_opts(args).reports, args.release, only_suite=args.name, only_config=args.config)
-    return code
+    return _exit(outcome.exit_code(), outcome.explain())
 
 
 def cmd_render(args) -> int:
@@ -236,8 +342,12 @@ def print_comparison(cmp) -> None:
         t.add_row(cfg, x.task + (" (subset)" if x.subset else ""), f"{x.n:,}",
                   f"{100 * x.acc_baseline:.2f}% ({x.correct_baseline:,})", f"{100 * x.acc_candidate:.2f}% ({x.correct_candidate:,})",
                   f"{x.b} / {x.c}", f"{x.p_two_sided:.3g}", f"{x.p_holm:.3g}", f"{100 * x.identical_share:.1f}%",
-                  "[red]regression[/red]" if x.regression else "no detectable regression")
+                  "[red]regression[/red]" if x.regression else x.verdict_text)
     console.print(t)
+    for x in cmp.tasks:
+        if x.diff_ci:
+            console.print(f"{x.config}/{x.task}: difference {100 * (x.correct_candidate - x.correct_baseline) / x.n:+.1f} "
+                          f"points, 95% interval {100 * x.diff_ci[0]:+.1f} to {100 * x.diff_ci[1]:+.1f}; {x.sensitivity}")
     for x in cmp.tasks:
         if x.lost or x.gained:
             console.print(f"{x.config}/{x.task}: right only in {cmp.baseline}: {', '.join(x.lost[:40]) or '-'}"
@@ -350,7 +460,11 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_release)
     p = sub.add_parser("suite", help="one suite on one configuration")
     p.add_argument("name")
-    p.add_argument("--config", default="cpu-smol", help="serving configuration (default: cpu-smol, the embedded default)")
+    p.add_argument("--config", help="serving configuration (default: cpu-smol, the embedded default; with --url, one "
+                   "named after that server and its model)")
+    p.add_argument("--max-num-seqs", type=int, help="with --url and no --config: the server's max_num_seqs")
+    p.add_argument("--max-model-len", type=int, help="with --url and no --config: the server's max_model_len "
+                   "(default: what its /v1/models says)")
     p.add_argument("--release", default="dev", help="records go to reports/<release>/ (default: dev)")
     _common(p)
     p.set_defaults(fn=cmd_suite)
@@ -393,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except LaunchError as e:
         console.print(f"[red]launch failed:[/red] {e}")
+        return 2
+    except ReportsError as e:
+        console.print(f"[red]error:[/red] {e}")
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: servers stopped, records written so far are kept[/yellow]")

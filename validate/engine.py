@@ -22,14 +22,20 @@ from r9k import provenance as prov
 from validate import server as srvmod
 from validate.client import OpenAIClient
 from validate.config import ServeConfig, find_config
-from validate.errors import InputError, LaunchError
+from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError,
+                             combine_exit)
 from validate.models import resolve_model
-from validate.record import Record, ServerInfo, Tree, Verdict, now_iso, read_record, record_path, write_record
+from validate.record import (FINDING_STATUSES, Record, ServerInfo, Tree, Verdict, now_iso, read_record, record_path,
+                             write_record)
 from validate.runners.base import RunContext, SuiteResult
 from validate.suite import LoadedSuite, find_suite, get_runner
 from validate.util import git_state
 
-EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+
+
+class PrepareError(Exception):
+    """A configuration's model could not be found or prepared; its suites are recorded as errors and the
+    other configurations go on."""
 
 
 @dataclass
@@ -47,6 +53,7 @@ class RunOptions:
     server_log: Path | None = None
     tree: Path | None = None  # the source tree under validation; default: root when it holds r9k/, else this package's
     launch_timeout_s: float | None = None  # overrides every configuration's launch_timeout_s
+    external_config: ServeConfig | None = None  # the configuration of a --url server that serve/ does not hold
 
     def tree_root(self) -> Path:
         if self.tree is not None:
@@ -62,12 +69,22 @@ class Outcome:
     launch_failures: dict[str, str] = field(default_factory=dict)
 
     def exit_code(self) -> int:
-        """0: every verdict passed; 1: a gate failed or wrong tree; 2: a launch or a suite errored."""
-        if self.launch_failures or any(r.verdict.status == "error" for r in self.records):
-            return EXIT_INPUT
-        if any(r.verdict.status != "pass" for r in self.records):
-            return EXIT_FAIL
-        return EXIT_OK
+        """1 when a verdict is a finding (fail, wrong-tree, plugin-inactive), else 2 when a configuration could
+        not start or a suite could not complete (error, skipped), else 0 (see :func:`combine_exit`)."""
+        codes = [EXIT_FAIL if r.verdict.status in FINDING_STATUSES else EXIT_OK if r.passed else EXIT_INPUT
+                 for r in self.records]
+        return combine_exit(*codes, EXIT_INPUT if self.launch_failures else EXIT_OK)
+
+    def explain(self) -> str:
+        """One line naming what decided :meth:`exit_code`: the findings, then what could not be checked."""
+        found = [f"{r.config}/{r.suite} {r.verdict.status}" for r in self.records if r.verdict.status in FINDING_STATUSES]
+        errs = [f"{r.config}/{r.suite}" for r in self.records if not r.passed and r.verdict.status not in FINDING_STATUSES]
+        parts = []
+        if found:
+            parts.append(f"{len(found)} finding(s): " + ", ".join(found[:6]) + (" ..." if len(found) > 6 else ""))
+        if errs:
+            parts.append(f"{len(errs)} suite(s) not checked: " + ", ".join(errs[:6]) + (" ..." if len(errs) > 6 else ""))
+        return "; ".join(parts) or f"{len(self.records)} suite(s), every verdict pass"
 
 
 def versions(server: srvmod.Server | None) -> dict[str, str | None]:
@@ -132,6 +149,58 @@ def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, lau
     return True, None
 
 
+def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
+    """Why a server whose provenance ``lines`` are these is "plugin-inactive" for ``cfg``, or None.
+
+    Inactive: a process whose dispatch install failed, or a dispatch that a knob of ``cfg.env`` asks for (a
+    non-stock value of a knob with :attr:`r9k.knobs.Knob.dispatch`) missing from some process's line. Lines
+    that cannot say (no line at all) are the provenance check's business, not this one's.
+    """
+    parsed = prov.parse("\n".join(lines))
+    if not parsed:
+        return None
+    failed = [p for p in parsed if p.failed]
+    if failed:
+        return "op dispatch failed to install in the server: " + "; ".join(
+            f"{', '.join(p.failed)} ({p.raw.split(' pid=')[-1].split()[0] if ' pid=' in p.raw else 'a process'})" for p in failed)
+    problems = []
+    for name, knob in knobs.expected_dispatch(cfg.env).items():
+        missing = [p for p in parsed if p.dispatch is None or name not in p.dispatch]
+        if missing:
+            pids = [m.raw.split(" pid=")[1].split()[0] if " pid=" in m.raw else "?" for m in missing]
+            problems.append(f"{knob} asks for the {name} dispatch, which {len(missing)} of {len(parsed)} server "
+                            f"process(es) did not install (pid {', '.join(pids)})")
+    return "; ".join(problems) or None
+
+
+def dispatch_by_pid(lines: list[str]) -> dict[str, list[str]]:
+    """{pid: dispatch names installed} from provenance lines (pid '?' where a line has none)."""
+    out: dict[str, list[str]] = {}
+    for p in prov.parse("\n".join(lines)):
+        pid = p.raw.split(" pid=")[1].split()[0] if " pid=" in p.raw else "?"
+        out[pid] = list(p.dispatch or ())
+    return out
+
+
+def tree_mismatch(rec: Record, tree: Tree, expects_plugin: bool) -> str | None:
+    """Why ``rec`` (made elsewhere, e.g. on a Ray node) was not made by the tree under validation, or None.
+
+    The node's own checkout must hash like the driver's (plugin and kernels, engine and suites), and where the
+    configuration expects the plugin, every provenance line its server printed must carry the driver's hash.
+    """
+    why = []
+    if rec.tree.source_hash != tree.source_hash:
+        why.append(f"the node's checkout has plugin source {rec.tree.source_hash}, the tree under validation "
+                   f"is {tree.source_hash}")
+    if rec.tree.engine_hash != tree.engine_hash:
+        why.append(f"the node's engine and suites hash {rec.tree.engine_hash}, the driver's {tree.engine_hash}")
+    if expects_plugin and rec.server.launched:
+        wrong = sorted({p.source_hash for p in prov.parse("\n".join(rec.server.provenance))} - {tree.source_hash})
+        if wrong:
+            why.append(f"its server ran plugin source {', '.join(wrong)}")
+    return "; ".join(why) or None
+
+
 class Engine:
     """Runs suites on configurations and writes records. ``console`` receives status lines."""
 
@@ -147,12 +216,19 @@ class Engine:
         if self.console is not None:
             self.console.print(msg)
 
+    def config(self, name: str) -> ServeConfig:
+        """The configuration ``name``: the external server's (``--url`` without ``--config``) or serve/<name>.yaml."""
+        ext = self.o.external_config
+        if ext is not None and ext.name == name:
+            return ext
+        return find_config(self.o.root, name)
+
     # ---- one configuration ------------------------------------------------------------------------------
     def split_done(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> list[str]:
         """With --resume: add the complete records of ``suite_names`` to ``outcome``; return the suites to run."""
         if not self.o.resume:
             return list(suite_names)
-        cfg = find_config(self.o.root, config_name)
+        cfg = self.config(config_name)
         todo = []
         for name in suite_names:
             s = find_suite(self.o.root, name, self.o.profile)
@@ -171,7 +247,7 @@ class Engine:
         todo_names = self.split_done(release, config_name, suite_names, outcome)
         if not todo_names:
             return
-        cfg = find_config(self.o.root, config_name)
+        cfg = self.config(config_name)
         if self.o.launch_timeout_s:
             cfg = cfg.model_copy(update={"launch_timeout_s": self.o.launch_timeout_s})
         todo = [find_suite(self.o.root, s, self.o.profile) for s in todo_names]
@@ -185,14 +261,26 @@ class Engine:
                 info = ServerInfo(url=server.url, launched=server.launched, provenance=server.provenance,
                                   log=server.log_path.name if server.log_path else None,
                                   startup_s=server.startup_s, kv_cache_tokens=server.kv_cache_tokens)
+                info.dispatch = dispatch_by_pid(server.provenance)
                 ok, why = check_provenance(cfg, server.provenance, self.tree.source_hash, server.launched)
                 info.provenance_ok = ok
                 if ok is False:
                     self.say(f"[red]{cfg.name}: wrong tree: {why}[/red]")
                     self.record_unrun(release, cfg, todo, Verdict(status="wrong-tree", cause=why), outcome, server, info)
                     return
+                inactive = check_dispatch(cfg, server.provenance) if cfg.expects_plugin else None
+                if inactive:
+                    self.say(f"[red]{cfg.name}: plugin inactive: {inactive}[/red]")
+                    self.record_unrun(release, cfg, todo, Verdict(status="plugin-inactive", cause=inactive),
+                                      outcome, server, info)
+                    return
             for s in todo:
                 outcome.records.append(self._run_suite(release, cfg, s, server, info))
+        except PrepareError as e:
+            cause = f"model preparation failed: {e}"
+            self.say(f"[red]{cfg.name}: {cause}[/red]")
+            outcome.launch_failures[cfg.name] = cause
+            self.record_unrun(release, cfg, todo, Verdict(status="error", cause=cause), outcome, server, info)
         except LaunchError as e:
             log = folder / "server.log"
             if log.exists():  # what the failed start printed still says which tree it was
@@ -243,7 +331,14 @@ class Engine:
                 server.provenance = [p.raw for p in prov.parse(text)]
                 server.kv_cache_tokens = srvmod.kv_cache_tokens(text)
             return server
-        model = resolve_model(cfg.model, self.o.model_cache, log=lambda m: self.say(f"{cfg.name}: {m}"))
+        try:
+            model = resolve_model(cfg.model, self.o.model_cache, log=lambda m: self.say(f"{cfg.name}: {m}"))
+        except KeyboardInterrupt:
+            raise
+        except InputError as e:
+            raise PrepareError(str(e)) from None
+        except Exception as e:  # a conversion that fails (transformers, a truncated file, a full cache disk)
+            raise PrepareError(f"{type(e).__name__}: {e}") from None
         launches = 2 if cfg.warm_restart else 1
         server = None
         for n in range(launches):
@@ -261,18 +356,21 @@ class Engine:
         self.say(f"{cfg.name}/{s.spec.name}: running ({s.profile} profile)")
         result = SuiteResult()
         verdict: Verdict
+        log_from = srvmod.log_size(server.log_path) if server is not None else 0
         try:
             result = asyncio.run(self._run_async(runner, cfg, s, server))
-            verdict = self._verdict(s, result, server)
+            verdict = self._verdict(s, result, server, log_from)
         except InputError as e:  # e.g. data missing for this suite: attributed to it, the release goes on
             verdict = Verdict(status="error", cause=f"bad input: {e}")
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a runner bug or an unexpected fault: attributed, never a pass
             cause = f"{type(e).__name__}: {e}"
+            reasons = [traceback.format_exc(limit=5)]
             if server is not None and server.died():
                 cause = f"server died during the suite ({cause})"
-            verdict = Verdict(status="error", cause=cause, reasons=[traceback.format_exc(limit=5)])
+                reasons = srvmod.death_evidence(server.log_path, log_from) + reasons
+            verdict = Verdict(status="error", cause=cause, reasons=reasons)
         rec = self._write(release, cfg, s, server, info, result, verdict, time.monotonic() - t0, started)
         style = {"pass": "green", "fail": "red"}.get(rec.verdict.status, "yellow")
         self.say(f"{cfg.name}/{s.spec.name}: [{style}]{rec.verdict.status}[/{style}]"
@@ -284,9 +382,19 @@ class Engine:
         if server is not None:
             client = OpenAIClient(server.url, server.model, max_connections=512)
         bar = self.progress_factory(f"{cfg.name}/{s.spec.name}") if self.progress_factory else None
+
+        async def server_gone() -> str | None:
+            if server is None:
+                return None
+            if not server.alive():
+                return f"the server process exited with status {server.proc.returncode if server.proc else '?'}"
+            if not await client.health():
+                return "the server no longer answers GET /health with 200 (its engine is dead)"
+            return None
+
         ctx = RunContext(root=self.o.root, config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
                          record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
-                         server_pid=server.main_pid if server is not None else None,
+                         server_gone=server_gone, server_pid=server.main_pid if server is not None else None,
                          progress=bar.update if bar else (lambda *a, **k: None), log=self.say)
         try:
             return await runner.fn(ctx, s.params)
@@ -296,10 +404,14 @@ class Engine:
             if client:
                 await client.aclose()
 
-    def _verdict(self, s: LoadedSuite, result: SuiteResult, server) -> Verdict:
-        if server is not None and (not server.alive() or (result.errors and server.died())):
-            tail = server.log_tail().splitlines()[-5:]
-            return Verdict(status="error", cause="server died during the suite", reasons=result.errors + tail)
+    def _verdict(self, s: LoadedSuite, result: SuiteResult, server, log_from: int = 0) -> Verdict:
+        died = result.server_died
+        if server is not None and not died and (not server.alive() or (result.errors and server.died())):
+            died = f"the server process exited with status {server.proc.returncode if server.proc else '?'}"
+        if died:
+            evidence = srvmod.death_evidence(server.log_path if server is not None else None, log_from)
+            return Verdict(status="error", cause=f"server died during the suite: {died}",
+                           reasons=evidence + result.errors[:3])
         if result.errors:
             return Verdict(status="error", cause=result.errors[0], reasons=result.errors)
         reasons = s.spec.gate.check(result.metrics) + result.findings
@@ -316,5 +428,10 @@ class Engine:
             model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
         )
-        write_record(record_path(self.o.reports, release, cfg.name, s.spec.name), rec)
+        path = record_path(self.o.reports, release, cfg.name, s.spec.name)
+        try:
+            write_record(path, rec)
+        except OSError as e:
+            raise ReportsError(f"cannot write the record {path}: {e.strerror or e} (records written before it are "
+                               "intact; free space or pass --reports DIR, then rerun with --resume)") from None
         return rec

@@ -8,8 +8,10 @@ kept) and returns them; the driver writes them under ``reports/`` exactly as a l
 each task ends. Every node needs this checkout at the same path (a shared or identically deployed tree: the
 provenance check proves it is the same source) and the same Python environment.
 
-A lost node fails that configuration's suites with the cause; tasks are never retried (a retried soak would
-count twice); ``--resume`` then re-runs only what is missing. A configuration no node can host fails at once,
+The driver checks every record a node returns against the tree under validation (the node's plugin, kernel,
+engine and suite hashes, and its server's provenance lines): a node with another checkout produces
+wrong-tree records, never passes. A lost node fails that configuration's suites with the cause; tasks are
+never retried (a retried soak would count twice); ``--resume`` then re-runs only what is missing. A configuration no node can host fails at once,
 naming the missing resource. Ray is imported only here, only when this executor is used.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from validate.config import ServeConfig, find_config
-from validate.engine import Engine, Outcome, RunOptions
+from validate.engine import Engine, Outcome, RunOptions, tree_mismatch
 from validate.errors import InputError
 from validate.record import Record, Verdict, record_path, write_record
 from validate.suite import find_suite
@@ -145,6 +147,12 @@ def _collect(engine: Engine, outcome: Outcome, release: str, cfg: ServeConfig, r
     outcome.launch_failures.update(res["launch_failures"])
     for text in res["records"]:
         rec = Record.model_validate(json.loads(text))
+        # The node hashed its own checkout and may run other engine code: the driver decides what counts.
+        why = tree_mismatch(rec, engine.tree, cfg.expects_plugin)
+        if why:
+            was = f"recorded on the node as {rec.verdict.status}" + (f" ({rec.verdict.cause})" if rec.verdict.cause else "")
+            rec.verdict = Verdict(status="wrong-tree", cause=f"not the tree under validation: {why}", reasons=[was])
+            say(f"[red]{rec.config}/{rec.suite}: wrong tree on its Ray node: {why}[/red]")
         write_record(record_path(engine.o.reports, release, rec.config, rec.suite), rec)
         outcome.records.append(rec)
         say(f"{rec.config}/{rec.suite}: {rec.verdict.status} (from its Ray node; kept there in {res['node_folder']})")

@@ -79,6 +79,39 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str) -> None:
         raise
 
 
+def _looks_local(path: str) -> bool:
+    """A path vLLM would read from disk rather than a hub id ("org/name" has a separator but no suffix)."""
+    return path.startswith(("/", "~", ".")) or (os.sep in path and Path(path).suffix != "")
+
+
+def model_problems(spec: ModelSpec, server_args: list[str] = ()) -> list[str]:
+    """Why the model of a configuration cannot be served here, checked without preparing anything: a missing
+    weights package or file, a local ``model.path`` that does not exist (a placeholder left in a seed
+    configuration), or a local ``"model"`` path inside a JSON server argument (a speculative-decoding drafter)
+    that does not exist. Empty when nothing is missing."""
+    import json
+
+    out = []
+    if spec.prepare is not None:
+        try:
+            locate_gguf(spec.prepare)
+        except InputError as e:
+            out.append(str(e))
+    elif spec.path and _looks_local(spec.path) and not Path(os.path.expanduser(spec.path)).exists():
+        out.append(f"model.path: {spec.path} does not exist (edit the configuration to point at the model)")
+    for arg in server_args:
+        if not arg.lstrip().startswith("{"):
+            continue
+        try:
+            obj = json.loads(arg)
+        except ValueError:
+            continue
+        drafter = obj.get("model") if isinstance(obj, dict) else None
+        if isinstance(drafter, str) and _looks_local(drafter) and not Path(os.path.expanduser(drafter)).exists():
+            out.append(f"server.extra_args: the model {drafter} named in {arg[:60]!r} does not exist")
+    return out
+
+
 def resolve_model(spec: ModelSpec, cache: Path | None = None, log=print) -> str:
     """The path (or hub id) to pass to vLLM's ``--model``, preparing it first when the spec says so.
 
@@ -88,7 +121,7 @@ def resolve_model(spec: ModelSpec, cache: Path | None = None, log=print) -> str:
     if spec.prepare is None:
         assert spec.path is not None
         p = Path(os.path.expanduser(spec.path))
-        if (spec.path.startswith(("/", "~", ".")) or os.sep in spec.path and p.suffix) and not p.exists():
+        if _looks_local(spec.path) and not p.exists():
             raise InputError(f"model.path: {spec.path} does not exist (edit the configuration to point at the model)")
         return str(p) if p.exists() else spec.path
     src = spec.prepare

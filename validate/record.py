@@ -21,7 +21,10 @@ SCHEMA_VERSION = 1
 # Formula versions: bump when a metric's definition changes, so records of different formulas never compare.
 METRICS_FORMULA_VERSION = 1
 
-Status = Literal["pass", "fail", "error", "wrong-tree", "skipped"]
+Status = Literal["pass", "fail", "error", "wrong-tree", "plugin-inactive", "skipped"]
+#: Verdicts that are findings about the release (exit status 1): a gate failed, or the server did not run what
+#: was to be validated. ``error`` and ``skipped`` say that something could not be checked (exit status 2).
+FINDING_STATUSES = frozenset({"fail", "wrong-tree", "plugin-inactive"})
 
 
 class Verdict(BaseModel):
@@ -29,7 +32,9 @@ class Verdict(BaseModel):
 
     ``pass``: every gate held. ``fail``: a gate failed (a real finding). ``error``: the suite could not run
     or finish (launch failed, server died, bad data): attributed by ``cause``. ``wrong-tree``: the server did not
-    run the tree under validation; nothing from it counts. ``skipped``: not run (``cause`` says why).
+    run the tree under validation; nothing from it counts. ``plugin-inactive``: the server ran the tree, but an op
+    dispatch its configuration's knobs ask for is not installed in every server process (or an install failed);
+    nothing from it counts. ``skipped``: not run (``cause`` says why).
     """
 
     status: Status
@@ -72,6 +77,7 @@ class ServerInfo(BaseModel):
     log: str | None = None  # log file name, relative to the record folder
     startup_s: float | None = None
     kv_cache_tokens: int | None = None
+    dispatch: dict[str, list[str]] | None = None  # pid -> r9k op dispatch installed there (from provenance)
 
 
 class Dataset(BaseModel):
@@ -146,27 +152,60 @@ def record_path(reports: Path, release: str, config: str, suite: str) -> Path:
 HISTORY = "history"
 
 
-def write_record(path: Path, record: Record) -> Path:
-    """Write ``record`` as JSON at ``path`` atomically (temp file + rename in the same folder).
+RECORD_MODE = 0o644  # records are read by the group (CI, other users of the box), written by the engine
 
-    A record already at ``path`` (an earlier run of the same suite) moves to ``history/<suite>.<n>.json``
-    beside it first: repeated runs make the run-to-run band, and nothing measured is lost.
+
+def _history_index(hist: Path, stem: str) -> int:
+    """One past the highest ``<stem>.<n>.json`` in ``hist``: a gap left by a deleted file never makes the next
+    move overwrite a kept one."""
+    taken = [int(m.group(1)) for p in hist.glob(f"{stem}.*.json")
+             if (m := re.fullmatch(re.escape(stem) + r"\.(\d+)\.json", p.name))]
+    return max(taken, default=-1) + 1
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_record(path: Path, record: Record) -> Path:
+    """Write ``record`` as JSON at ``path`` atomically: a temp file in the same folder, written, flushed and
+    fsynced, mode 0644, renamed over ``path``, and the folder fsynced, so a crash or a full disk leaves either
+    the old record or the new one, never a torn file.
+
+    A record already at ``path`` (an earlier run of the same suite) moves to ``history/<suite>.<n>.json`` beside
+    it, with n one past the highest kept (repeated runs make the run-to-run band; nothing measured is lost),
+    but only once the new record is safely written.
+
+    Raises:
+        OSError: the folder cannot be written (e.g. ENOSPC); the earlier record is then left where it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        hist = path.parent / HISTORY
-        hist.mkdir(exist_ok=True)
-        n = len(list(hist.glob(f"{path.stem}.*.json")))
-        os.replace(path, hist / f"{path.stem}.{n}.json")
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(record.model_dump_json(indent=1))
             fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, RECORD_MODE)
+        if path.exists():
+            hist = path.parent / HISTORY
+            hist.mkdir(exist_ok=True)
+            os.replace(path, hist / f"{path.stem}.{_history_index(hist, path.stem)}.json")
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
     return path
 
 
@@ -188,7 +227,9 @@ def read_record(path: Path) -> Record:
 def record_history(reports: Path, release: str, config: str, suite: str) -> list[Record]:
     """The current record of (release, config, suite) and every earlier run of it kept in ``history/``."""
     cur = record_path(reports, release, config, suite)
-    paths = ([cur] if cur.exists() else []) + sorted((cur.parent / HISTORY).glob(f"{suite}.*.json"))
+    kept = [(int(m.group(1)), p) for p in (cur.parent / HISTORY).glob(f"{suite}.*.json")
+            if (m := re.fullmatch(re.escape(suite) + r"\.(\d+)\.json", p.name))]
+    paths = ([cur] if cur.exists() else []) + [p for _, p in sorted(kept)]
     return [read_record(p) for p in paths]
 
 

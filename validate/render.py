@@ -114,6 +114,8 @@ def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
         return f"did not complete: {rec.verdict.cause}"
     if st == "wrong-tree":
         return f"ran on another tree: {rec.verdict.cause}"
+    if st == "plugin-inactive":
+        return f"the plugin was not active: {rec.verdict.cause}"
     if st == "skipped":
         return f"skipped: {rec.verdict.cause}"
     reasons = []

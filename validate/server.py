@@ -333,3 +333,76 @@ def external(url: str, model: str) -> Server:
 
     asyncio.run(check())
     return srv
+
+
+def served_max_model_len(url: str, model: str, timeout_s: float = 10.0) -> int | None:
+    """``max_model_len`` of ``model`` as the server's GET /v1/models states it (vLLM does), or None."""
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        for m in r.json().get("data", []) if r.status_code == 200 else []:
+            if m.get("id") == model and isinstance(m.get("max_model_len"), int):
+                return m["max_model_len"]
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return None
+
+
+_DEATH_RE = re.compile(r"Traceback \(most recent call last\)|died|killed|Killed|Segmentation fault|core dumped|"
+                       r"EngineDeadError|\bERROR\b|CRITICAL|Fatal|out of memory|OutOfMemory|exit code", re.I)
+_NOISE_RE = re.compile(r'"(?:POST|GET) /|HTTP/1\.1" \d{3}')  # access-log lines of the failed requests
+
+
+def death_evidence(log_path: Path | None, offset: int = 0, max_lines: int = 12) -> list[str]:
+    """The log lines that explain a server's death: from byte ``offset`` of ``log_path`` (where the suite began),
+    the first error lines and the first traceback, with its exception line, in the order printed.
+
+    A dead engine core is followed by one error per request the API server still answers; those repeat, so each
+    distinct line is kept once and access-log lines are left out. Empty when there is no log.
+    """
+    if log_path is None:
+        return []
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read(8 << 20).decode(errors="replace")
+    except OSError:
+        return []
+    lines = text.splitlines()
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def keep(ln: str) -> None:
+        ln = ln.rstrip()
+        key = re.sub(r"\d", "", ln)  # the same error of another request or pid is the same line
+        if ln and key not in seen and len(out) < max_lines:
+            seen.add(key)
+            out.append(ln[:400])
+
+    i = 0
+    while i < len(lines) and len(out) < max_lines:
+        ln = lines[i]
+        if "Traceback (most recent call last)" in ln:
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith((" ", "\t")) or "Traceback" in lines[j]
+                                      or lines[j].lstrip("(").split(" ")[0].startswith(("EngineCore", "Worker", "APIServer"))
+                                      and ("File " in lines[j] or lines[j].strip().endswith(")"))):
+                j += 1
+            frames = [x for x in lines[i + 1:j] if "File " in x][-2:]
+            for x in [ln] + frames + lines[j:j + 1]:
+                keep(x)
+            i = j + 1
+            continue
+        if _DEATH_RE.search(ln) and not _NOISE_RE.search(ln):
+            keep(ln)
+        i += 1
+    return out
+
+
+def log_size(log_path: Path | None) -> int:
+    """Bytes in ``log_path`` now (0 when missing): where a suite's part of an appended log begins."""
+    try:
+        return log_path.stat().st_size if log_path is not None else 0
+    except OSError:
+        return 0

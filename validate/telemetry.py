@@ -139,6 +139,7 @@ class Sampler:
     samples: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     totals: dict[str, float] = field(default_factory=dict)
     backends: list[str] = field(default_factory=list)
+    t0: float = field(default_factory=time.monotonic)  # time.monotonic() of t_s = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         active = []
@@ -149,7 +150,7 @@ class Sampler:
             except (psutil.Error, OSError):
                 pass
         self.backends = [b.name for b in active]
-        t0 = time.monotonic()
+        t0 = self.t0 = time.monotonic()
         while not stop.is_set():
             row: dict[str, float] = {}
             for b in active:

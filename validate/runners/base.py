@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from validate.client import OpenAIClient
 from validate.config import ServeConfig
@@ -21,10 +21,18 @@ class RunContext:
     data_dir: Path | None
     record_dir: Path
     server_alive: Callable[[], bool] = lambda: True
+    # server_gone(): None while the server serves, else why it is gone (process exited, /health not 200)
+    server_gone: Callable[[], Awaitable[str | None]] = None  # type: ignore[assignment]
     server_pid: int | None = None  # the launched server's main process (None for --url servers)
     # progress(advance, total=None, description=None): the CLI binds it to a rich progress bar
     progress: Callable[..., None] = lambda *a, **k: None
     log: Callable[[str], None] = print
+
+    def __post_init__(self):
+        if self.server_gone is None:
+            async def never() -> str | None:
+                return None
+            self.server_gone = never
 
 
 @dataclass
@@ -37,3 +45,4 @@ class SuiteResult:
     dataset: Dataset | None = None
     errors: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)  # gate-independent failures (e.g. a bad answer), verdict "fail"
+    server_died: str | None = None  # the runner found the server dead: why, when, and what happened before

@@ -5,6 +5,11 @@ Verdict: zero errors; memory flat (least-squares slope of every series over the 
 ``max_slope_mib_per_min``, both recorded) and peak below total. A leak grows without end; first-touch of a
 CPU KV cache and allocator warm-up grow early and plateau, which is why the first half is left out. Reported: requests served, prompt and
 output tok/s, peak and slope per memory series. Samples are kept in the record even when the server dies.
+
+A server that dies mid-soak (its process exits, or /health stops answering 200: vLLM's API server outlives its
+engine core and answers every request with an error at once) is noticed at the first failed request: no
+client sends another, the requests in flight are counted as cut by the death rather than as the server's
+failures, and memory is fitted over the samples taken while it lived.
 """
 from __future__ import annotations
 
@@ -48,14 +53,25 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     sampler_task = asyncio.create_task(sampler.run(stop))
     deadline = time.monotonic() + p.duration_s
     ctx.progress(0, total=int(p.duration_s), description="soak")
-    served = errors = prompt_tok = out_tok = 0
+    served = errors = cut = prompt_tok = out_tok = 0
     first_errors: list[str] = []
     lengths: list[int] = []
+    death: dict = {}  # {"at": monotonic time, "cause": str} once the server is found dead
     # Log-uniform lengths: a 200-30k range drawn uniformly would almost never send a short prompt.
     draw = lambda rng: int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))  # noqa: E731
 
+    async def check_death() -> bool:
+        """After a failure: is the server gone? Then stop every client at once (a dead engine answers each new
+        request with an error in milliseconds, and thousands of those would read as the server's failures)."""
+        if not death:
+            cause = await ctx.server_gone()
+            if cause and not death:
+                death.update(at=time.monotonic(), cause=cause)
+                stop.set()
+        return bool(death)
+
     async def client(k: int):
-        nonlocal served, errors, prompt_tok, out_tok
+        nonlocal served, errors, cut, prompt_tok, out_tok
         rng = random.Random(p.seed * 1000 + k)
         while time.monotonic() < deadline and not stop.is_set():
             n = draw(rng)
@@ -65,12 +81,12 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
                 served += 1
                 prompt_tok += r.prompt_tokens or 0
                 out_tok += r.output_tokens or 0
+            elif death or await check_death():
+                cut += 1  # in flight when the server died, or the failure that revealed its death
             else:
                 errors += 1
                 if len(first_errors) < 5:
                     first_errors.append(r.error or "?")
-                if not ctx.server_alive():
-                    stop.set()
 
     async def ticker():
         t0 = time.monotonic()
@@ -88,11 +104,13 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     stop.set()
     await sampler_task
     tick.cancel()
-    series = sorted({k for _, row in sampler.samples for k in row})
+    # Memory is judged over the server's life only: samples after its death show a process tree being torn down.
+    life = sampler.samples if not death else [(t, row) for t, row in sampler.samples if t <= death["at"] - sampler.t0]
+    series = sorted({k for _, row in life for k in row})
     memory = {}
     for name in series:
-        vals = [row[name] for _, row in sampler.samples if name in row]
-        slope = slope_mib_per_min(sampler.samples, name, p.slope_skip_fraction)
+        vals = [row[name] for _, row in life if name in row]
+        slope = slope_mib_per_min(life, name, p.slope_skip_fraction)
         total = sampler.totals.get(name)
         memory[name] = {"peak": max(vals), "first": vals[0], "last": vals[-1], "slope_mib_per_min": None if slope is None else round(slope, 2),
                         "total": total, "flat": slope is None or slope <= p.max_slope_mib_per_min,
@@ -103,7 +121,12 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
         "prompt_tokens_range": [lo, hi], "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1) if lengths else None,
         "memory": memory, "memory_backends": sampler.backends, "max_slope_mib_per_min": p.max_slope_mib_per_min,
         "samples": [[t, row] for t, row in sampler.samples],
+        "server_died_at_s": round(death["at"] - t0, 1) if death else None,
+        "cut_by_death": cut, "memory_samples_in_life": len(life),
     }
+    if death:
+        out.server_died = (f"{death['cause']}, {death['at'] - t0:.1f} s into the soak; before it {served} requests were "
+                           f"served and {errors} failed, {cut} were cut by the death")
     if errors:
         out.errors.append(f"{errors} of {served + errors} requests failed; first: {first_errors[0]}")
     for name, m in memory.items():

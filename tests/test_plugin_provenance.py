@@ -1,0 +1,107 @@
+"""The plugin's provenance line says which dispatch runs in each process; the engine refuses a server where a
+dispatch its configuration's knobs ask for is missing or failed ("plugin-inactive")."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import r9k
+from r9k import ops, provenance
+from validate.config import ServeConfig
+from validate.engine import check_dispatch, dispatch_by_pid
+
+
+def _cfg(**env) -> ServeConfig:
+    return ServeConfig(name="c", model={"path": "m", "served_name": "m"},
+                       server={"max_num_seqs": 4, "max_model_len": 4096}, env=env)
+
+
+def test_line_lists_installed_and_failed_dispatch_and_parses_back():
+    text = provenance.line(["gdn_conv", "gdn_seq"], ["gdn"])
+    assert text.endswith(" dispatch=gdn_conv,gdn_seq failed=gdn")
+    (p,) = provenance.parse("INFO x " + text)
+    assert p.dispatch == ("gdn_conv", "gdn_seq") and p.failed == ("gdn",)
+    (q,) = provenance.parse(provenance.line())
+    assert q.dispatch == () and q.failed == () and q.raw.endswith("dispatch=- failed=-")
+    # a line without the fields (a plugin that predates them) says nothing either way
+    (old,) = provenance.parse("R9K-PROVENANCE version=0.1.0 source_hash=00ff files=3 pid=7")
+    assert old.dispatch is None and old.failed is None
+
+
+def _register(monkeypatch, install):
+    monkeypatch.setattr(r9k, "_registered", False)
+    monkeypatch.setattr(ops, "kernels_can_run", lambda: (True, ""))
+    from r9k.ops import gdn
+
+    monkeypatch.setattr(gdn, "install", install)
+    lines = []
+    monkeypatch.setattr(provenance, "log_once", lambda d=(), f=(): lines.append(provenance.line(d, f)))
+    r9k.register()
+    return lines
+
+
+def test_register_installs_first_then_logs_what_is_installed(monkeypatch):
+    lines = _register(monkeypatch, lambda: ["gdn_seq <- m.ChunkGatedDeltaRule.forward", "gdn_conv <- m.causal_conv1d_fn",
+                                            "gdn_seq <- o.chunk_gated_delta_rule"])
+    assert len(lines) == 1 and lines[0].endswith("dispatch=gdn_conv,gdn_seq failed=-")
+
+
+def test_an_install_that_raises_is_named_in_the_line_not_swallowed(monkeypatch, caplog):
+    def boom():
+        raise RuntimeError("vLLM moved the layer")
+
+    with caplog.at_level(logging.ERROR, logger="r9k"):
+        lines = _register(monkeypatch, boom)
+    assert lines[0].endswith("dispatch=- failed=gdn")
+    assert "GDN dispatch not installed" in caplog.text
+
+
+def test_nothing_is_installed_where_the_kernels_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    got = ops.install()
+    assert got.names == [] and got.failed == [] and "no CUDA or ROCm device" in got.skipped["gdn"]
+
+
+def _lines(*dispatches, failed=""):
+    return [f"R9K-PROVENANCE version=0.1.0 source_hash=ab files=3 pid={100 + i} dispatch={d} failed={failed or '-'}"
+            for i, d in enumerate(dispatches)]
+
+
+@pytest.mark.parametrize("env,lines,why", [
+    ({"R9K_GDN_PREFILL_MAX": "256"}, _lines("-", "-"),
+     "R9K_GDN_PREFILL_MAX=256 asks for the gdn_seq dispatch, which 2 of 2 server process(es) did not install (pid 100, 101)"),
+    ({"R9K_GDN_PREFILL_MAX": "256"}, _lines("gdn_seq,gdn_conv", "-"),
+     "R9K_GDN_PREFILL_MAX=256 asks for the gdn_seq dispatch, which 1 of 2 server process(es) did not install (pid 101)"),
+    ({}, _lines("-", failed="gdn"), "op dispatch failed to install in the server: gdn (100)"),
+])
+def test_check_dispatch_refuses_a_server_without_the_asked_dispatch(env, lines, why):
+    assert check_dispatch(_cfg(**env), lines) == why
+
+
+def test_check_dispatch_accepts_what_the_knobs_ask_for():
+    assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="256"), _lines("gdn_seq,gdn_conv", "gdn_conv,gdn_seq")) is None
+    assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="0"), _lines("-")) is None  # stock value: nothing asked
+    assert check_dispatch(_cfg(), _lines("-", "-")) is None
+    assert dispatch_by_pid(_lines("gdn_seq", "-")) == {"100": ["gdn_seq"], "101": []}
+
+
+def test_a_fake_server_without_the_dispatch_is_plugin_inactive(scratch):
+    """End to end through the launcher: the configuration asks for the GDN dispatch, the server's provenance
+    line (printed by the synthetic server as the plugin would) lists none: nothing runs, exit status 1."""
+    import json
+
+    from tests.conftest import fake_procs
+    from validate.cli import main
+
+    tag = scratch.config("fake-inactive", R9K_GDN_PREFILL_MAX=256)
+    assert main(["suite", "fake-sanity", "--config", "fake-inactive", "--release", "pi"]) == 1
+    rec = json.loads((scratch.root / "reports" / "pi" / "fake-inactive" / "fake-sanity.json").read_text())
+    assert rec["verdict"]["status"] == "plugin-inactive"
+    assert "R9K_GDN_PREFILL_MAX=256 asks for the gdn_seq dispatch" in rec["verdict"]["cause"]
+    assert rec["items"] == [] and rec["server"]["provenance_ok"] is True
+    assert list(rec["server"]["dispatch"].values()) == [[]]
+    assert fake_procs(tag) == []

@@ -1,0 +1,221 @@
+"""What a release run says when parts of it cannot run: every configuration is attempted, its failures become
+records with their cause, the notes render, and the exit status names the worst outcome (a finding over an
+error). Also how records are written: atomically, readable by the group, history never overwritten."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+
+import pytest
+import yaml
+
+from tests.conftest import fake_procs
+from tests.test_records_render import rec
+from validate.cli import main
+from validate.engine import Outcome, tree_mismatch
+from validate.errors import combine_exit
+from validate.record import Tree, Verdict, record_history, record_path, write_record
+
+
+def _placeholder(scratch, name: str, **extra) -> None:
+    """A seed-like configuration: its model path is a placeholder that does not exist here."""
+    cfg = {"name": name, "model": {"path": f"/models/{name}-placeholder", "served_name": name},
+           "server": {"max_num_seqs": 4, "max_model_len": 4096, "entrypoint": "tests.fake_vllm"}, **extra}
+    (scratch.root / "serve" / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    cl = yaml.safe_load((scratch.root / "suites" / "release.yaml").read_text())
+    cl["configs"] = cl["configs"] + [name]
+    (scratch.root / "suites" / "release.yaml").write_text(yaml.safe_dump(cl))
+
+
+def _rec(scratch, release, cfg, suite="fake-sanity"):
+    return json.loads((scratch.root / "reports" / release / cfg / f"{suite}.json").read_text())
+
+
+def test_placeholder_configurations_do_not_end_the_release(scratch, capsys):
+    """One runnable configuration and two that cannot start here (a missing model path; GPUs this machine
+    lacks): the runnable one runs and passes, the others get error records with their cause, the notes render
+    with them under Not checked, every problem is said before anything launches, and the exit status is 2."""
+    tag = scratch.config("fake-ok")
+    _placeholder(scratch, "seed-a")
+    _placeholder(scratch, "seed-b", hardware={"gpus": 4, "kind": "r9700"})
+    assert main(["release", "v7", "--baseline", "none"]) == 2
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert out.index("preflight: serve/seed-a.yaml") < out.index("fake-ok: launching")
+    assert out.index("preflight: serve/seed-b.yaml") < out.index("fake-ok: launching")
+    assert _rec(scratch, "v7", "fake-ok")["verdict"]["status"] == "pass"
+    a, b = _rec(scratch, "v7", "seed-a"), _rec(scratch, "v7", "seed-b")
+    assert a["verdict"]["status"] == b["verdict"]["status"] == "error"
+    assert a["verdict"]["cause"] == ("not run: serve/seed-a.yaml: model.path: /models/seed-a-placeholder does not "
+                                     "exist (edit the configuration to point at the model)")
+    assert "hardware: needs 4 GPU(s) of kind 'r9700'; this machine shows no GPU" in b["verdict"]["cause"]
+    notes = (scratch.root / "reports" / "v7" / "RELEASE.md").read_text()
+    nc = notes.split("## Not checked")[1].split("##")[0]
+    assert "- seed-a / fake-sanity: did not complete: not run: serve/seed-a.yaml: model.path:" in nc
+    assert "- seed-b / fake-sanity: did not complete: not run: serve/seed-b.yaml:" in nc
+    assert "fake-ok" not in nc
+    assert "exit status 2: 2 suite(s) not checked: seed-a/fake-sanity, seed-b/fake-sanity" in out
+    assert fake_procs(tag) == []
+
+
+def test_a_failure_is_not_hidden_behind_an_error(scratch, capsys):
+    scratch.config("fake-ok")
+    path = scratch.root / "suites" / "fake-sanity.yaml"
+    path.write_text(path.read_text().replace("max:\n    bad: 0", "max:\n    bad: 0\n  min:\n    n: 1000"))
+    _placeholder(scratch, "seed-a")
+    assert main(["release", "v8", "--baseline", "none"]) == 1
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "exit status 1: 1 finding(s): fake-ok/fake-sanity fail; 1 suite(s) not checked: seed-a/fake-sanity" in out
+
+
+@pytest.mark.parametrize("statuses,code", [
+    (["pass"], 0), (["pass", "error"], 2), (["error", "fail"], 1), (["wrong-tree", "error"], 1),
+    (["plugin-inactive"], 1), (["skipped"], 2), ([], 0),
+])
+def test_exit_status_precedence(statuses, code):
+    out = Outcome(records=[rec("c", f"s{i}", status=s) for i, s in enumerate(statuses)])
+    assert out.exit_code() == code
+    assert combine_exit(2, 1) == combine_exit(1, 2) == 1 and combine_exit(0, 2) == 2 and combine_exit(130, 1) == 130
+
+
+def test_bad_input_is_said_all_at_once_and_nothing_launches(scratch, capsys):
+    tag = scratch.config("fake-ok")
+    path = scratch.root / "suites" / "fake-sanity.yaml"
+    path.write_text(path.read_text() + "rounds_typo: 3\n")
+    cfg_path = scratch.root / "serve" / "fake-ok.yaml"
+    cfg = yaml.safe_load(cfg_path.read_text())
+    cfg["env"]["R9K_GDN_PREFIL_MAX"] = "64"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    assert main(["release", "v9", "--baseline", "none"]) == 2
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "env.R9K_GDN_PREFIL_MAX: not a registered R9K_* knob" in out
+    assert "fake-sanity.yaml:" in out and "rounds_typo: unknown key" in out  # both problems, one run
+    assert fake_procs(tag) == [] and not (scratch.root / "reports" / "v9").exists()
+
+
+def test_history_keeps_every_record_across_a_gap(tmp_path):
+    path = record_path(tmp_path, "v9", "c", "sanity")
+    for n in range(3):
+        write_record(path, rec("c", "sanity", metrics={"run": n}))
+    hist = path.parent / "history"
+    assert sorted(p.name for p in hist.iterdir()) == ["sanity.0.json", "sanity.1.json"]
+    (hist / "sanity.0.json").unlink()  # a gap: one file left, named .1
+    write_record(path, rec("c", "sanity", metrics={"run": 3}))
+    assert sorted(p.name for p in hist.iterdir()) == ["sanity.1.json", "sanity.2.json"]
+    assert [r.metrics["run"] for r in record_history(tmp_path, "v9", "c", "sanity")] == [3, 1, 2]
+
+
+def test_records_are_group_readable(tmp_path):
+    old = os.umask(0o077)
+    try:
+        p = write_record(record_path(tmp_path, "v9", "c", "sanity"), rec("c", "sanity"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o644
+
+
+def test_a_full_disk_keeps_the_earlier_record(tmp_path, monkeypatch):
+    path = record_path(tmp_path, "v9", "c", "sanity")
+    write_record(path, rec("c", "sanity", metrics={"run": 0}))
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_record(path, rec("c", "sanity", metrics={"run": 1}))
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert json.loads(path.read_text())["metrics"] == {"run": 0}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["sanity.json"]  # no temp file, nothing moved
+
+
+def test_a_ray_record_from_another_checkout_is_wrong_tree():
+    r = rec("c", "sanity", tree="bbbb")
+    r.tree.engine_hash = "e1"
+    mine = Tree(source_hash="aaaa", engine_hash="e1")
+    assert tree_mismatch(r, mine, True) == ("the node's checkout has plugin source bbbb, the tree under validation "
+                                            "is aaaa; its server ran plugin source bbbb")
+    r2 = rec("c", "sanity", tree="aaaa")
+    r2.tree.engine_hash = "e2"
+    assert tree_mismatch(r2, mine, True) == "the node's engine and suites hash e2, the driver's e1"
+    r3 = rec("c", "sanity", tree="aaaa")
+    r3.tree.engine_hash = "e1"
+    assert tree_mismatch(r3, mine, True) is None
+
+
+def test_ray_collect_turns_a_foreign_record_into_wrong_tree(scratch):
+    from validate.engine import Engine, RunOptions
+    from validate.executors import _collect
+
+    scratch.config("fake-ok")
+    engine = Engine(RunOptions(root=scratch.root, reports=scratch.root / "reports"))
+    foreign = rec("fake-ok", "fake-sanity", tree="ffff")
+    foreign.tree.engine_hash = engine.tree.engine_hash
+    out = Outcome()
+    _collect(engine, out, "vr", engine.config("fake-ok"),
+             {"records": [foreign.model_dump_json()], "launch_failures": {}, "server_log": None, "node_folder": "/x"},
+             say=lambda m: None)
+    r = _rec(scratch, "vr", "fake-ok")
+    assert r["verdict"]["status"] == "wrong-tree" and "plugin source ffff" in r["verdict"]["cause"]
+    assert r["verdict"]["reasons"] == ["recorded on the node as pass"]
+    assert out.exit_code() == 1
+
+
+@pytest.fixture
+def external_server(tmp_path):
+    """The synthetic server started by hand, as someone else's running server."""
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from tests.conftest import REPO
+    from validate.server import free_port, port_in_use
+
+    port, tag = free_port(), f"fake-{uuid.uuid4().hex[:10]}"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.fake_vllm", "--port", str(port), "--served-model-name", tag],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 20
+    while not port_in_use("127.0.0.1", port) and time.time() < deadline:
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}", tag, port
+    proc.kill()
+    proc.wait()
+
+
+def test_a_url_run_is_recorded_under_the_external_server_not_cpu_smol(scratch, external_server, capsys):
+    url, tag, port = external_server
+    assert main(["suite", "fake-sanity", "--url", url, "--model", tag, "--release", "u1"]) == 2
+    assert "give --max-num-seqs N" in capsys.readouterr().out.replace("\n", " ")
+    assert main(["suite", "fake-sanity", "--url", url, "--model", tag, "--max-num-seqs", "4",
+                 "--max-model-len", "4096", "--release", "u1"]) == 0
+    runs = sorted(p.name for p in (scratch.root / "reports" / "u1").iterdir())
+    assert runs == [f"external-127.0.0.1-{port}-{tag}"]  # nothing under cpu-smol
+    r = _rec(scratch, "u1", runs[0])
+    assert r["config_snapshot"]["model"]["path"] == url and r["server"]["launched"] is False
+    assert r["config_snapshot"]["server"]["max_num_seqs"] == 4 and r["metrics"]["max_num_seqs"] == 4
+    assert r["server"]["provenance_ok"] is None  # no --server-log: not checked, and the notes say so
+
+
+def test_death_evidence_picks_the_traceback_not_the_request_noise(tmp_path):
+    from validate.server import death_evidence
+
+    log = tmp_path / "server.log"
+    before = "INFO started\n" * 50
+    log.write_text(before + "".join(
+        f'(APIServer pid=1) INFO:     127.0.0.1:{5000 + i} - "POST /v1/completions HTTP/1.1" 500 Internal Server Error\n'
+        for i in range(3)) +
+        "(APIServer pid=1) ERROR 12-01 10:00:00 [core_client.py:600] Engine core proc EngineCore died unexpectedly, shutting down client.\n"
+        "(APIServer pid=1) Traceback (most recent call last):\n"
+        '(APIServer pid=1)   File "/x/async_llm.py", line 410, in generate\n'
+        "(APIServer pid=1)     raise EngineDeadError()\n"
+        "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+        + "(APIServer pid=1) ERROR 12-01 10:00:01 [serving.py:1] EngineDeadError: EngineCore encountered an issue.\n" * 500)
+    got = death_evidence(log, offset=len(before))
+    assert got[0].endswith("Engine core proc EngineCore died unexpectedly, shutting down client.")
+    assert any("Traceback" in x for x in got) and any(x.endswith("EngineCore encountered an issue.") for x in got)
+    assert not any("POST /v1" in x for x in got) and len(got) <= 6
+    assert death_evidence(log, offset=log.stat().st_size) == [] and death_evidence(None) == []
