@@ -1,10 +1,14 @@
 """Strict sanity: answers must stay right when more requests arrive than max_num_seqs.
 
-First every prompt runs alone (concurrency 1): that is the solo reference. Then, for each overload factor
-``m``, ``ceil(m * max_num_seqs)`` requests (prompts cycled) are sent at once, ``rounds`` times. A *bad* answer
-is one the model gets right solo and wrong under load, or garbage (empty, replacement characters, control
-characters, or one token repeated over ``garbage_repeat`` times in a row). Answers that differ from the solo
-text but stay right are counted as divergent (numerics of batching), not bad. A failed request is an error.
+First every prompt runs alone (concurrency 1): that is the solo reference, and it is gated itself: every
+prompt has a known answer, so a server that gets fewer than ``min_solo_right_share`` of them right alone fails
+(naming the prompts), and a garbage solo answer is bad. Without that gate a server whose kernels corrupt every
+answer the same way solo and under load would pass, since nothing it says under load would differ. Then, for
+each overload factor ``m``, ``ceil(m * max_num_seqs)`` requests (prompts cycled) are sent at once, ``rounds``
+times. A *bad* answer under load is one the model gets right solo and wrong under load, or garbage (empty,
+replacement characters, control characters, or one token repeated over ``garbage_repeat`` times in a row).
+Answers that differ from the solo text but stay right are counted as divergent (numerics of batching), not
+bad. A failed request is an error.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ class SanityParams(BaseModel):
     rounds: int = Field(1, ge=1, description="times each overload batch is sent")
     max_tokens: int = Field(48, ge=1)
     garbage_repeat: int = Field(12, ge=2, description="a token repeated more than this in a row is garbage")
+    min_solo_right_share: float = Field(1.0, ge=0, le=1, description="share of the prompts the server must answer "
+                                        "right alone; fewer fails the suite, naming the prompts")
     after_long_prompt_tokens: int = Field(0, ge=0, description="also run each batch alongside a long prefill of this "
                                           "many tokens (capped by max_model_len); 0 = short prompts only")
 
@@ -120,14 +126,30 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     if solo_errors:
         out.errors += solo_errors
         return out
-    solo_right = {k: is_right(r.text, q["expect"]) for q in prompts for k, r in [(q["id"], solo[q["id"]])]}
+    solo_right = {q["id"]: is_right(solo[q["id"]].text, q["expect"]) for q in prompts}
+    bad = 0
     for q in prompts:
         r = solo[q["id"]]
-        out.items.append(Item(id=f"{q['id']}/solo", prompt_hash=sha256_text(q["prompt"]), condition="solo", gen=gen,
-                              output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), correct=solo_right[q["id"]]))
+        item = Item(id=f"{q['id']}/solo", prompt_hash=sha256_text(q["prompt"]), condition="solo", gen=gen,
+                    output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), correct=solo_right[q["id"]])
+        why = garbage_reason(r, p.garbage_repeat)
+        if why:
+            item.bad = why
+            bad += 1
+            solo_right[q["id"]] = False  # garbage that happens to contain the answer is not a right answer
+            item.correct = False
+            out.findings.append(f"bad answer {item.id} (solo): {why}")
+        out.items.append(item)
+    solo_bad = bad
+    wrong_solo = [q["id"] for q in prompts if not solo_right[q["id"]]]
+    need = math.ceil(p.min_solo_right_share * len(prompts) - 1e-9)
+    if len(prompts) - len(wrong_solo) < need:
+        out.findings.append(f"solo answers: {len(prompts) - len(wrong_solo)} of {len(prompts)} right alone, fewer than "
+                            f"the {need} that min_solo_right_share={p.min_solo_right_share:g} asks; wrong solo: "
+                            + ", ".join(wrong_solo))
 
     per_cond: dict[str, dict[str, int]] = {}
-    bad = divergent = errors = n_load = 0
+    divergent = errors = n_load = 0
     rng = random.Random(0)
     for batch_no, (m, rnd, n, long_len) in enumerate(batches):
         chosen = [prompts[i % len(prompts)] for i in range(n)]
@@ -176,7 +198,9 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         out.errors.append(f"{errors} of {n_load} requests under load failed")
     out.metrics = {
         "n": n_load, "bad": bad, "divergent": divergent, "errors": errors,
-        "solo_right": sum(solo_right.values()), "prompts": len(prompts),
+        "solo_right": sum(solo_right.values()), "prompts": len(prompts), "solo_wrong": wrong_solo, "solo_bad": solo_bad,
+        "solo_right_share": round(sum(solo_right.values()) / len(prompts), 6),
+        "min_solo_right_share": p.min_solo_right_share,
         "conditions": per_cond, "max_num_seqs": mns,
     }
     return out
