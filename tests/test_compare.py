@@ -126,3 +126,39 @@ def test_alpha_must_be_a_probability(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["gate", "v2", "--against", "v1", "--alpha", "5", "--reports", str(tmp_path)])
     assert e.value.code == 2 and "5 is not in (0, 1)" in capsys.readouterr().err
+
+
+def test_a_small_eval_says_it_could_not_have_detected_a_regression(tmp_path):
+    """40 questions (the quick profile's GSM8K subset) with 2 lost and 1 gained: not significant, and the notes
+    must say that no regression could have been detected with 80% power, not "no difference"."""
+    from validate.compare import attach_sensitivity
+    from validate.stats import paired_diff_ci
+
+    n = 40
+    base = eval_record("v1", {0, 1, 2, 3}, subset=True)
+    cand = eval_record("v2", {2, 3, 4}, subset=True)
+    base.items, cand.items = base.items[:n], cand.items[:n]
+    t = pair(base, cand)
+    attach_sensitivity([t], 0.05)
+    assert (t.b, t.c, t.n) == (2, 1, n) and not t.regression
+    assert t.min_flaggable_drop == 5  # 0.5^5 = 0.031 <= 0.05 < 0.5^4
+    assert t.mdr == float("inf")      # 3 discordant of 40: even all of them lost would not reach 80% power
+    ci = paired_diff_ci(2, 2, 1, 35)
+    assert t.diff_ci == (ci.lower, ci.upper) and ci.lower < -0.1 < 0.05 < ci.upper
+    assert t.verdict_text == "not significant; too few questions to detect a regression"
+    assert t.sensitivity == ("could not have detected a regression with 80% power at the observed discordant rate "
+                             "(3 of 40); a loss of at least 5 questions (12.5 points) with none gained is the least it can flag")
+
+
+def test_a_large_eval_states_its_minimum_detectable_regression():
+    from validate.compare import attach_sensitivity
+    from validate.stats import min_detectable_regression
+
+    base_right = set(range(0, 120))
+    cand_right = (base_right - set(range(0, 14))) | set(range(120, 136))
+    t = pair(eval_record("v1", base_right), eval_record("v2", cand_right))
+    attach_sensitivity([t, t], 0.05)  # two tasks: Holm's first step is alpha / 2
+    assert t.min_flaggable_drop == 6
+    assert t.mdr == pytest.approx(min_detectable_regression(N, 30 / N, 0.025, 0.8))
+    assert 0 < t.mdr < 30 / N and t.verdict_text == "no significant regression"
+    assert t.sensitivity.startswith(f"detects a drop of {100 * t.mdr:.1f} points with 80% power")

@@ -118,7 +118,12 @@ def test_numbers_carry_the_seeds_figures_and_changes(notes):
 
 def test_quality_gate_and_validation_record(notes):
     assert "| fn-tp4 | 1,263 of 1,319 (95.75%) | 95.75% / 95.75% | 162 / 164 passed, 0 timeouts | 0 bad of 1,040" in notes
-    assert "| fn-tp4 | gsm8k | 1,319 | 95.75% (1,263) | 95.75% (1,263) | 10 / 10 | 1.00 | 1.00 | 77.3% | no detectable difference |" in notes
+    assert ("| fn-tp4 | gsm8k | 1,319 | 95.75% (1,263) | 95.75% (1,263) | 10 / 10 | 1.00 | 1.00 | +0.0 points (-0.7 to +0.7) "
+            "| 77.3% | no significant regression |") in notes
+    # what the test could have seen: Holm over 6 tasks needs p <= 0.05 / 6, so 0.5^k <= 0.00833 gives k = 7
+    assert ("- fn-tp4 / gsm8k (1,319 questions): detects a drop of 1.1 points with 80% power at the observed discordant "
+            "rate (20 of 1,319); a loss of at least 7 questions (0.5 points) with none gained is the least it can flag.") in notes
+    assert "- fn-tp4 / humaneval (164 questions): no discordant questions, so no power estimate; a loss of at least 7" in notes
     assert "| fn-tp4 | 0 bad of 1,040 | 690 served, 0 errors, 16 clients, 25.0 min, 6,666 prompt tok/s | gpu0: peak 31,301 of 32,624 MiB, 0.4 MiB/min (flat) |" in notes
     assert "- The image pin moves to the 2026-10-12 vLLM nightly." in notes
     assert "- fn-tp4, derived from the records against v0.3.2: vllm 0.31.0rc2.dev118 -> 0.31.1rc1.dev296; r9k 0.3.2 -> 0.3.3." in notes

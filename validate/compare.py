@@ -13,7 +13,7 @@ from pathlib import Path
 
 from validate.errors import InputError
 from validate.record import Record, release_records
-from validate.stats import holm, mcnemar
+from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
 
 EVAL_SUITE_KINDS = ("gsm8k", "humaneval")
 # Suite parameters that cannot change a score (how many sandboxes run at once); every other one must match.
@@ -48,6 +48,11 @@ class PairedTask:
     p_holm: float = 1.0  # one-sided p after Holm across the tasks compared together
     regression: bool = False
     subset: bool = False
+    # What the test could have seen at this size (see attach_sensitivity); fractions of n.
+    diff_ci: tuple[float, float] | None = None  # 95% interval of candidate - baseline accuracy (Newcombe)
+    min_flaggable_drop: int | None = None  # fewest questions lost (none gained) that the gate would flag
+    mdr: float | None = None  # drop detected with 80% power at the observed discordant rate; inf: none; None: b+c=0
+    power: float = 0.8
 
     @property
     def acc_baseline(self) -> float:
@@ -60,6 +65,31 @@ class PairedTask:
     @property
     def identical_share(self) -> float:
         return self.identical / self.n if self.n else 0.0
+
+    @property
+    def sensitivity(self) -> str:
+        """What a "no regression" means at this size, in words (percentage points of accuracy)."""
+        if self.min_flaggable_drop is None:
+            return ""
+        k = self.min_flaggable_drop
+        if k > self.n:
+            return f"no regression could have been flagged: {self.n} questions are too few at this alpha"
+        floor = f"a loss of at least {k} questions ({100 * k / self.n:.1f} points) with none gained is the least it can flag"
+        if self.mdr is None:
+            return f"no discordant questions, so no power estimate; {floor}"
+        if self.mdr == float("inf"):
+            return (f"could not have detected a regression with {100 * self.power:.0f}% power at the observed "
+                    f"discordant rate ({self.b + self.c} of {self.n:,}); {floor}")
+        return (f"detects a drop of {100 * self.mdr:.1f} points with {100 * self.power:.0f}% power at the observed "
+                f"discordant rate ({self.b + self.c} of {self.n:,}); {floor}")
+
+    @property
+    def verdict_text(self) -> str:
+        if self.regression:
+            return "regression"
+        if self.min_flaggable_drop is not None and (self.min_flaggable_drop > self.n or self.mdr == float("inf")):
+            return "not significant; too few questions to detect a regression"
+        return "no significant regression"
 
 
 def pair(base: Record, cand: Record) -> PairedTask:
@@ -125,6 +155,32 @@ def pair(base: Record, cand: Record) -> PairedTask:
     )
 
 
+def attach_sensitivity(tasks: list[PairedTask], alpha: float, power: float = 0.8) -> None:
+    """Say what each paired test could have detected, so a "no regression" on a small eval never reads as
+    evidence of none.
+
+    With m tasks Holm compares the smallest p with alpha / m, so a lone regression must reach that: the fewest
+    questions lost with none gained that does is the least k with 0.5^k <= alpha / m (exact McNemar, one-sided).
+    The minimum detectable regression (:func:`validate.stats.min_detectable_regression`) is taken at the observed
+    discordant rate (b + c) / n and the same alpha / m; the 95% interval of the accuracy difference is
+    Newcombe's (:func:`validate.stats.paired_diff_ci`).
+    """
+    import math
+
+    if not tasks:
+        return
+    a_lone = alpha / len(tasks)
+    k = math.ceil(math.log(a_lone) / math.log(0.5) - 1e-12)
+    for t in tasks:
+        both = t.correct_baseline - t.b
+        d = t.n - both - t.b - t.c
+        ci = paired_diff_ci(both, t.b, t.c, d)
+        t.diff_ci = (ci.lower, ci.upper)
+        t.min_flaggable_drop = k
+        t.power = power
+        t.mdr = None if t.b + t.c == 0 else min_detectable_regression(t.n, (t.b + t.c) / t.n, a_lone, power)
+
+
 def apply_holm(tasks: list[PairedTask], alpha: float) -> None:
     """Holm-adjust the one-sided p of ``tasks`` together; mark a regression where adjusted p < alpha and b > c."""
     if not tasks:
@@ -188,6 +244,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         if in_scope and (cfg, suite) not in have:
             unpaired.append(f"{cfg}/{suite}: the candidate {candidate} has no record of it (the baseline {baseline} has)")
     apply_holm(tasks, alpha)
+    attach_sensitivity(tasks, alpha)
     return Comparison(candidate, baseline, tasks, unpaired, alpha)
 
 
