@@ -11,6 +11,9 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
 - ``no-plugin``: like ok, without the provenance line.
 - ``cut``: like ok, but closes every stream after two content chunks without [DONE].
 - ``die-after``: like ok, but the process exits after ``FAKE_VLLM_DIE_AFTER`` generations (default 3).
+- ``close-after``: like ok, but once ``FAKE_VLLM_DIE_AFTER`` generations are done every new connection is
+  closed as soon as it is accepted, before a byte is read or sent (a server going down whose listener still
+  takes connections); the process stays alive.
 
 With ``FAKE_VLLM_SETSID_CHILD=1`` it also starts a worker process in a session of its own (as some engines'
 workers do), which outlives the server unless the launcher finds it.
@@ -117,6 +120,14 @@ class Handler(BaseHTTPRequestHandler):
                 os._exit(9)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def verify_request(self, request, client_address) -> bool:
+        # False: socketserver shuts the connection down (FIN, or RST when the request had already arrived)
+        return not (MODE == "close-after" and _count >= DIE_AFTER)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--host", default="127.0.0.1")
@@ -140,8 +151,7 @@ def main() -> None:
             line = re.sub(r"source_hash=\w+", "source_hash=0123456789abcdef", line)
         print(line, flush=True)
     print("INFO [kv_cache_utils.py] GPU KV cache size: 12,345 tokens", flush=True)
-    srv = ThreadingHTTPServer((args.host, args.port), Handler)
-    srv.daemon_threads = True
+    srv = _Server((args.host, args.port), Handler)
     print(f"Starting fake vLLM server on http://{args.host}:{args.port}", flush=True)
     srv.serve_forever()
 

@@ -23,7 +23,9 @@ reading). The request id is the body's ``user`` field, else the ``x-request-id``
 Failure modes (server-wide flags or per request in the body's ``synth`` object, which also overrides
 ``ttft_ms``, ``itl_ms``, ``tokens_per_chunk``): ``cut_after`` N closes the connection after N content chunks
 (no final chunk, no [DONE], no terminating HTTP chunk); ``error_after`` N sends vLLM's error object
-(``data: {"error": {...}}``) then ``data: [DONE]`` after N content chunks.
+(``data: {"error": {...}}``) then ``data: [DONE]`` after N content chunks; ``usage`` false ignores
+``stream_options.include_usage`` (no usage chunk); ``empty_text`` sends every token chunk with its token ids
+and empty text. ``tokens_per_chunk`` >= ``max_tokens`` sends the whole answer in one chunk.
 
 The HTTP/1.1 server is raw asyncio (a Protocol, keep-alive, chunked transfer encoding): no framework sits
 between the scheduled send and the socket. Run ``python -m tests.synth_server --port P [--ttft-ms X ...]``,
@@ -53,6 +55,8 @@ class Script:
     final_empty: bool = True     # an empty final chunk carries the finish reason (else the last content chunk)
     cut_after: int = -1          # close the connection after this many content chunks
     error_after: int = -1        # send an error object after this many content chunks
+    usage: bool = True           # honour stream_options.include_usage (False: a server that ignores it)
+    empty_text: bool = False     # token chunks carry their token ids with empty text (special tokens)
     seed: int = 0
 
 
@@ -188,11 +192,12 @@ class _Stream:
         self.sent_chunks += 1
         last = self.sent_tokens >= self.rec.max_tokens
         finish = "length" if last and not sc.final_empty else None
-        events.append(("content", k, _sse(self._choice("".join(f" t{i}" for i in ids), ids, finish))))
+        text = "" if sc.empty_text else "".join(f" t{i}" for i in ids)
+        events.append(("content", k, _sse(self._choice(text, ids, finish))))
         if last:
             if sc.final_empty:
                 events.append(("final", 0, _sse(self._choice("", [], "length"))))
-            if self.usage:
+            if self.usage and sc.usage:
                 events.append(("usage", 0, _sse({**self.base, "choices": [], "usage": {
                     "prompt_tokens": self.prompt_tokens, "completion_tokens": self.sent_tokens,
                     "total_tokens": self.prompt_tokens + self.sent_tokens}})))

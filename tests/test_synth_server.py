@@ -15,7 +15,7 @@ import pytest
 
 from tests.synth_server import Script, SynthServer
 from validate.client import OpenAIClient
-from validate.metrics import pct, summarize
+from validate.metrics import pct, summarize, tpot_s
 
 REPO = Path(__file__).resolve().parent.parent
 MSG = [{"role": "user", "content": "hi"}]
@@ -84,6 +84,50 @@ def test_multi_token_chunks_give_itl_per_token():
     assert m.itl_ms_p50 == round(pct(gaps, 50), 3) and m.itl_token_ms_p50 == round(pct(per_token, 50), 3)
     assert m.itl_token_ms_p50 <= m.itl_ms_p50 / 2  # every chunk after the first carried 2-3 tokens
     assert m.output_tokens == 20
+
+
+def test_whole_answer_in_one_chunk_has_no_tpot():
+    async def go():
+        async with SynthServer(Script(ttft_ms=5, tokens_per_chunk=64)) as s:
+            async with OpenAIClient(s.url, "synth") as c:
+                return await c.completion("x", max_tokens=16)
+
+    r = run(go())
+    assert r.ok and r.chunk_tokens == [16] and r.output_tokens == 16 and r.ttft_s > 0
+    assert tpot_s(r) is None and summarize([r], wall_s=1.0).decode_tok_s_p50 is None
+
+
+def test_tpot_leaves_out_the_first_chunks_tokens():
+    async def go():
+        async with SynthServer(Script(ttft_ms=5, itl_ms=10, tokens_per_chunk=4)) as s:
+            async with OpenAIClient(s.url, "synth") as c:
+                return await c.completion("x", max_tokens=16, extra={"user": "k4"}), s.ground_truth()["k4"]
+
+    r, rec = run(go())
+    assert r.ok and r.chunk_tokens == [4, 4, 4, 4]
+    assert tpot_s(r) == pytest.approx((r.chunk_times[-1] - r.chunk_times[0]) / 12)
+    sent = [e["t_ns"] / 1e9 for e in rec["events"] if e["kind"] == "content"]
+    assert tpot_s(r) == pytest.approx((sent[-1] - sent[0]) / 12, abs=2e-3)  # ~10 ms per 4 tokens
+
+
+def test_prefill_token_with_empty_text_has_a_ttft():
+    async def go():
+        async with SynthServer(Script(ttft_ms=5, empty_text=True)) as s:
+            async with OpenAIClient(s.url, "synth") as c:
+                return await c.completion(list(range(32)), max_tokens=1), await c.chat(MSG, max_tokens=1)
+
+    for r in run(go()):
+        assert r.ok and r.text == "" and r.chunk_tokens == [1] and r.ttft_s > 0.004
+
+
+def test_server_ignoring_include_usage_is_an_error():
+    async def go():
+        async with SynthServer(Script(ttft_ms=2, itl_ms=2, usage=False)) as s:
+            async with OpenAIClient(s.url, "synth") as c:
+                return await c.completion("x", max_tokens=4)
+
+    r = run(go())
+    assert not r.ok and r.error == "stream ended without usage (the server ignored stream_options.include_usage)"
 
 
 def test_cut_stream_is_an_error_and_the_pool_recovers():

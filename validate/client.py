@@ -8,11 +8,14 @@ any HTTP or JSON parsing; JSON is parsed once the stream has ended, so the recei
 microseconds per chunk and no task switch (bench/client_timing.py measures the error against a server's
 ground truth). With an httpx ``transport`` (tests) or https the same events come through httpx.
 
-A chunk is *content-bearing* when its delta carries non-empty ``content`` or ``reasoning_content`` /
-``reasoning`` (reasoning counts as generated content and is kept apart); a role-only or empty chunk is not
-a token. Output token counts come from the server's ``usage`` (``stream_options.include_usage``), never from
-re-tokenizing. A request whose stream ends without a finish reason, or with an error object, is an error,
-never a short answer.
+A chunk is *token-bearing* when its delta carries non-empty ``content`` or ``reasoning_content`` /
+``reasoning`` (reasoning counts as generated content and is kept apart), or when its choice carries non-empty
+``token_ids`` (``return_token_ids``), even with empty text: a token whose text is empty (a special token, the
+single token of a prefill request) is still a token. A role-only or empty chunk is not. Output token counts
+come from the server's ``usage`` (``stream_options.include_usage``), never from re-tokenizing. A request whose
+stream ends without a finish reason, without usage, or with an error object is an error, never a short answer;
+so is a connection the server closes or resets before the answer is whole, at once, whatever state the
+connection is in (never a wait for the read timeout).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ class RequestResult:
     """One request's outcome and raw timings.
 
     Times are seconds on ``time.perf_counter``'s clock; ``chunk_times`` are offsets from ``t_sent`` of each
-    content-bearing chunk, with ``chunk_tokens`` the tokens each carried (from ``token_ids`` when the server
+    token-bearing chunk, with ``chunk_tokens`` the tokens each carried (from ``token_ids`` when the server
     returns them, else 1).
     """
 
@@ -50,7 +53,7 @@ class RequestResult:
 
     @property
     def ttft_s(self) -> float | None:
-        """Request sent -> first content-bearing chunk, seconds (None if no content arrived)."""
+        """Request sent -> first token-bearing chunk, seconds (None if no token-bearing chunk arrived)."""
         return self.chunk_times[0] if self.chunk_times else None
 
     @property
@@ -159,13 +162,13 @@ class OpenAIClient:
         events = _Events()
         try:
             if self._raw is not None:
-                status, detail, clean = await self._raw.post_sse(path, body, res, events)
+                status, detail, cut = await self._raw.post_sse(path, body, res, events)
             else:
-                status, detail, clean = await self._httpx_sse(path, body, events)
+                status, detail, cut = await self._httpx_sse(path, body, events)
             if status != 200:
                 res.error = f"HTTP {status}: {detail}"
                 return res
-            await self._take_events(res, events, clean)
+            await self._take_events(res, events, cut)
         except (httpx.HTTPError, OSError, asyncio.TimeoutError) as e:
             res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON and Unicode errors are ValueErrors
@@ -175,18 +178,32 @@ class OpenAIClient:
                 res.t_done = time.perf_counter()
         return res
 
-    async def _httpx_sse(self, path: str, body: dict[str, Any], events: "_Events") -> tuple[int, str, bool]:
-        """The stream through httpx (tests' mock transports, https): (status, error detail, ended cleanly)."""
-        async with self._http.stream("POST", path, json=body) as resp:
-            if resp.status_code != 200:
-                return resp.status_code, (await resp.aread()).decode(errors="replace")[:300], False
-            sse = _SSE(events)
-            async for raw in resp.aiter_bytes():
-                if sse.feed(raw, time.perf_counter()):
-                    break
-            return 200, "", True
+    async def _httpx_sse(self, path: str, body: dict[str, Any], events: "_Events") -> tuple[int, str, str | None]:
+        """The stream through httpx (tests' mock transports, https): (status, error detail, cut), where ``cut``
+        says how the server ended the connection before the body's end (None when the body ended by its
+        framing or [DONE] came). Raises ConnectionError when the server closed before answering."""
+        try:
+            async with self._http.stream("POST", path, json=body) as resp:
+                if resp.status_code != 200:
+                    try:
+                        detail = (await resp.aread()).decode(errors="replace")[:300]
+                    except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                        detail = _closed_how(e, "mid-answer")
+                    return resp.status_code, detail, None
+                sse = _SSE(events)
+                try:
+                    async for raw in resp.aiter_bytes():
+                        if sse.feed(raw, time.perf_counter()):
+                            return 200, "", None
+                except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                    return 200, "", _closed_how(e, "mid-answer")
+                # a body framed by neither length nor chunks ends when the server closes the connection
+                framed = "content-length" in resp.headers or "chunked" in resp.headers.get("transfer-encoding", "")
+                return 200, "", None if framed else _closed_how(None, "mid-answer")
+        except (httpx.RemoteProtocolError, httpx.ReadError) as e:  # before the status line
+            raise ConnectionError(_closed_how(e, "before answering")) from e
 
-    async def _take_events(self, res: RequestResult, events: "_Events", clean: bool) -> None:
+    async def _take_events(self, res: RequestResult, events: "_Events", cut: str | None) -> None:
         """Parse the stamped events after the stream (parsing is kept off the receive path) through the
         loop's :class:`_Parser`, which parses for at most half a millisecond per loop iteration, so that
         the end of many answers at once never delays other streams' receive stamps."""
@@ -198,11 +215,14 @@ class OpenAIClient:
         if res.error:
             return
         if not job.done:
-            res.error = "stream ended without [DONE] (cut mid-answer)"
+            res.error = (f"{cut}: " if cut else "") + "stream ended without [DONE] (cut mid-answer)"
         elif res.finish_reason in ("abort", "error"):
             res.error = f"stream finished with reason {res.finish_reason!r} (the server gave up on the request)"
         elif res.finish_reason is None:
             res.error = "stream ended without a finish reason"
+        elif res.output_tokens is None:
+            # output tokens come from usage only: without it the answer's length is unknown, not 0
+            res.error = "stream ended without usage (the server ignored stream_options.include_usage)"
         else:
             res.ok = True
 
@@ -223,7 +243,7 @@ class OpenAIClient:
             ids = choice.get("token_ids")
             if ids:
                 res.token_ids.extend(ids)
-            if content or reasoning:
+            if content or reasoning or ids:  # token ids with empty text are tokens too
                 res.chunk_times.append(t - res.t_sent)
                 res.chunk_tokens.append(len(ids) if ids else 1)
                 res.text += content or ""
@@ -350,9 +370,23 @@ class _SSE:
         return False
 
 
+def _closed_how(exc: BaseException | None, when: str) -> str:
+    """Error text for a connection the server ended ``when`` ("before answering", "mid-answer"): a FIN
+    (``exc`` None) or a reset / write fault (``exc``)."""
+    if exc is None:
+        return f"server closed the connection {when}"
+    return f"server closed the connection {when} ({type(exc).__name__}{': ' + str(exc) if str(exc) else ''})"
+
+
 class _StreamConn(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection streaming SSE responses. The receive stamp is taken on entry to
-    ``data_received``; HTTP framing (chunked, content-length or until close) and SSE splitting follow."""
+    ``data_received``; HTTP framing (chunked, content-length or until close) and SSE splitting follow.
+
+    The exchange in flight, if any, owns ``fut``; it is resolved with ``(how, status, got_any, body, exc)``:
+    ``how`` is "done" ([DONE] seen), "end" (the body ended by its framing) or "lost" (the server closed or reset
+    the connection before the body's end, ``exc`` the reset's error or None for a FIN). Every way a connection
+    can end resolves it at once: a FIN (:meth:`eof_received`), a reset or write fault (:meth:`connection_lost`),
+    and a connection already dead when the request is handed to it (:meth:`begin`)."""
 
     def __init__(self, pool: "_StreamPool"):
         self.pool = pool
@@ -361,9 +395,16 @@ class _StreamConn(asyncio.Protocol):
         self.fut: asyncio.Future | None = None
         self.sse: _SSE | None = None
         self.last_rx = 0.0
+        self.status = 0
+        self.mode = ""
+        self.body = b""
+        self.got_any = False
+        self.complete = False
+        self.end_exc: BaseException | None = None  # what connection_lost reported
 
     # ---- one exchange ---------------------------------------------------------------------------------
     def begin(self, request: bytes, events: _Events) -> tuple[float, asyncio.Future]:
+        """Send ``request``; returns (send stamp, the future of its answer, see the class docstring)."""
         fut = self.fut = asyncio.get_running_loop().create_future()
         self.sse = _SSE(events)
         self.head = b""
@@ -377,32 +418,61 @@ class _StreamConn(asyncio.Protocol):
         self.complete = False
         t = time.perf_counter()
         self.last_rx = t
-        self.transport.write(request)
+        if self.lost or self.transport is None or self.transport.is_closing():
+            # The server closed it between the connect and now (a dying server accepts, then closes): asyncio
+            # would drop the write without a word and no callback would ever come, so answer "lost" here.
+            self._resolve("lost", self.end_exc)
+        else:
+            self.transport.write(request)
         return t, fut
 
-    def _resolve(self, value) -> None:
+    def _resolve(self, how: str, exc: BaseException | None = None) -> None:
+        # the answer's state travels with the result: once released, the connection may begin another exchange
+        # before the waiting task runs
         if self.fut is not None and not self.fut.done():
-            self.fut.set_result(value)
+            self.fut.set_result((how, self.status, self.got_any, self.body, exc))
+
+    def _peer_closed(self, exc: BaseException | None) -> None:
+        """The server ended the connection (a FIN when ``exc`` is None, else a reset or a write fault)."""
+        if self.fut is None or self.complete:
+            return
+        if exc is None and self.mode == "close" and self.status:
+            self.complete = True  # until-close framing: the FIN is the body's end
+            self._resolve("end")
+        else:
+            self._resolve("lost", exc)
+
+    def drop(self) -> None:
+        """Close at once, discarding unsent bytes (``close()`` would wait for a drain that may never come)."""
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def connection_lost(self, exc) -> None:
-        self.lost = True
+        self.lost, self.end_exc = True, exc
         self.pool.forget(self)
-        if self.fut is not None and not self.complete:
-            if self.mode == "close" and self.status:
-                self.complete = True
-                self._resolve(("end", self.status == 200))
-            else:
-                self._resolve(("lost", self.got_any))
+        self._peer_closed(exc)
+
+    def eof_received(self) -> bool:
+        # asyncio's default for a FIN is transport.close(), which stops reading and then waits for the write
+        # buffer to drain: a server that half-closes without reading the rest of a large request never drains
+        # it, and no callback would ever come. End the exchange now and drop what is unsent.
+        self._peer_closed(None)
+        self.drop()
+        return False
 
     def data_received(self, data: bytes) -> None:
         t = time.perf_counter()
         self.last_rx = t
+        if self.fut is None:
+            # bytes on an idle (or not yet used) connection belong to no exchange: its framing is lost
+            self.drop()
+            return
         self.got_any = True
-        if self.fut is None or self.complete:
-            return  # bytes after a finished answer: ignore
+        if self.complete:
+            return  # bytes after a finished answer on a connection being closed: ignore
         if not self.status:
             self.head = (self.head + data).lstrip(b"\r\n")
             i = self.head.find(b"\r\n\r\n")
@@ -467,21 +537,23 @@ class _StreamConn(asyncio.Protocol):
         if self.status != 200:
             self.body += data
         elif self.sse.feed(data, t) and not self.complete:
-            self._resolve(("done", True))  # [DONE]: the answer is whole even if the body's end is late
+            self._resolve("done")  # [DONE]: the answer is whole even if the body's end is late
 
     def _end(self) -> None:
         self.complete = True
-        self._resolve(("end", self.status == 200))
-        if self.keep and not self.lost:
+        self._resolve("end")
+        tr = self.transport
+        # reusable only when the request went out whole: an answer may come before the server read it all
+        if self.keep and not self.lost and tr is not None and not tr.is_closing() and not tr.get_write_buffer_size():
             self.pool.release(self)
-        elif self.transport is not None:
-            self.transport.close()
+        else:
+            self.drop()
 
 
 def _close_if_stuck(conn: "_StreamConn", fut: asyncio.Future) -> None:
     """The answer ended with [DONE] but its HTTP body never did: drop the connection (still that exchange)."""
-    if conn.fut is fut and not conn.complete and not conn.lost and conn.transport is not None:
-        conn.transport.close()
+    if conn.fut is fut and not conn.complete and not conn.lost:
+        conn.drop()
 
 
 class _StreamPool:
@@ -508,8 +580,7 @@ class _StreamPool:
 
     def close(self) -> None:
         for c in list(self.idle) + list(self.busy):
-            if c.transport is not None:
-                c.transport.close()
+            c.drop()
         self.idle.clear()
         self.busy.clear()
 
@@ -521,13 +592,20 @@ class _StreamPool:
                 return c, True
         loop = asyncio.get_running_loop()
         _, c = await asyncio.wait_for(loop.create_connection(lambda: _StreamConn(self), self.host, self.port), 10.0)
-        self.busy.add(c)
+        self.busy.add(c)  # it may already be closed by the server: begin() answers "lost" then
         return c, False
 
     async def post_sse(self, path: str, body: dict[str, Any], res: RequestResult,
-                       events: _Events) -> tuple[int, str, bool]:
-        """POST and collect stamped SSE events: (status, error detail, ended cleanly). Sets ``res.t_sent``
-        (just before the write) and ``res.t_done``."""
+                       events: _Events) -> tuple[int, str, str | None]:
+        """POST and collect stamped SSE events: (status, error detail, cut), where ``cut`` says how the server
+        ended the connection before the body's end (None when the body ended by its framing or [DONE] came).
+        Sets ``res.t_sent`` (just before the write) and ``res.t_done``.
+
+        Raises:
+            ConnectionError: the server closed or reset the connection before the status line.
+            asyncio.TimeoutError: no byte for ``timeout_s`` seconds.
+            OSError: the connect failed.
+        """
         if self.sem is None:
             self.sem = asyncio.Semaphore(self.limit)
         payload = json.dumps(body).encode()
@@ -539,35 +617,36 @@ class _StreamPool:
                 conn, reused = await self._conn()
                 try:
                     res.t_sent, fut = conn.begin(request, events)
-                    how, ok = await self._wait(conn, fut)
+                    how, status, got_any, detail, exc = await self._wait(conn, fut)
                 except BaseException:
-                    if conn.transport is not None:
-                        conn.transport.close()
+                    conn.drop()
                     self.forget(conn)
                     raise
-                if how == "lost" and not ok and reused and attempt == 0 and not events.datas:
+                if how == "lost" and not got_any and reused and attempt == 0 and not events.datas:
                     continue  # the server had closed this idle keep-alive connection: once more, anew
                 res.t_done = time.perf_counter()
                 if how == "done" and not conn.complete:
                     # [DONE] came before the body's end: give the rest a moment, else drop the connection
                     asyncio.get_running_loop().call_later(5.0, _close_if_stuck, conn, fut)
-                if conn.status and conn.status != 200:
-                    return conn.status, conn.body.decode(errors="replace")[:300], False
-                if how == "lost" and not conn.status:
-                    raise ConnectionError("server closed the connection before answering")
-                return 200, "", how != "lost"
+                if status and status != 200:
+                    return status, detail.decode(errors="replace")[:300], None
+                if how == "lost" and not status:
+                    raise ConnectionError(_closed_how(exc, "before answering"))
+                if how == "lost" or (how == "end" and conn.mode == "close"):
+                    return 200, "", _closed_how(exc, "mid-answer")
+                return 200, "", None
         raise AssertionError("unreachable")
 
-    async def _wait(self, conn: _StreamConn, fut: asyncio.Future) -> tuple[str, bool]:
-        while True:
+    async def _wait(self, conn: _StreamConn, fut: asyncio.Future) -> tuple:
+        """The answer of ``fut``; raises asyncio.TimeoutError (and drops the connection) after ``timeout_s``
+        seconds without a byte. Every end of the connection resolves ``fut``, so only silence waits."""
+        while not fut.done():
             left = self.timeout_s - (time.perf_counter() - conn.last_rx)
-            if left > 0:
-                done, _ = await asyncio.wait((fut,), timeout=left)
-                if done:
-                    return fut.result()
-                continue
-            conn.transport.close()
-            raise asyncio.TimeoutError(f"ReadTimeout: no bytes for {self.timeout_s:g} s")
+            if left <= 0:
+                conn.drop()
+                raise asyncio.TimeoutError(f"ReadTimeout: no bytes for {self.timeout_s:g} s")
+            await asyncio.wait((fut,), timeout=left)
+        return fut.result()
 
 
 async def gather_limited(coros, limit: int, on_done=None) -> list[Any]:

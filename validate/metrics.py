@@ -1,13 +1,25 @@
 """Load metrics from raw per-request timings, in one pure function (tested without a server).
 
-Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; DESIGN.md "Metric definitions"):
+Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; DESIGN.md "Metric definitions").
+A *token-bearing chunk* carries non-empty text (content or reasoning) or non-empty ``token_ids``
+(:mod:`validate.client`); role-only and empty chunks are not tokens. For one request, with
 
-- TTFT: request sent -> first content-bearing chunk (role-only and empty chunks are not tokens).
-- ITL per chunk: gap between consecutive content chunks; ITL per token: that gap / tokens the later chunk
-  carried (speculative decoding sends several tokens in one chunk).
-- TPOT per request: (E2EL - TTFT) / (output tokens - 1); requests with fewer than 2 output tokens have none.
-- Decode tok/s of a request: 1 / TPOT (the first token is prefill's; DESIGN.md's tokens / (E2EL - TTFT)
-  counts it twice and reads ~1/n high for an n-token answer).
+- ``t_1``: time from the request's send to the first token-bearing chunk, ``t_k`` to the last one;
+- ``N``: output tokens, from the server's ``usage`` (never re-tokenized);
+- ``n_1``: tokens the first token-bearing chunk carried (``len(token_ids)``; 1 when the server sends no ids),
+
+the figures are:
+
+- TTFT = ``t_1``: the time to the first chunk, however many tokens it carried (speculative decoding or a
+  buffering server can send several at once). None when no token-bearing chunk arrived.
+- ITL per chunk: gap between consecutive token-bearing chunks; ITL per token: that gap / tokens the later
+  chunk carried.
+- TPOT = ``(t_k - t_1) / (N - n_1)``: the time after the first chunk over the tokens that came after it (the
+  first chunk's tokens belong to the prefill's time). None when the request failed, when ``N - n_1 < 1``, or
+  when ``t_k - t_1 <= 0`` (every token in one chunk, or all chunks in one read): the decode rate is undefined
+  there, and 0 would read as an infinite rate.
+- Decode tok/s of a request: 1 / TPOT (DESIGN.md's tokens / (E2EL - TTFT) counts the first chunk's tokens
+  again and reads ~1/n high for an n-token answer).
 - Aggregate output tok/s: total output tokens of successful requests / wall time of the run.
 - Failed requests count as errors; they never contribute a latency or a token.
 Percentiles are numpy's linear interpolation (the same as vLLM's benchmark client).
@@ -27,12 +39,20 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def tpot_s(r: RequestResult) -> float | None:
-    """(E2EL - TTFT) / (output tokens - 1), seconds; None for failed or 1-token requests."""
+    """Time per output token after the first chunk, seconds: ``(t_k - t_1) / (N - n_1)`` (module docstring).
+
+    None for a failed request, one without a token-bearing chunk or usage, one whose tokens all came in the
+    first chunk, or one whose later tokens span no time (the rate is undefined there, never 0 or infinite).
+    """
     n = r.output_tokens
-    if not r.ok or n is None or n < 2 or r.ttft_s is None:
+    if not r.ok or n is None or not r.chunk_times:
         return None
-    # E2EL is measured to the last content chunk, not to [DONE] or the usage chunk, which follow it.
-    return (r.chunk_times[-1] - r.ttft_s) / (n - 1)
+    # measured to the last token-bearing chunk, not to [DONE] or the usage chunk, which follow it
+    later = n - (r.chunk_tokens[0] if r.chunk_tokens else 1)
+    span = r.chunk_times[-1] - r.chunk_times[0]
+    if later < 1 or span <= 0:
+        return None
+    return span / later
 
 
 @dataclass

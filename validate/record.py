@@ -19,7 +19,7 @@ from validate.errors import InputError
 
 SCHEMA_VERSION = 1
 # Formula versions: bump when a metric's definition changes, so records of different formulas never compare.
-METRICS_FORMULA_VERSION = 1
+METRICS_FORMULA_VERSION = 2
 
 Status = Literal["pass", "fail", "error", "wrong-tree", "plugin-inactive", "skipped"]
 #: Verdicts that are findings about the release (exit status 1): a gate failed, or the server did not run what

@@ -14,7 +14,9 @@ Each pass measures, on one launch:
 per-stream decode rate 1 / TPOT-p50 at that level: the decode speed one user sees, averaged from a lone
 stream to a full batch. One figure that moves with the decode step and with batching efficiency alike.
 
-Across passes the record keeps every pass, and for each figure the median and the min-max band.
+A figure that is undefined in a pass (no TPOT: the decode tokens after the first chunk span no time; no TTFT:
+no token-bearing chunk) is an error of that step and left out of the pass, never a crash, a zero or an
+infinite rate. Across passes the record keeps every pass, and for each figure the median and the min-max band.
 The KV cache size in tokens is read from the server's log at start.
 """
 from __future__ import annotations
@@ -92,12 +94,20 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
             failed.append(f"pass {n} decode: {r.error}")
             continue
         t = tpot_s(r)
-        row.update(decode_tok_s=1 / t, decode_step_ms=t * 1e3, ttft_ms=r.ttft_s * 1e3)
+        if t is None:  # the decode rate is undefined: an error of this step, never 1 / 0
+            failed.append(f"pass {n} decode: no TPOT (the tokens after the first chunk span no time)")
+        else:
+            row.update(decode_tok_s=1 / t, decode_step_ms=t * 1e3)
+        if r.ttft_s is not None:
+            row["ttft_ms"] = r.ttft_s * 1e3
         for d in depths:
             r = await ctx.client.completion(pool.window(d, rng), max_tokens=1)
             ctx.progress(1)
             if not r.ok:
                 failed.append(f"pass {n} prefill {d}: {r.error}")
+                continue
+            if not r.ttft_s:
+                failed.append(f"pass {n} prefill {d}: no token-bearing chunk, TTFT undefined")
                 continue
             row[f"prefill_{d}_tok_s"] = d / r.ttft_s
         for c in levels:
@@ -116,7 +126,7 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     out = SuiteResult()
     if failed:
         out.errors.append(f"{len(failed)} BetterBench steps failed; first: {failed[0]}")
-    keys = [k for k in (passes[0] if passes else {}) if k != "pass"]
+    keys = list(dict.fromkeys(k for row in passes for k in row if k != "pass"))  # a figure may miss in some passes
     out.metrics = {
         "passes": len(passes), "prefill_depths": depths, "concurrency": levels,
         "summary": {k: band([row.get(k) for row in passes]) for k in keys},
@@ -125,8 +135,6 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     }
     if passes:
         sm = out.metrics["summary"]
-        out.metrics.update({
-            "combined_decode_tok_s": sm["combined_decode_tok_s"]["median"], "decode_tok_s": sm["decode_tok_s"]["median"],
-            "decode_step_ms": sm["decode_step_ms"]["median"],
-        })
+        out.metrics.update({k: sm[k]["median"] if k in sm else None
+                            for k in ("combined_decode_tok_s", "decode_tok_s", "decode_step_ms")})
     return out

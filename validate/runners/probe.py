@@ -8,6 +8,9 @@
   max_model_len - 8) sent as token ids with max_tokens 1, concurrency 1; prefill tok/s = depth / TTFT.
   Real text: GSM8K train problems and solutions from the data directory, each repeat from another offset so
   that prefix caching cannot serve it.
+
+Where TPOT is undefined (the tokens after the first chunk span no time) or TTFT is (no token-bearing chunk),
+that figure is None and the step an error, never a crash, a zero or an infinite rate.
 """
 from __future__ import annotations
 
@@ -34,6 +37,10 @@ class ProbeParams(BaseModel):
     requests_per_client: int = Field(2, ge=1)
     agg_tokens: int = Field(256, ge=8)
     prefill_depth: int = Field(2048, ge=16)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 @register_runner("probe", ProbeParams, preflight=needs_train_text)
@@ -74,23 +81,34 @@ async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
     if failed:
         out.errors.append(f"{len(failed)} probe requests failed; first: {failed[0]}")
         return out
+    # TPOT is None where the decode rate is undefined (every token after the first chunk in one read) and
+    # TTFT where no token-bearing chunk came: errors of that step, never a crash, a zero or an infinite rate
     tpots = [tpot_s(r) for r in decode]
+    prefill_rates = [depth / r.ttft_s if r.ttft_s else None for r in prefill]
+    if None in tpots:
+        out.errors.append(f"{tpots.count(None)} of {len(decode)} decode requests have no TPOT (the tokens after "
+                          "the first chunk span no time): the decode rate is undefined")
+    if None in prefill_rates:
+        out.errors.append(f"{prefill_rates.count(None)} of {len(prefill)} prefill requests brought no "
+                          "token-bearing chunk: TTFT and the prefill rate are undefined")
+    step = _median([t for t in tpots if t is not None])
+    ttft = _median([r.ttft_s for r in decode if r.ttft_s is not None])
+    prefill_med = _median([x for x in prefill_rates if x is not None])
     agg_m = summarize(agg, agg_wall)
-    prefill_rates = [depth / r.ttft_s for r in prefill if r.ttft_s]
     out.metrics = {
-        "decode_tok_s": round(1.0 / statistics.median(tpots), 2),
-        "decode_step_ms": round(statistics.median(tpots) * 1e3, 2),
-        "ttft_ms_p50": round(statistics.median(r.ttft_s for r in decode) * 1e3, 1),
+        "decode_tok_s": None if step is None else round(1.0 / step, 2),
+        "decode_step_ms": None if step is None else round(step * 1e3, 2),
+        "ttft_ms_p50": None if ttft is None else round(ttft * 1e3, 1),
         "concurrency": conc,
         "aggregate_tok_s": round(agg_m.output_tok_s, 2),
         "aggregate_ttft_ms_p50": agg_m.ttft_ms_p50,
         "prefill_depth": depth,
-        "prefill_tok_s": round(statistics.median(prefill_rates), 1),
+        "prefill_tok_s": None if prefill_med is None else round(prefill_med, 1),
         "prefill_prompt_tokens": prefill[0].prompt_tokens,
         "decode_tokens": p.decode_tokens,
         "repeats": p.repeats,
-        "decode_tok_s_runs": [round(1.0 / t, 2) for t in tpots],
-        "prefill_tok_s_runs": [round(x, 1) for x in prefill_rates],
+        "decode_tok_s_runs": [None if t is None else round(1.0 / t, 2) for t in tpots],
+        "prefill_tok_s_runs": [None if x is None else round(x, 1) for x in prefill_rates],
         "aggregate": agg_m.as_dict(),
     }
     return out
