@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import sys
+import time
 
 import psutil
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from validate.errors import InputError
 from validate.evals import humaneval as he
 from validate.evals.humaneval import extract_code, load_problems, run_all, run_problem
+
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +123,18 @@ def test_write_outside_directory_is_blocked(problems, tmp_path):
     assert r.status != "passed" and not target.exists()
 
 
-def test_write_bypassing_the_guard_hits_a_read_only_mount(problems, tmp_path):
+@pytest.mark.parametrize("backend", ["native", "bwrap"])
+def test_write_bypassing_the_guard_does_not_reach_the_host(problems, tmp_path, backend):
+    ok, why = he._probe(backend)
+    if not ok:
+        pytest.skip(f"backend {backend} cannot run here: {why}")
     p = problems["HumanEval/2"]
     target = tmp_path / "escaped_raw.txt"
-    r = run_problem(canonical(p) + f"import _io\n_io.FileIO({str(target)!r}, 'w').write(b'x')\n", p)
-    if not any(c.startswith("file system: private mount namespace") for c in r.contained):
-        pytest.skip(f"no read-only mounts on this platform: {r.not_contained}")
-    assert r.status == "error" and "Read-only file system" in r.detail
+    r = run_problem(canonical(p) + f"import _io\n_io.FileIO({str(target)!r}, 'w').write(b'x')\n", p, backend=backend)
+    # native: uid 65534 cannot pass pytest's 0700 directory, and every mount is read-only; bwrap: the host's
+    # directory is not in the sandbox's root at all
+    expect = ("Permission denied", "Read-only file system") if backend == "native" else ("No such file",)
+    assert r.status == "error" and any(e in r.detail for e in expect), r.detail
     assert not target.exists()
 
 
@@ -245,3 +254,217 @@ def test_completion_mode_stops(problems):
     assert extract_code("    return number % 1.0\n", p, mode="completion").endswith("% 1.0\n")
     with pytest.raises(ValueError, match="mode"):
         extract_code("x", p, mode="fim")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------- wire format
+
+
+def wire(value, strict=False):
+    """value as the judge receives it: encoded, through JSON, decoded."""
+    return he.decode_value(json.loads(json.dumps(he.encode_value(value, strict))))
+
+
+def same(a, b) -> bool:
+    """Equal and of the same types all the way down (nan equals nan; -0.0 is not 0.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and math.copysign(1, a) == math.copysign(1, b))
+    if isinstance(a, complex):
+        return same(a.real, b.real) and same(a.imag, b.imag)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("value", [
+    None, True, False, 0, -1, 2 ** 200, -(10 ** 5000), 1.5, -0.0, float("inf"), float("-inf"), float("nan"),
+    complex(1, -0.0), "", "é\udc80\n", b"\x00\xff", bytearray(b"ab"), [], (), set(), frozenset(), {},
+    [[(1, "a")], {1: {2.5}, "k": frozenset({3, (4,)})}, [None, [True, [b""]]]],
+], ids=lambda v: type(v).__name__)
+def test_plain_values_round_trip_exactly(value):
+    assert same(wire(value), value)
+    assert same(wire(value, strict=True), value)
+
+
+def test_subclasses_travel_as_their_base_type():
+    import collections
+    import enum
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    Point = collections.namedtuple("Point", "x y")
+    for value, expect in [(Color.RED, 1), (Point(1, 2), (1, 2)), (collections.Counter("aab"), {"a": 2, "b": 1}),
+                          (collections.OrderedDict(a=1), {"a": 1}), (collections.defaultdict(int, a=1), {"a": 1})]:
+        assert same(wire(value), expect), value
+        with pytest.raises(TypeError):
+            he.encode_value(value, strict=True)  # the judge sends exact builtin types only
+
+
+@pytest.mark.parametrize("value", [iter([1]), (i for i in "x"), object(), lambda: 1, range(3), complex],
+                         ids=lambda v: type(v).__name__)
+def test_other_objects_become_opaque_markers(value):
+    got = wire(value)
+    assert got != got and got != value and not (got == 0) and got not in [value, None, 0, "", []]
+    with pytest.raises(TypeError):
+        bool(got)
+    with pytest.raises(TypeError):
+        he.encode_value(value, strict=True)
+
+
+def test_self_referential_and_huge_results_become_opaque():
+    loop: list = []
+    loop.append(loop)
+    wide: list = []
+    wide.extend([wide] * 50)  # exponential if walked naively
+    for value in (loop, wide, [[0] * 1000] * 1100):
+        got = wire(value)
+        assert got != value and "too large" in repr(got)
+
+
+@pytest.mark.parametrize("data", [
+    [], "s", ["zz"], ["i", "0x10"], ["i", "12g"], ["i", 5], ["f", "junk"], ["f", 1.0], ["B", 1], ["s", 1],
+    ["b", "abc"], ["l", "x"], ["l", [["n"], "x"]], ["d", [[["l", []], ["n"]]]], ["d", [["n"]]], ["c", "1"],
+    ["n", "extra"], ["o", 3], ["l", [["l", []]] * 2] + ["extra"],
+])
+def test_malformed_wire_data_is_refused(data):
+    with pytest.raises(ValueError):
+        he.decode_value(data)
+
+
+def test_deep_nesting_is_refused():
+    data = ["n"]
+    for _ in range(200):
+        data = ["l", [data]]
+    with pytest.raises(ValueError):
+        he.decode_value(data)
+
+
+def test_every_test_call_round_trips_the_wire_format(problems):
+    """In-process, the judge's view of every HumanEval test: each call's arguments and each canonical result
+    survive encoding, JSON and decoding with their exact types and values, and every check passes that way
+    (a solution that changes its arguments, e.g. HumanEval/70's, changes only the sandbox's copy: no test
+    depends on seeing that)."""
+    calls = 0
+    for p in problems.values():
+        ns = {"__name__": "__sandbox__"}
+        exec(compile(p.prompt + p.canonical_solution, p.task_id, "exec"), ns)
+        fn = ns[p.entry_point]
+
+        def proxy(*args, **kwargs):
+            nonlocal calls
+            sent = wire([list(args), kwargs], strict=True)
+            assert same(sent, [list(args), kwargs]), (p.task_id, args, kwargs)
+            value = fn(*sent[0], **sent[1])
+            back = wire(value)
+            assert same(back, value), (p.task_id, value)
+            calls += 1
+            return back
+
+        g = {"__name__": "__judge__"}
+        exec(compile(p.prompt, p.task_id, "exec"), g)
+        g[p.entry_point] = proxy
+        exec(compile(p.test, p.task_id, "exec"), g)
+        g["check"](proxy)
+    assert calls > 1000
+
+
+# ---------------------------------------------------------------------------------------------------- the dataset
+
+
+@pytest.mark.timeout(120)
+def test_every_canonical_solution_passes(problems):
+    pairs = [(p, canonical(p)) for p in problems.values()]
+    t = time.monotonic()
+    results = run_all(pairs, workers=2)
+    elapsed = time.monotonic() - t
+    bad = [(r.task_id, r.status, r.detail) for r in results if r.status != "passed"]
+    assert not bad, bad
+    assert len(results) == 164 and len({r.backend for r in results}) == 1
+    print(f"164 canonical solutions passed in {elapsed:.1f} s on backend {results[0].backend}")
+
+
+WRONG = {
+    "HumanEval/0": "    return False\n",
+    "HumanEval/2": "    return number // 1.0\n",
+    "HumanEval/10": "    return string\n",
+    "HumanEval/32": "    return 0.0\n",
+    "HumanEval/38": "    return s\n",
+    "HumanEval/53": "    return x - y\n",
+    "HumanEval/150": "    return x\n",
+    "HumanEval/162": "    return None\n",
+}
+
+
+@pytest.mark.timeout(60)
+def test_known_wrong_programs_fail(problems):
+    pairs = [(problems[t], problems[t].prompt + body) for t, body in WRONG.items()]
+    results = run_all(pairs, workers=2)
+    assert [(r.task_id, r.status) for r in results] == [(t, "failed") for t in WRONG], [r.detail for r in results]
+    assert all("AssertionError" in r.detail for r in results)
+
+
+# ---------------------------------------------------------------------------------------------------- no sandbox
+
+
+@pytest.mark.timeout(60)
+def test_without_a_sandbox_runs_are_refused_unless_allowed(problems, monkeypatch):
+    from validate.runners import humaneval as runner
+
+    monkeypatch.setattr(he, "_probe", lambda backend: (False, f"{backend} made unusable by the test"))
+    backend, reason = he.sandbox_available()
+    assert backend == "none" and "bwrap made unusable" in reason and "native made unusable" in reason
+    p = problems["HumanEval/2"]
+    for call in (lambda: run_problem(canonical(p), p), lambda: run_all([(p, canonical(p))]),
+                 lambda: run_problem(canonical(p), p, backend="none"),
+                 lambda: runner.preflight(runner.HumanEvalParams(), None, None)):
+        with pytest.raises(InputError, match="allow_unsandboxed") as e:
+            call()
+        assert "bubblewrap" in str(e.value) or "backend 'none'" in str(e.value)
+    runner.preflight(runner.HumanEvalParams(allow_unsandboxed=True), None, None)
+    r = run_problem(canonical(p), p, allow_unsandboxed=True)
+    assert r.status == "passed" and r.backend == "none"
+    assert any(c.startswith("sandbox: none") for c in r.not_contained)
+
+
+class _CanonicalClient:
+    """Answers each HumanEval chat prompt with the canonical solution in a fenced block."""
+
+    def __init__(self, problems):
+        self.problems = list(problems.values())
+
+    async def chat(self, messages, *, max_tokens, **kw):
+        from validate.client import RequestResult
+
+        p = next(q for q in self.problems if q.prompt in messages[0]["content"])
+        return RequestResult(ok=True, text=f"```python\n{p.prompt}{p.canonical_solution}```")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("unsandboxed", [False, True])
+def test_runner_metrics_name_the_sandbox(problems, tmp_path, monkeypatch, unsandboxed):
+    import asyncio
+
+    from validate.runners import humaneval as runner
+    from validate.runners.base import RunContext
+
+    if unsandboxed:
+        monkeypatch.setattr(he, "_probe", lambda backend: (False, f"{backend} made unusable by the test"))
+    logged: list[str] = []
+    ctx = RunContext(root=tmp_path, config=None, profile="quick", client=_CanonicalClient(problems), data_dir=None,
+                     record_dir=tmp_path, log=logged.append)
+    params = runner.HumanEvalParams(limit=3, allow_unsandboxed=unsandboxed)
+    assert "allow_unsandboxed" not in params.model_dump(mode="json")  # not in the params' hash
+    out = asyncio.run(runner.run(ctx, params))
+    m = out.metrics
+    assert m["passed"] == 3 and not out.errors
+    backend, reason = he.sandbox_available()
+    assert (m["sandbox"], m["sandbox_detail"]) == (backend, reason)
+    if unsandboxed:
+        assert m["sandbox"] == "none" and "made unusable" in m["sandbox_detail"]
+        assert any("WITHOUT a sandbox" in line for line in logged)
+    else:
+        assert m["sandbox"] in ("bwrap", "native") and not logged

