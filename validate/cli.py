@@ -294,14 +294,15 @@ def _summary(reports: Path, release: str, only_suite: str | None = None, only_co
         if (only_suite and r.suite != only_suite) or (only_config and r.config != only_config):
             continue
         m = r.metrics
-        fig = {
-            "sanity": lambda: f"{m['bad']} bad of {m['n']}",
+        fig = {  # by suite kind: a suite file of any name shows its kind's figures
+            "strict-sanity": lambda: f"{m['bad']} bad of {m['n']}, {m['solo_right']} of {m['prompts']} right alone",
             "gsm8k": lambda: f"{m['correct']} of {m['n']} ({100 * m['accuracy']:.2f}%)",
             "probe": lambda: f"{m['decode_tok_s']} tok/s decode, {m['aggregate_tok_s']} tok/s at {m['concurrency']}",
-            "humaneval": lambda: f"{m['passed']} of {m['n']} passed, {m['timeout']} timeouts",
+            "humaneval": lambda: f"{m['passed']} of {m['n']} passed, {m['timeout']} timeouts, sandbox {m.get('sandbox', '?')}",
             "soak": lambda: f"{m['served']} served, {m['errors']} errors",
             "betterbench": lambda: f"combined {m['combined_decode_tok_s']} tok/s, {m['passes']} passes",
-        }.get(r.suite, (lambda: f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed") if r.suite_kind == "pytest" else (lambda: ""))
+            "pytest": lambda: f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed",
+        }.get(r.suite_kind, lambda: "")
         try:
             figures = fig() if m else ""
         except KeyError:

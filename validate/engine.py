@@ -22,7 +22,7 @@ from r9k import provenance as prov
 from validate import server as srvmod
 from validate.client import OpenAIClient
 from validate.config import ServeConfig, find_config
-from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError,
+from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError, WrongTreeError,
                              combine_exit)
 from validate.models import resolve_model
 from validate.record import (FINDING_STATUSES, Record, ServerInfo, Tree, Verdict, now_iso, read_record, record_path,
@@ -31,6 +31,9 @@ from validate.runners.base import RunContext, SuiteResult
 from validate.suite import LoadedSuite, find_suite, get_runner
 from validate.util import git_state
 
+
+
+SERVER_DIED = "server died during the suite"
 
 
 class PrepareError(Exception):
@@ -274,8 +277,19 @@ class Engine:
                     self.record_unrun(release, cfg, todo, Verdict(status="plugin-inactive", cause=inactive),
                                       outcome, server, info)
                     return
-            for s in todo:
-                outcome.records.append(self._run_suite(release, cfg, s, server, info))
+            for i, s in enumerate(todo):
+                rec = self._run_suite(release, cfg, s, server, info)
+                outcome.records.append(rec)
+                if (rec.verdict.cause or "").startswith(SERVER_DIED) and todo[i + 1:]:
+                    # the rest cannot run on a dead server: say so at once instead of failing each request
+                    self.record_unrun(release, cfg, todo[i + 1:], Verdict(
+                        status="error", cause=f"not run: the server died during {s.spec.name}"), outcome, server, info)
+                    break
+        except WrongTreeError as e:
+            self.say(f"[red]{cfg.name}: wrong tree (refused while starting): {e.cause}[/red]")
+            info = ServerInfo(launched=True, log="server.log", provenance=e.provenance, provenance_ok=False,
+                              dispatch=dispatch_by_pid(e.provenance))
+            self.record_unrun(release, cfg, todo, Verdict(status="wrong-tree", cause=e.cause), outcome, None, info)
         except PrepareError as e:
             cause = f"model preparation failed: {e}"
             self.say(f"[red]{cfg.name}: {cause}[/red]")
@@ -343,7 +357,8 @@ class Engine:
         server = None
         for n in range(launches):
             self.say(f"{cfg.name}: launching vLLM ({'warm restart, ' if n else ''}log: {folder / 'server.log'})")
-            server = srvmod.launch(cfg, model, folder / "server.log", progress=lambda m: self.say(f"{cfg.name}: {m}"))
+            server = srvmod.launch(cfg, model, folder / "server.log", progress=lambda m: self.say(f"{cfg.name}: {m}"),
+                                   expected_hash=self.tree.source_hash if cfg.expects_plugin else None)
             self.say(f"{cfg.name}: server ready in {server.startup_s} s at {server.url}")
             if n + 1 < launches:
                 server.stop()
@@ -368,7 +383,7 @@ class Engine:
             cause = f"{type(e).__name__}: {e}"
             reasons = [traceback.format_exc(limit=5)]
             if server is not None and server.died():
-                cause = f"server died during the suite ({cause})"
+                cause = f"{SERVER_DIED} ({cause})"
                 reasons = srvmod.death_evidence(server.log_path, log_from) + reasons
             verdict = Verdict(status="error", cause=cause, reasons=reasons)
         rec = self._write(release, cfg, s, server, info, result, verdict, time.monotonic() - t0, started)
@@ -410,7 +425,7 @@ class Engine:
             died = f"the server process exited with status {server.proc.returncode if server.proc else '?'}"
         if died:
             evidence = srvmod.death_evidence(server.log_path if server is not None else None, log_from)
-            return Verdict(status="error", cause=f"server died during the suite: {died}",
+            return Verdict(status="error", cause=f"{SERVER_DIED}: {died}",
                            reasons=evidence + result.errors[:3])
         if result.errors:
             return Verdict(status="error", cause=result.errors[0], reasons=result.errors)

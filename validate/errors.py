@@ -20,6 +20,20 @@ class LaunchError(Exception):
         self.log_tail = log_tail
 
 
+class WrongTreeError(Exception):
+    """A server announced another plugin source than the tree under validation while starting.
+
+    Attributes:
+        cause: one line naming both hashes.
+        provenance: the provenance lines it printed.
+    """
+
+    def __init__(self, cause: str, provenance: list[str]):
+        super().__init__(cause)
+        self.cause = cause
+        self.provenance = provenance
+
+
 class ReportsError(Exception):
     """A record or the notes could not be written (reports folder full, read-only, gone). Exit status 2;
     records written before it stay intact."""

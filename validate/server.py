@@ -22,7 +22,7 @@ import psutil
 from r9k import provenance as prov
 from validate.client import OpenAIClient
 from validate.config import ServeConfig
-from validate.errors import LaunchError
+from validate.errors import LaunchError, WrongTreeError
 
 _KV_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 LOG_TAIL_LINES = 40
@@ -228,7 +228,8 @@ async def _ready_generation(client: OpenAIClient) -> str | None:
     return None
 
 
-def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1", progress=None) -> Server:
+def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1", progress=None,
+           expected_hash: str | None = None) -> Server:
     """Start the server for ``cfg`` and wait until it is ready.
 
     Args:
@@ -236,11 +237,15 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
         model: what to pass as ``--model`` (already prepared).
         log_path: file that receives the server's stdout and stderr (appended).
         progress: optional ``callable(str)`` for status lines.
+        expected_hash: the plugin source hash of the tree under validation; a provenance line with another hash
+            stops the launch as soon as the log shows it (the plugin loads before the engine starts, so a server
+            of the wrong tree is refused in seconds, not after its model compiles).
     Returns:
         a ready :class:`Server`; the caller must :meth:`Server.stop` it (use try/finally).
     Raises:
         LaunchError: port in use, process crashed (log tail attached), or not ready within the timeout.
             The server is stopped before raising.
+        WrongTreeError: a provenance line carries another source hash than ``expected_hash``.
     """
     port = cfg.server.port or free_port(host)
     if port_in_use(host, port):
@@ -262,7 +267,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     srv._log_fh = fh
     srv.tag = tag
     try:
-        asyncio.run(_wait_ready(srv, cfg.launch_timeout_s, t0, progress))
+        asyncio.run(_wait_ready(srv, cfg.launch_timeout_s, t0, progress, expected_hash))
     except BaseException:
         srv.stop()
         raise
@@ -273,11 +278,24 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     return srv
 
 
-async def _wait_ready(srv: Server, timeout_s: float, t0: float, progress) -> None:
+def _foreign_provenance(srv: Server, expected_hash: str | None) -> str | None:
+    if expected_hash is None or srv.log_path is None:
+        return None
+    wrong = sorted({p.source_hash for p in prov.parse(last_launch(srv.log_path))} - {expected_hash})
+    if wrong:
+        return f"server runs plugin source {', '.join(wrong)}, the tree under validation is {expected_hash}"
+    return None
+
+
+async def _wait_ready(srv: Server, timeout_s: float, t0: float, progress, expected_hash: str | None = None) -> None:
     async with OpenAIClient(srv.url, srv.model, timeout_s=60) as client:
         last_note = 0.0
         while True:
             elapsed = time.monotonic() - t0
+            foreign = _foreign_provenance(srv, expected_hash)
+            if foreign:
+                srv.provenance = [p.raw for p in prov.parse(last_launch(srv.log_path))]
+                raise WrongTreeError(foreign, srv.provenance)
             if not srv.alive():
                 code = srv.proc.returncode if srv.proc else None
                 raise LaunchError(f"server exited with status {code} during start-up after {elapsed:.0f} s", srv.log_tail())
