@@ -1,6 +1,6 @@
 """Load metrics from raw per-request timings, in one pure function (tested without a server).
 
-Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; DESIGN.md "Metric definitions").
+Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; README, "Metrics").
 A *token-bearing chunk* carries non-empty text (content or reasoning) or non-empty ``token_ids``
 (:mod:`validate.client`); role-only and empty chunks are not tokens. For one request, with
 
@@ -18,8 +18,8 @@ the figures are:
   first chunk's tokens belong to the prefill's time). None when the request failed, when ``N - n_1 < 1``, or
   when ``t_k - t_1 <= 0`` (every token in one chunk, or all chunks in one read): the decode rate is undefined
   there, and 0 would read as an infinite rate.
-- Decode tok/s of a request: 1 / TPOT (DESIGN.md's tokens / (E2EL - TTFT) counts the first chunk's tokens
-  again and reads ~1/n high for an n-token answer).
+- Decode tok/s of a request: 1 / TPOT (the other common form, tokens / (E2EL - TTFT), counts the first
+  chunk's tokens again and reads ~1/n high for an n-token answer).
 - Aggregate output tok/s: total output tokens of successful requests / wall time of the run.
 - Failed requests count as errors; they never contribute a latency or a token.
 Percentiles are numpy's linear interpolation (the same as vLLM's benchmark client).
