@@ -91,12 +91,22 @@ class Cli:
 
 
 def server_procs() -> list[psutil.Process]:
-    """Live processes of any server the engine launched (they carry R9K_SERVER_TAG in their environment)."""
-    out = []
+    """Live processes of any server the engine launched: those carrying R9K_SERVER_TAG in their environment and
+    their descendants (vLLM's engine core renames itself with setproctitle, which overwrites the environment
+    block that /proc shows)."""
+    found: dict[int, psutil.Process] = {}
     for p in psutil.process_iter():
         try:
-            if TAG_ENV in p.environ() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
+            if TAG_ENV in p.environ():
+                for q in [p] + p.children(recursive=True):
+                    found[q.pid] = q
+        except psutil.Error:
+            pass
+    out = []
+    for q in found.values():
+        try:
+            if q.status() != psutil.STATUS_ZOMBIE:
+                out.append(q)
         except psutil.Error:
             pass
     return out

@@ -367,17 +367,23 @@ def served_max_model_len(url: str, model: str, timeout_s: float = 10.0) -> int |
     return None
 
 
-_DEATH_RE = re.compile(r"Traceback \(most recent call last\)|died|killed|Killed|Segmentation fault|core dumped|"
-                       r"EngineDeadError|\bERROR\b|CRITICAL|Fatal|out of memory|OutOfMemory|exit code", re.I)
+_DEATH_RE = re.compile(r"Traceback \(most recent call last\)|\bdied\b|\b[Kk]illed\b|Segmentation fault|core dumped|"
+                       r"EngineDeadError|\bERROR\b|CRITICAL|Fatal|[Oo]ut of memory|OutOfMemory|exit code")
 _NOISE_RE = re.compile(r'"(?:POST|GET) /|HTTP/1\.1" \d{3}')  # access-log lines of the failed requests
+
+
+_PREFIX_RE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+ \S+ \[[^\]]*\] )?")
 
 
 def death_evidence(log_path: Path | None, offset: int = 0, max_lines: int = 12) -> list[str]:
     """The log lines that explain a server's death: from byte ``offset`` of ``log_path`` (where the suite began),
-    the first error lines and the first traceback, with its exception line, in the order printed.
+    the error lines and tracebacks in the order printed, each traceback shortened to its header, its last two
+    frames and its exception line.
 
-    A dead engine core is followed by one error per request the API server still answers; those repeat, so each
-    distinct line is kept once and access-log lines are left out. Empty when there is no log.
+    vLLM prefixes every line (``(APIServer pid=1) ERROR 12-01 10:00:00 [file.py:9] ...``), tracebacks included;
+    the prefix is looked through to find a traceback's structure. A dead engine core is followed by one error per
+    request the API server still answers; those repeat, so each distinct line (digits ignored) is kept once and
+    access-log lines are left out. Empty when there is no log.
     """
     if log_path is None:
         return []
@@ -388,32 +394,29 @@ def death_evidence(log_path: Path | None, offset: int = 0, max_lines: int = 12) 
     except OSError:
         return []
     lines = text.splitlines()
+    body = [_PREFIX_RE.sub("", ln, count=1) for ln in lines]
     out: list[str] = []
     seen: set[str] = set()
 
-    def keep(ln: str) -> None:
-        ln = ln.rstrip()
-        key = re.sub(r"\d", "", ln)  # the same error of another request or pid is the same line
-        if ln and key not in seen and len(out) < max_lines:
+    def keep(i: int) -> None:
+        key = re.sub(r"\d", "", body[i].strip())
+        if body[i].strip() and key not in seen and len(out) < max_lines:
             seen.add(key)
-            out.append(ln[:400])
+            out.append(lines[i].rstrip()[:400])
 
     i = 0
     while i < len(lines) and len(out) < max_lines:
-        ln = lines[i]
-        if "Traceback (most recent call last)" in ln:
+        if body[i].startswith("Traceback (most recent call last)"):
             j = i + 1
-            while j < len(lines) and (lines[j].startswith((" ", "\t")) or "Traceback" in lines[j]
-                                      or lines[j].lstrip("(").split(" ")[0].startswith(("EngineCore", "Worker", "APIServer"))
-                                      and ("File " in lines[j] or lines[j].strip().endswith(")"))):
+            while j < len(lines) and (body[j].startswith((" ", "\t")) or not body[j].strip()):
                 j += 1
-            frames = [x for x in lines[i + 1:j] if "File " in x][-2:]
-            for x in [ln] + frames + lines[j:j + 1]:
-                keep(x)
+            frames = [k for k in range(i + 1, j) if body[k].lstrip().startswith("File ")][-2:]
+            for k in [i, *frames] + ([j] if j < len(lines) else []):
+                keep(k)
             i = j + 1
             continue
-        if _DEATH_RE.search(ln) and not _NOISE_RE.search(ln):
-            keep(ln)
+        if _DEATH_RE.search(lines[i]) and not _NOISE_RE.search(lines[i]):
+            keep(i)
         i += 1
     return out
 
