@@ -11,7 +11,10 @@ from validate.engine import Engine, Outcome, RunOptions
 from validate.render import render_release
 from validate.suite import load_checklist
 
-pytestmark = pytest.mark.server
+# pytest-timeout counts fixture setup in the first test that uses it: that test also pays for smol_server's
+# start (model conversion once, then vLLM's launch, which gives up by itself after cpu-smol's 600 s
+# launch_timeout_s), so its bound is that budget plus the suites' few minutes
+pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
 
 def test_sanity_and_probe_quick(smol_server, tmp_path):
