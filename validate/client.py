@@ -62,6 +62,33 @@ class RequestResult:
         return self.t_done - self.t_sent
 
 
+@dataclass
+class Tally:
+    """Every streamed request of one client, as the client saw it: counts and the TTFT (ms) of each successful
+    request that had one, so a suite's client-side TTFT can be put beside the server's own histogram."""
+
+    requests: int = 0
+    ok: int = 0
+    ttft_ms: list[float] = field(default_factory=list)
+
+    def add(self, r: RequestResult) -> None:
+        self.requests += 1
+        if r.ok:
+            self.ok += 1
+            if r.ttft_s is not None:
+                self.ttft_ms.append(r.ttft_s * 1e3)
+
+    def summary(self) -> dict[str, Any]:
+        """{requests, ok, ttft_count, ttft_mean_ms, ttft_p50_ms, ttft_p99_ms} (None where there is no TTFT)."""
+        import numpy as np
+
+        v = np.asarray(self.ttft_ms, dtype=float)
+        r = lambda x: round(float(x), 3)  # noqa: E731
+        return {"requests": self.requests, "ok": self.ok, "ttft_count": int(v.size),
+                "ttft_mean_ms": r(v.mean()) if v.size else None, "ttft_p50_ms": r(np.percentile(v, 50)) if v.size else None,
+                "ttft_p99_ms": r(np.percentile(v, 99)) if v.size else None}
+
+
 class ServerError(Exception):
     """The server answered a non-streaming request with an error."""
 
@@ -81,6 +108,7 @@ class OpenAIClient:
                  transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.tally = Tally()
         self._http = httpx.AsyncClient(
             base_url=self.base_url, transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
@@ -176,6 +204,7 @@ class OpenAIClient:
         finally:
             if not res.t_done:
                 res.t_done = time.perf_counter()
+            self.tally.add(res)
         return res
 
     async def _httpx_sse(self, path: str, body: dict[str, Any], events: "_Events") -> tuple[int, str, str | None]:

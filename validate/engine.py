@@ -411,9 +411,26 @@ class Engine:
                          record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
                          server_gone=server_gone, server_pid=server.main_pid if server is not None else None,
                          progress=bar.update if bar else (lambda *a, **k: None), log=self.say)
+        from validate.server_metrics import ServerMetrics
+
+        sm = ServerMetrics(server.url if server is not None else None)
+        await sm.begin()
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(sm.sample_every(runner.sample_server_s, stop)) if runner.sample_server_s else None
         try:
-            return await runner.fn(ctx, s.params)
+            result = await runner.fn(ctx, s.params)
+            stop.set()
+            if sampler:
+                await sampler
+            result.server_metrics = await sm.end()
+            if client is not None:
+                result.client_tally = client.tally.summary()
+            return result
         finally:
+            stop.set()
+            if sampler and not sampler.done():
+                sampler.cancel()
+            await sm.aclose()
             if bar:
                 bar.close()
             if client:
@@ -442,6 +459,7 @@ class Engine:
             knobs=knobs.in_force({**os.environ, **cfg.env} if server is None or server.launched else cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
+            server_metrics=result.server_metrics, client=result.client_tally,
         )
         path = record_path(self.o.reports, release, cfg.name, s.spec.name)
         try:

@@ -120,6 +120,9 @@ class Record(BaseModel):
     metrics_formula_version: int = METRICS_FORMULA_VERSION
     dataset: Dataset | None = None
     items: list[Item] = Field(default_factory=list)
+    # the server's Prometheus metrics over the suite (validate.server_metrics): {"available", "why", "delta", "series"}
+    server_metrics: dict[str, Any] | None = None
+    client: dict[str, Any] | None = None  # the same requests as the client saw them (validate.client.Tally.summary)
 
     @property
     def passed(self) -> bool:

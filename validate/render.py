@@ -74,6 +74,7 @@ class ReleaseView:
     last_ended: str = "–"
     numbers: dict[str, list] = field(default_factory=dict)  # config -> [FigureRow]
     settings: dict[str, list[str]] = field(default_factory=dict)  # config -> changed settings vs the baseline
+    server: dict[str, "ServerRow"] = field(default_factory=dict)  # config -> the server's own counters
     changes_md: str = ""  # reports/<release>/changes.md, written by people
     upgrading_md: str = ""  # reports/<release>/upgrading.md, written by people
 
@@ -168,6 +169,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
 
     view.baseline = baseline or previous_release(reports, release)
     attach_numbers(view, reports)
+    view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
     view.headline = headline(view)
     attach_paired(view, reports, view.baseline)
     for name in ("changes", "upgrading"):
@@ -175,6 +177,64 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
         if f.is_file():
             setattr(view, f"{name}_md", f.read_text().strip())
     return view
+
+
+@dataclass
+class ServerRow:
+    """The server's view of one configuration beside the client's: from the record of ``suite`` (probe first,
+    then BetterBench, soak, any), TTFT as the server measured it (arrival to first token: queue + prefill) and
+    as the client did (send to first chunk), means over the same requests; the difference is the client's own
+    share (HTTP, the API server's tokenizer and detokenizer, SSE, the client). Counters summed over every suite
+    of the configuration. ``why`` says why there is none (the server exposes no metrics)."""
+
+    suite: str | None = None
+    requests: int | None = None
+    client_ttft_ms: float | None = None
+    server_ttft_ms: float | None = None
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+    itl_ms: float | None = None
+    preemptions: float | None = None
+    prefix_hit_rate: float | None = None
+    kv_usage_peak: float | None = None
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    spec_acceptance: float | None = None
+    why: str | None = None
+
+    @property
+    def client_share_ms(self) -> float | None:
+        if self.client_ttft_ms is None or self.server_ttft_ms is None:
+            return None
+        return self.client_ttft_ms - self.server_ttft_ms
+
+
+SERVER_ROW_SUITES = ("probe", "betterbench", "soak")  # suite kinds, in order of preference
+
+
+def server_row(records: dict[str, Record]) -> ServerRow:
+    """:class:`ServerRow` of one configuration's records (suite name -> record)."""
+    with_metrics = [r for r in records.values() if r.server_metrics and r.server_metrics.get("available")]
+    if not with_metrics:
+        whys = sorted({(r.server_metrics or {}).get("why") or "not recorded" for r in records.values()})
+        return ServerRow(why="; ".join(whys))
+    rank = {k: i for i, k in enumerate(SERVER_ROW_SUITES)}
+    best = min(with_metrics, key=lambda r: rank.get(r.suite_kind, len(rank)))
+    d = best.server_metrics["delta"]
+    h = d.get("histograms", {})
+    mean = lambda k: (h.get(k) or {}).get("mean_ms")  # noqa: E731
+    row = ServerRow(suite=best.suite, requests=(h.get("ttft") or {}).get("count"),
+                    client_ttft_ms=(best.client or {}).get("ttft_mean_ms"), server_ttft_ms=mean("ttft"),
+                    queue_ms=mean("queue"), prefill_ms=mean("prefill"), decode_ms=mean("decode"), itl_ms=mean("itl"),
+                    prefix_hit_rate=d.get("prefix_cache_hit_rate"), spec_acceptance=d.get("spec_acceptance_rate"))
+    row.preemptions = sum(r.server_metrics["delta"].get("counters", {}).get("preemptions", 0.0) for r in with_metrics)
+    for r in with_metrics:
+        for reason, n in r.server_metrics["delta"].get("requests_by_finish_reason", {}).items():
+            row.finish_reasons[reason] = row.finish_reasons.get(reason, 0) + n
+        for _, sample in r.server_metrics.get("series", []):
+            if "kv_cache_usage" in sample:
+                row.kv_usage_peak = max(row.kv_usage_peak or 0.0, sample["kv_cache_usage"])
+    return row
 
 
 def attach_numbers(view: ReleaseView, reports: Path) -> None:

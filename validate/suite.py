@@ -65,13 +65,16 @@ class SuiteSpec(_Strict):
 
 @dataclass
 class Runner:
-    """A registered suite kind: its params model, its coroutine ``fn(ctx, params) -> SuiteResult`` and an
-    optional ``preflight(params, root, data_dir)`` that raises InputError for missing inputs before launch."""
+    """A registered suite kind: its params model, its coroutine ``fn(ctx, params) -> SuiteResult``, an
+    optional ``preflight(params, root, data_dir)`` that raises InputError for missing inputs before launch, and
+    ``sample_server_s``: sample the server's own metrics every that many seconds while it runs (None: only at
+    its start and end)."""
 
     kind: str
     params_model: type[BaseModel]
     fn: Callable[..., Awaitable[Any]]
     preflight: Callable[..., None] | None = None
+    sample_server_s: float | None = None
 
 
 RUNNERS: dict[str, Runner] = {}
@@ -87,13 +90,15 @@ RUNNER_MODULES = {
 }
 
 
-def register_runner(kind: str, params: type[BaseModel], preflight: Callable[..., None] | None = None):
-    """Decorator: register ``fn`` as the runner of suite kind ``kind`` with params model ``params``."""
+def register_runner(kind: str, params: type[BaseModel], preflight: Callable[..., None] | None = None,
+                    sample_server_s: float | None = None):
+    """Decorator: register ``fn`` as the runner of suite kind ``kind`` with params model ``params`` (see
+    :class:`Runner` for the other fields)."""
 
     def deco(fn):
         if kind in RUNNERS:
             raise ValueError(f"runner {kind!r} registered twice")
-        RUNNERS[kind] = Runner(kind, params, fn, preflight)
+        RUNNERS[kind] = Runner(kind, params, fn, preflight, sample_server_s)
         return fn
 
     return deco

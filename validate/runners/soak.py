@@ -41,7 +41,7 @@ class SoakParams(BaseModel):
     seed: int = 0
 
 
-@register_runner("soak", SoakParams, preflight=needs_train_text)
+@register_runner("soak", SoakParams, preflight=needs_train_text, sample_server_s=5.0)
 async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     s = ctx.config.server
     hi = min(p.prompt_tokens_max, s.max_model_len - p.max_tokens - 8)

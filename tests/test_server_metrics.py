@@ -1,0 +1,110 @@
+"""The server's own counters: Prometheus text parsed with prometheus_client, deltas over a suite, quantiles
+from bucket deltas, and a server without /metrics recorded as unavailable, never as zeros."""
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from validate.server_metrics import ServerMetrics, delta, parse, quantile
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def exposition(n_ttft: list[int], ttft_sum: float, preempt: int, stop: int, length: int, kv: float) -> str:
+    """vLLM-shaped text: a TTFT histogram with buckets 0.01 / 0.1 / 1 / +Inf (cumulative counts ``n_ttft``),
+    counters with _total and _created samples, requests by finish reason, a gauge."""
+    c1, c2, c3, c4 = n_ttft
+    return f"""# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.01",model_name="smol"}} {c1}
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.1",model_name="smol"}} {c2}
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="1.0",model_name="smol"}} {c3}
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="smol"}} {c4}
+vllm:time_to_first_token_seconds_count{{engine="0",model_name="smol"}} {c4}
+vllm:time_to_first_token_seconds_sum{{engine="0",model_name="smol"}} {ttft_sum}
+# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{{engine="0",model_name="smol"}} {preempt}
+vllm:num_preemptions_created{{engine="0",model_name="smol"}} 1.7e9
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{{engine="0",finished_reason="stop",model_name="smol"}} {stop}
+vllm:request_success_total{{engine="0",finished_reason="length",model_name="smol"}} {length}
+vllm:request_success_total{{engine="0",finished_reason="abort",model_name="smol"}} 0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="smol"}} {kv}
+"""
+
+
+def test_delta_counts_means_quantiles_and_reasons():
+    a = parse(exposition([0, 2, 4, 4], 0.3, 1, 3, 1, 0.0), t=10.0)
+    b = parse(exposition([0, 2, 12, 14], 5.3, 4, 10, 4, 0.25), t=40.0)
+    d = delta(a, b)
+    assert d["interval_s"] == 30.0
+    h = d["histograms"]["ttft"]
+    # 10 new requests: 0 in (0, 0.1], 8 in (0.1, 1], 2 above 1 s; mean = (5.3 - 0.3) / 10 s
+    assert h["count"] == 10 and h["mean_ms"] == 500.0
+    # p50: rank 5 of 10 falls in (0.1, 1] holding ranks 1-8: 0.1 + 0.9 * 5 / 8 s
+    assert h["p50_ms"] == pytest.approx(1e3 * (0.1 + 0.9 * 5 / 8))
+    assert h["p99_ms"] == 1000.0  # in the +Inf bucket: the highest finite bound
+    assert d["counters"]["preemptions"] == 3 and d["counters"]["requests"] == 10
+    assert d["requests_by_finish_reason"] == {"stop": 7, "length": 3}
+    assert d["gauges_at_end"] == {"kv_cache_usage": 0.25}
+
+
+def test_quantile_edges():
+    assert quantile(0.5, []) is None and quantile(0.5, [(1.0, 0), (float("inf"), 0)]) is None
+    assert quantile(0.5, [(1.0, 4), (float("inf"), 4)]) == 0.5  # first bucket from 0
+    assert quantile(0.25, [(1.0, 0), (2.0, 4), (float("inf"), 4)]) == 1.25
+
+
+@pytest.mark.parametrize("answer,why", [
+    (httpx.Response(404, text="not found"), "GET /metrics answered HTTP 404"),
+    (httpx.Response(200, text="# nothing of vLLM\nother_metric 1\n"), "GET /metrics holds none of vLLM's metrics"),
+])
+def test_a_server_without_metrics_is_unavailable_not_zero(answer, why):
+    sm = ServerMetrics("http://x", transport=httpx.MockTransport(lambda r: answer))
+
+    async def go():
+        await sm.begin()
+        return await sm.end()
+
+    assert asyncio.run(go()) == {"available": False, "why": why}
+
+
+def test_begin_and_end_around_a_suite():
+    texts = iter([exposition([0, 1, 1, 1], 0.05, 0, 1, 0, 0.0), exposition([0, 3, 3, 3], 0.15, 0, 3, 0, 0.1)])
+    sm = ServerMetrics("http://x", transport=httpx.MockTransport(lambda r: httpx.Response(200, text=next(texts))))
+
+    async def go():
+        await sm.begin()
+        return await sm.end()
+
+    out = asyncio.run(go())
+    assert out["available"] is True and out["delta"]["histograms"]["ttft"] == {
+        "count": 2, "mean_ms": 50.0, "p50_ms": pytest.approx(55.0), "p99_ms": pytest.approx(99.1)}  # 10 + 90 * rank / 2 ms
+
+
+def test_notes_put_the_server_ttft_beside_the_clients(tmp_path):
+    from tests.conftest import REPO
+    from tests.test_records_render import rec
+    from validate.record import record_path, write_record
+    from validate.render import render_release
+
+    a = parse(exposition([0, 2, 4, 4], 0.3, 1, 3, 1, 0.0), t=10.0)
+    b = parse(exposition([0, 2, 12, 14], 5.3, 4, 10, 4, 0.25), t=40.0)
+    probe = rec("cpu-smol", "probe", metrics={"decode_tok_s": 26.0})
+    probe.server_metrics = {"available": True, "why": None, "delta": delta(a, b),
+                            "series": [[5.0, {"kv_cache_usage": 0.125}], [10.0, {"kv_cache_usage": 0.375}]]}
+    probe.client = {"requests": 10, "ok": 10, "ttft_count": 10, "ttft_mean_ms": 512.5}
+    other = rec("ext", "probe", metrics={"decode_tok_s": 26.0})
+    other.server_metrics = {"available": False, "why": "GET /metrics answered HTTP 404"}
+    for r in (probe, other):
+        write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
+    md = render_release(REPO, tmp_path, "v9", None).read_text()
+    # server TTFT mean 500 ms, client 512.5: the client's share 12.5 ms; queue/prefill not in this exposition
+    assert "| cpu-smol | probe | 10 | 512.5 ms | 500.0 ms | – + – ms | 12.5 ms | – ms | 3 | – | 37.5% | length 3, stop 7 |" in md
+    assert "| ext | – | – | – | – | – | – | – | – | – | – | the server exposes no metrics (GET /metrics answered HTTP 404) |" in md

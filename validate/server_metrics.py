@@ -1,0 +1,232 @@
+"""The server's own counters: vLLM's Prometheus metrics at ``GET /metrics``, scraped at the start and the end of
+every suite (and every few seconds during soak and BetterBench), parsed with prometheus_client's text parser.
+
+What a record keeps (``Record.server_metrics``), all as deltas over the suite unless said otherwise:
+
+- histograms (seconds): the server's time to first token, inter-token latency, time per output token, queue
+  time, prefill time, decode time, end-to-end latency: for each the request count, the mean (sum / count, exact)
+  and p50 / p99 estimated from the bucket deltas by linear interpolation inside the bucket (Prometheus'
+  ``histogram_quantile``; an estimate, bounded by the bucket edges);
+- counters: preemptions, prefix-cache queries and hits, prompt and generation tokens, finished requests by
+  finish reason, speculative-decoding drafts, draft and accepted tokens (where the server has them);
+- gauges at the end: KV-cache usage, requests running and waiting; their series when sampled.
+
+A server without ``/metrics`` (or one that answers something else) is recorded as ``available: false`` with the
+reason, never as zeros. Metric names are vLLM 0.32's (``vllm/v1/metrics/loggers.py``).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+COUNTERS = {
+    "preemptions": "vllm:num_preemptions",
+    "prefix_cache_queries": "vllm:prefix_cache_queries",
+    "prefix_cache_hits": "vllm:prefix_cache_hits",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "generation_tokens": "vllm:generation_tokens",
+    "requests": "vllm:request_success",
+    "spec_drafts": "vllm:spec_decode_num_drafts",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+GAUGES = {
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+}
+
+
+@dataclass
+class Histogram:
+    """One histogram summed over its label sets: cumulative bucket counts by upper bound (seconds)."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    sum: float = 0.0
+    count: float = 0.0
+
+
+@dataclass
+class Snapshot:
+    """One scrape: histograms and counters summed over label sets (requests by finish reason kept apart)."""
+
+    t: float  # time.monotonic() of the scrape
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    by_reason: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+
+
+def parse(text: str, t: float | None = None) -> Snapshot:
+    """A :class:`Snapshot` of the Prometheus text exposition ``text`` (only the metrics named in this module).
+
+    Raises:
+        ValueError: ``text`` is not in the exposition format (prometheus_client's parser raises it).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    snap = Snapshot(t=time.monotonic() if t is None else t)
+    hist_names = {v: k for k, v in HISTOGRAMS.items()}
+    counter_names = {v: k for k, v in COUNTERS.items()}
+    gauge_names = {v: k for k, v in GAUGES.items()}
+    for fam in text_string_to_metric_families(text):
+        name = fam.name
+        if name in hist_names:
+            h = snap.histograms.setdefault(hist_names[name], Histogram())
+            for s in fam.samples:
+                if s.name.endswith("_bucket"):
+                    le = float(s.labels["le"])
+                    h.buckets[le] = h.buckets.get(le, 0.0) + s.value
+                elif s.name.endswith("_sum"):
+                    h.sum += s.value
+                elif s.name.endswith("_count"):
+                    h.count += s.value
+        elif name in counter_names:
+            key = counter_names[name]
+            for s in fam.samples:
+                if s.name.endswith("_created"):
+                    continue
+                snap.counters[key] = snap.counters.get(key, 0.0) + s.value
+                if key == "requests" and "finished_reason" in s.labels:
+                    r = s.labels["finished_reason"]
+                    snap.by_reason[r] = snap.by_reason.get(r, 0.0) + s.value
+        elif name in gauge_names:
+            snap.gauges[gauge_names[name]] = sum(s.value for s in fam.samples)
+    return snap
+
+
+def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """The q-quantile (0 < q < 1) of a histogram given as (upper bound, cumulative count) pairs sorted by bound,
+    the last bound +inf: linear interpolation inside the bucket holding rank ``q * total`` (Prometheus'
+    ``histogram_quantile``); the lower edge of the first bucket is 0. None when the histogram is empty; the
+    highest finite bound when the rank falls in the +inf bucket."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def delta(start: Snapshot, end: Snapshot) -> dict[str, Any]:
+    """What the server did between two scrapes: per histogram {count, mean_ms, p50_ms, p99_ms}; per counter the
+    increase; requests by finish reason; the gauges at ``end``; and derived shares (prefix-cache hit rate,
+    speculative-decoding acceptance rate) where their counters moved. Values in milliseconds are rounded to 0.001.
+    """
+    out: dict[str, Any] = {"interval_s": round(end.t - start.t, 3), "histograms": {}, "counters": {}}
+    for key, h1 in end.histograms.items():
+        h0 = start.histograms.get(key, Histogram())
+        n = h1.count - h0.count
+        if n <= 0:
+            continue
+        cum = sorted((le, c - h0.buckets.get(le, 0.0)) for le, c in h1.buckets.items())
+        ms = lambda x: None if x is None else round(1e3 * x, 3)  # noqa: E731
+        out["histograms"][key] = {"count": int(round(n)), "mean_ms": ms((h1.sum - h0.sum) / n),
+                                  "p50_ms": ms(quantile(0.5, cum)), "p99_ms": ms(quantile(0.99, cum))}
+    for key, v in end.counters.items():
+        out["counters"][key] = round(v - start.counters.get(key, 0.0), 3)
+    out["requests_by_finish_reason"] = {r: int(round(v - start.by_reason.get(r, 0.0)))
+                                        for r, v in end.by_reason.items() if v - start.by_reason.get(r, 0.0) > 0}
+    out["gauges_at_end"] = dict(end.gauges)
+    c = out["counters"]
+    if c.get("prefix_cache_queries"):
+        out["prefix_cache_hit_rate"] = round(c.get("prefix_cache_hits", 0.0) / c["prefix_cache_queries"], 6)
+    if c.get("spec_draft_tokens"):
+        out["spec_acceptance_rate"] = round(c.get("spec_accepted_tokens", 0.0) / c["spec_draft_tokens"], 6)
+    return out
+
+
+async def scrape(http: httpx.AsyncClient, url: str) -> tuple[Snapshot | None, str | None]:
+    """(snapshot, None), or (None, why) when ``url``/metrics cannot be read as Prometheus text."""
+    try:
+        r = await http.get(url.rstrip("/") + "/metrics", timeout=10.0)
+    except httpx.HTTPError as e:
+        return None, f"GET /metrics failed: {type(e).__name__}: {e}"
+    if r.status_code != 200:
+        return None, f"GET /metrics answered HTTP {r.status_code}"
+    try:
+        snap = parse(r.text)
+    except ValueError as e:
+        return None, f"GET /metrics is not Prometheus text: {e}"
+    if not (snap.histograms or snap.counters or snap.gauges):
+        return None, "GET /metrics holds none of vLLM's metrics"
+    return snap, None
+
+
+class ServerMetrics:
+    """Scrapes one server for one suite: :meth:`begin`, optionally :meth:`sample_every` during it, :meth:`end`.
+
+    ``result()`` is what the record keeps: ``{"available": bool, "why": str | None, "delta": {...},
+    "series": [[t_s, {gauge or counter: value}], ...]}``; never raises for a server that has no metrics.
+    """
+
+    def __init__(self, url: str | None, transport: httpx.AsyncBaseTransport | None = None):
+        self.url = url
+        self.transport = transport  # tests: an httpx mock transport
+        self.start: Snapshot | None = None
+        self.why: str | None = None if url else "no server"
+        self.series: list[list] = []
+        self._last: Snapshot | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    async def begin(self) -> None:
+        if not self.url:
+            return
+        self._http = httpx.AsyncClient(transport=self.transport)
+        self.start, self.why = await scrape(self._http, self.url)
+
+    async def sample_every(self, interval_s: float, stop: asyncio.Event) -> None:
+        """Append a sample of the gauges and the running counters every ``interval_s`` until ``stop`` is set."""
+        if self.start is None or self._http is None:
+            return
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+                break
+            except asyncio.TimeoutError:
+                pass
+            snap, _ = await scrape(self._http, self.url)
+            if snap is not None:
+                row = {**snap.gauges, "preemptions": snap.counters.get("preemptions", 0.0) - self.start.counters.get("preemptions", 0.0),
+                       "generation_tokens": snap.counters.get("generation_tokens", 0.0) - self.start.counters.get("generation_tokens", 0.0)}
+                self.series.append([round(snap.t - self.start.t, 2), {k: round(v, 4) for k, v in row.items()}])
+
+    async def end(self) -> dict[str, Any]:
+        """Scrape once more and return what the record keeps (see the class docstring)."""
+        try:
+            if self.start is None or self._http is None:
+                return {"available": False, "why": self.why}
+            snap, why = await scrape(self._http, self.url)
+            if snap is None:
+                return {"available": False, "why": f"at the end of the suite: {why}"}
+            return {"available": True, "why": None, "delta": delta(self.start, snap), "series": self.series}
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (idempotent; :meth:`end` does it)."""
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
