@@ -64,8 +64,13 @@ def make(release: str, cfg: str, suite: str, side: int) -> Record:
                 "decode_step_ms": f["step"][side], "prefill_8192_tok_s": {"median": med, "min": lo, "max": hi}}
         summ.update({f"c{c}_tok_s": v[side] for c, v in f["conc"].items()})
         summ = {k: (v if isinstance(v, dict) else {"median": v, "min": v, "max": v}) for k, v in summ.items()}
+        # 20 passes spread symmetrically around the seeds' medians (so the medians are the seeds' figures)
+        off = [(i - 9.5) / 9.5 for i in range(20)]
+        per_pass = [{"pass": i, "decode_step_ms": f["step"][side] * (1 + 0.004 * o),
+                     "combined_decode_tok_s": f["combined"][side] * (1 - 0.004 * o),
+                     "prefill_8192_tok_s": med + (hi - med if o > 0 else med - lo) * o} for i, o in enumerate(off)]
         m = {"passes": 20, "prefill_depths": [8192], "concurrency": [1, 2, 4, 8], "summary": summ,
-             "combined_decode_tok_s": f["combined"][side]}
+             "combined_decode_tok_s": f["combined"][side], "per_pass": per_pass}
     return Record(
         release=release, config=cfg, config_hash=f"cfg-{cfg}", suite=suite, suite_kind=suite, params={"primary": "strict"},
         params_hash="p", suite_hash="s", profile="full", started_at="2026-10-13T00:00:00+00:00",
@@ -132,6 +137,17 @@ def test_quality_gate_and_validation_record(notes):
     assert "r9700 x4, 210 W, -42 mV" in notes
     nc = notes.split("## Not checked")[1].split("##")[0]
     assert "27b-tp2 / betterbench: did not run (no record)." in nc and "fn-tp4" not in nc
+
+
+def test_the_performance_gate_marks_each_figure(notes):
+    # decode step 15.0 -> 14.3 ms and combined decode 176.8 -> 188.0 tok/s: beyond each other's bands, faster;
+    # prefill at 8k: medians inside the other's band
+    assert "| fn-tp4 | decode_step_ms | 15.00 ms (14.94–15.06, 20) | 14.30 ms (14.24–14.36, 20) | -4.7% | 3.0% |" in notes
+    gate = notes.split("Performance gate against v0.3.2")[1].split("## Quality gate")[0]
+    rows = {line.split(" | ")[1]: line for line in gate.splitlines() if line.startswith("| fn-tp4 |")}
+    assert rows["decode_step_ms"].endswith("| faster |") and rows["combined_decode_tok_s"].endswith("| faster |")
+    assert rows["prefill_8192_tok_s"].endswith("| within the band |")
+    assert "regression" not in gate
 
 
 def test_quick_and_skipped_are_not_checked(tmp_path):

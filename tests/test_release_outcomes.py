@@ -219,3 +219,28 @@ def test_death_evidence_picks_the_traceback_not_the_request_noise(tmp_path):
     assert any("Traceback" in x for x in got) and any(x.endswith("EngineCore encountered an issue.") for x in got)
     assert not any("POST /v1" in x for x in got) and len(got) <= 6
     assert death_evidence(log, offset=log.stat().st_size) == [] and death_evidence(None) == []
+
+
+def test_release_junit_and_step_summary_read_back(scratch, tmp_path, monkeypatch):
+    """A release with one failing suite and one that could not run: the JUnit file, read back by junitparser,
+    counts one failure and one error; the GitHub step summary is appended with the same verdicts."""
+    from junitparser import Error, Failure, JUnitXml
+
+    scratch.config("fake-ok")
+    path = scratch.root / "suites" / "fake-sanity.yaml"
+    path.write_text(path.read_text().replace("max:\n    bad: 0", "max:\n    bad: 0\n  min:\n    n: 1000"))
+    _placeholder(scratch, "seed-a")
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    junit = tmp_path / "out" / "r9k.xml"
+    junit.parent.mkdir()
+    assert main(["release", "vj", "--baseline", "none", "--junit-xml", str(junit)]) == 1
+    xml = JUnitXml.fromfile(str(junit))
+    assert (xml.tests, xml.failures, xml.errors) == (2, 1, 1)
+    cases = {(s.name, c.name): c for s in xml for c in s}
+    (fail,) = cases[("fake-ok", "fake-sanity")].result
+    (err,) = cases[("seed-a", "fake-sanity")].result
+    assert isinstance(fail, Failure) and "gate: n = 16 < 1000" in (fail.text or "") + (fail.message or "")
+    assert isinstance(err, Error) and "model.path: /models/seed-a-placeholder does not exist" in err.message
+    text = summary.read_text()
+    assert "exit status 1" in text and "**FAIL**" in text and "**ERROR**" in text

@@ -6,7 +6,9 @@ Exit status: 0 when every verdict passed; 1 when a gate failed (or a server ran 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
+import statistics
 import sys
 from pathlib import Path
 
@@ -224,10 +226,13 @@ def cmd_release(args) -> int:
     opts = _opts(args)
     out = _render(root, opts.reports, args.release, checklist, args.baseline)
     _summary(opts.reports, args.release)
-    gate = _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan])
+    gate, cmp, perf = _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan])
     console.print(f"release notes: {out}")
-    why = outcome.explain() + ("; the paired gate found a regression" if gate == 1 else "")
-    return _exit(combine_exit(outcome.exit_code(), gate), why)
+    why = outcome.explain() + ("; a gate against the baseline found a regression" if gate == 1 else "")
+    if cmp is not None:  # in a release an unpairable task is "Not checked", not an error (see _release_gate)
+        cmp = dataclasses.replace(cmp, unpaired=[])
+    code = _ci_reports(args, outcome.records, cmp, perf, combine_exit(outcome.exit_code(), gate), why)
+    return _exit(code, why)
 
 
 def _render(root: Path, reports: Path, release: str, checklist, baseline: str | None) -> Path:
@@ -239,21 +244,64 @@ def _render(root: Path, reports: Path, release: str, checklist, baseline: str | 
         raise ReportsError(f"cannot write the release notes under {reports / release}: {e.strerror or e}") from None
 
 
-def _release_gate(reports: Path, release: str, baseline: str | None, configs: list[str]) -> int:
-    """The paired gate inside ``release``: 1 on a significant regression; unpairable tasks are only noted
-    (they appear under "Not checked" in the notes), so a quick smoke run against a full baseline still passes."""
+def _release_gate(reports: Path, release: str, baseline: str | None, configs: list[str]):
+    """The gates inside ``release``: the paired eval gate and the performance gate against the baseline.
+    Returns (1 on a significant regression of either else 0, the eval Comparison or None, the PerfComparison or
+    None); tasks that cannot be compared are only noted (they appear under "Not checked" in the notes), so a
+    quick smoke run against a full baseline still passes."""
     from validate.compare import compare_releases, previous_release
+    from validate.perfgate import compare_perf, specs_of
 
     base = baseline or previous_release(reports, release)
     if base is None:
-        return 0
+        return 0, None, None
+    cmp = perf = None
     try:
         cmp = compare_releases(reports, release, base, configs=configs)
+        print_comparison(cmp)
     except InputError as e:
         console.print(f"[yellow]paired gate against {base} skipped: {e}[/yellow]")
-        return 0
-    print_comparison(cmp)
-    return 1 if any(x.regression for x in cmp.tasks) else 0
+    try:
+        perf = compare_perf(reports, release, base, specs_of(_root()), configs=configs)
+        print_perf(perf)
+    except InputError as e:
+        console.print(f"[yellow]performance gate against {base} skipped: {e}[/yellow]")
+    bad = (cmp is not None and any(x.regression for x in cmp.tasks)) or (perf is not None and any(f.regression for f in perf.figures))
+    return (1 if bad else 0), cmp, perf
+
+
+def print_perf(perf) -> None:
+    """The performance gate's table: per configuration and figure, medians with bands, change, p, mark."""
+    t = Table(title=f"performance gate: {perf.candidate} against {perf.baseline} (BetterBench passes)")
+    for col in ("configuration", "figure", perf.baseline, perf.candidate, "change", "threshold", "rank-test p", "mark"):
+        t.add_column(col)
+    for f in perf.figures:
+        band = lambda v: f"{statistics.median(v):,.2f} ({min(v):,.2f}-{max(v):,.2f}, {len(v)})"  # noqa: E731
+        t.add_row(f.config, f.figure, band(f.base), band(f.cand), f"{f.change_pct:+.1f}%", f"{f.threshold_pct:g}%",
+                  f"{f.p_value:.3g}", "[red]regression[/red]" if f.regression else f.mark)
+    console.print(t)
+    for f in perf.figures:
+        if f.regression or f.mark == "slower":
+            console.print(f"{f.config}/{f.figure}: {f.message}")
+    for u in perf.unpaired:
+        console.print(f"[yellow]not compared:[/yellow] {u}")
+
+
+def _ci_reports(args, records, comparison, perf, code: int, why: str) -> int:
+    """Write --junit-xml and append the GitHub step summary when $GITHUB_STEP_SUMMARY is set. Returns the exit
+    status (a report that cannot be written adds 2; a finding still outranks it)."""
+    from validate.ci_formats import append_github_summary, github_summary, write_junit
+
+    figures = perf.figures if perf is not None else None
+    if getattr(args, "junit_xml", None):
+        try:
+            console.print(f"JUnit report: {write_junit(args.junit_xml, records, comparison, figures)}")
+        except OSError as e:
+            console.print(f"[red]error: cannot write the JUnit report {args.junit_xml}: {e.strerror or e}[/red]")
+            code = combine_exit(code, 2)
+    if append_github_summary(github_summary(records, comparison, figures, exit_code=code, why=why)) is False:
+        console.print("[yellow]warning: cannot append to $GITHUB_STEP_SUMMARY[/yellow]")
+    return code
 
 
 def cmd_suite(args) -> int:
@@ -265,7 +313,8 @@ def cmd_suite(args) -> int:
         args.config = ext.name if ext else "cpu-smol"
     outcome = _run([(args.config, [args.name])], args.release, args, external=ext)
     _summary(_opts(args).reports, args.release, only_suite=args.name, only_config=args.config)
-    return _exit(outcome.exit_code(), outcome.explain())
+    code = _ci_reports(args, outcome.records, None, None, outcome.exit_code(), outcome.explain())
+    return _exit(code, outcome.explain())
 
 
 def cmd_render(args) -> int:
@@ -366,7 +415,10 @@ def cmd_compare(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    """0: no task regressed significantly after Holm; 1: one did (named); 2: nothing could be paired."""
+    """The eval gate (default) or, with --perf, the performance gate. 0: nothing regressed; 1: something did
+    (named), even beside tasks that could not be compared; 2: nothing, or not everything, could be compared."""
+    if args.perf:
+        return _perf_gate(args)
     cmp = _comparison(args)
     print_comparison(cmp)
     bad = [x for x in cmp.tasks if x.regression]
@@ -375,12 +427,26 @@ def cmd_gate(args) -> int:
                       f"one-sided p = {x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}[/red]")
     if cmp.unpaired:
         console.print(f"[red]gate: {len(cmp.unpaired)} task(s) cannot be paired[/red]")
-    if bad:
-        return 1  # a measured regression outranks tasks that could not be compared (both are printed)
-    if cmp.unpaired:
-        return 2
-    console.print(f"gate: no significant regression at alpha {cmp.alpha} after Holm")
-    return 0
+    code = 1 if bad else 2 if cmp.unpaired else 0  # a measured regression outranks tasks that could not be compared
+    why = (f"{', '.join(f'{x.config}/{x.task}' for x in bad)} regressed" if bad else
+           f"{len(cmp.unpaired)} task(s) cannot be paired" if cmp.unpaired else
+           f"no significant regression at alpha {cmp.alpha} after Holm")
+    return _exit(_ci_reports(args, [], cmp, None, code, why), why)
+
+
+def _perf_gate(args) -> int:
+    from validate.perfgate import compare_perf, specs_of
+
+    reports = Path(args.reports) if args.reports else _root() / "reports"
+    perf = compare_perf(reports, args.release, args.against, specs_of(_root()), configs=args.config,
+                        reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+    print_perf(perf)
+    bad = [f for f in perf.figures if f.regression]
+    code = 1 if bad else 2 if perf.unpaired or not perf.figures else 0
+    why = (f"{', '.join(f'{f.config}/{f.figure}' for f in bad)} regressed" if bad else
+           f"{len(perf.unpaired)} configuration(s) could not be compared" if perf.unpaired else
+           "no figure to compare" if not perf.figures else "no figure regressed beyond its threshold and band")
+    return _exit(_ci_reports(args, [], None, perf, code, why), why)
 
 
 def cmd_configs(args) -> int:
@@ -457,6 +523,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="with --executor ray: the cluster (default: RAY_ADDRESS, else a local one)")
     p.add_argument("--resume", action="store_true", help="skip suites whose complete record for this tree exists")
     p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
+    p.add_argument("--junit-xml", metavar="FILE", help="also write the verdicts as JUnit XML (one testcase per "
+                   "configuration and suite, and per gated task and figure)")
     _common(p)
     p.set_defaults(fn=cmd_release)
     p = sub.add_parser("suite", help="one suite on one configuration")
@@ -467,6 +535,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="with --url and no --config: the server's max_model_len "
                    "(default: what its /v1/models says)")
     p.add_argument("--release", default="dev", help="records go to reports/<release>/ (default: dev)")
+    p.add_argument("--junit-xml", metavar="FILE", help="also write the verdict as JUnit XML")
     _common(p)
     p.set_defaults(fn=cmd_suite)
     p = sub.add_parser("render", help="render reports/<release>/RELEASE.md from records")
@@ -484,6 +553,10 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--task", action="append", help="only this eval suite, e.g. gsm8k (repeatable)")
         p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level, in (0, 1)")
         p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
+        if name == "gate":
+            p.add_argument("--perf", action="store_true", help="the performance gate on BetterBench records instead "
+                           "of the paired eval gate")
+            p.add_argument("--junit-xml", metavar="FILE", help="also write the gate's result as JUnit XML")
         _common(p, run=False)
         p.set_defaults(fn=fn)
     for name, fn, hlp in (("configs", cmd_configs, "list serving configurations"),

@@ -69,6 +69,8 @@ class ReleaseView:
     headline: str = ""
     paired: Any = None  # validate.compare.Comparison against the baseline, when there is one
     paired_note: str = ""  # why there is no paired table
+    perf: Any = None  # validate.perfgate.PerfComparison against the baseline, when both have BetterBench records
+    perf_note: str = ""  # why there is no performance gate
     baseline: str | None = None
     first_started: str = "–"
     last_ended: str = "–"
@@ -131,7 +133,8 @@ def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
     return "; ".join(reasons) or None
 
 
-def build_view(reports: Path, release: str, checklist: Checklist | None, baseline: str | None = None) -> ReleaseView:
+def build_view(reports: Path, release: str, checklist: Checklist | None, baseline: str | None = None,
+               perf_specs: dict | None = None) -> ReleaseView:
     """Collect the records of ``release``, classify them against the checklist, pair evals with ``baseline``
     (default: the previous release under ``reports``)."""
     records = release_records(reports, release)
@@ -172,6 +175,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
     view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
     view.headline = headline(view)
     attach_paired(view, reports, view.baseline)
+    attach_perf(view, reports, view.baseline, perf_specs)
     for name in ("changes", "upgrading"):
         f = reports / release / f"{name}.md"
         if f.is_file():
@@ -274,6 +278,24 @@ def attach_paired(view: ReleaseView, reports: Path, baseline: str | None) -> Non
         view.not_checked.append(Gap(cfg_task.split("/")[0], "paired eval", u))
 
 
+def attach_perf(view: ReleaseView, reports: Path, baseline: str | None, specs: dict | None) -> None:
+    """The performance gate against the baseline (validate.perfgate); a configuration it cannot compare is listed
+    under Not checked."""
+    from validate.errors import InputError
+    from validate.perfgate import compare_perf
+
+    if baseline is None:
+        view.perf_note = "no baseline release under reports/ to compare with"
+        return
+    try:
+        view.perf = compare_perf(reports, view.release, baseline, specs)
+    except InputError as e:
+        view.perf_note = str(e)
+        return
+    for u in view.perf.unpaired:
+        view.not_checked.append(Gap(u.split("/")[0], "performance gate", u))
+
+
 def headline(view: ReleaseView) -> str:
     """Title-line figures. With a baseline: the largest moves of the first configuration's headline figures
     (decode step, combined decode, single-stream decode, KV cache); without: per configuration, sanity,
@@ -311,7 +333,9 @@ def headline(view: ReleaseView) -> str:
 def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None,
                    baseline: str | None = None) -> Path:
     """Render ``reports/<release>/RELEASE.md`` and return its path."""
-    view = build_view(reports, release, checklist, baseline)
+    from validate.perfgate import specs_of
+
+    view = build_view(reports, release, checklist, baseline, perf_specs=specs_of(root))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=_Dash,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = fmt_num

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from validate.errors import InputError
 from validate.loader import format_validation_error, load_model, read_yaml
@@ -57,7 +57,15 @@ class SuiteSpec(_Strict):
     needs_server: bool = True
     params: dict[str, Any] = Field(default_factory=dict)
     gate: Gate = Field(default_factory=Gate)
+    perf_gate: Any = Field(None, description="thresholds of the performance gate (validate.perfgate.PerfGateSpec)")
     profiles: dict[Profile, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("perf_gate")
+    @classmethod
+    def _perf_gate(cls, v):
+        from validate.perfgate import PerfGateSpec
+
+        return None if v is None else PerfGateSpec.model_validate(v)
 
     def resolved_params(self, profile: Profile) -> dict[str, Any]:
         return {**self.params, **self.profiles.get(profile, {})}

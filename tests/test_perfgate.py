@@ -1,0 +1,84 @@
+"""The performance gate on seeded per-pass values: a known 10% decode-step regression fails, no shift passes,
+a shift inside the threshold or the band passes, and too few passes say they cannot be significant."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.test_records_render import rec
+from validate.cli import main
+from validate.perfgate import PerfGateSpec, compare_perf, judge
+from validate.record import record_path, write_record
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def passes(n: int, centre: float, spread: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [round(centre * (1 + rng.uniform(-spread, spread)), 4) for _ in range(n)]
+
+
+def test_a_ten_percent_slower_decode_step_is_a_regression():
+    base = passes(10, 38.0, 0.01, seed=1)
+    cand = passes(10, 38.0 * 1.10, 0.01, seed=2)
+    f = judge("cpu-smol", "decode_step_ms", base, cand, 3.0)
+    assert f.regression and f.mark == "slower" and f.outside_band
+    assert 9.0 < f.worse_pct < 11.0 and f.p_value < 1e-4  # every candidate pass above every baseline pass
+    assert f.p_value == pytest.approx(1 / 184756)  # exact: 1 / C(20, 10)
+    assert f.message.startswith("a regression: +")
+
+
+def test_no_shift_passes_and_is_within_the_band():
+    base, cand = passes(10, 38.0, 0.01, seed=3), passes(10, 38.0, 0.01, seed=4)
+    f = judge("cpu-smol", "decode_step_ms", base, cand, 3.0)
+    assert not f.regression and f.mark == "within the band"
+
+
+def test_a_rate_that_rises_is_faster_and_one_that_falls_inside_the_threshold_is_not_a_regression():
+    base = passes(10, 100.0, 0.005, seed=5)
+    up = judge("cpu-smol", "combined_decode_tok_s", base, passes(10, 110.0, 0.005, seed=6), 3.0)
+    assert up.mark == "faster" and not up.regression and up.change_pct > 9
+    down = judge("cpu-smol", "combined_decode_tok_s", base, passes(10, 98.0, 0.005, seed=7), 3.0)
+    assert down.mark == "slower" and not down.regression  # 2% worse: beyond the band, under the 3% threshold
+    assert "within the 3% threshold" in down.message
+
+
+def test_two_passes_cannot_be_significant_and_say_so():
+    f = judge("cpu-smol", "decode_step_ms", [38.0, 38.2], [45.0, 45.3], 3.0)
+    assert not f.regression and f.mark == "slower" and f.min_p == pytest.approx(1 / 6)
+    assert "cannot be significant" in f.message
+
+
+def test_thresholds_by_prefix():
+    spec = PerfGateSpec()
+    assert spec.threshold("prefill_2048_tok_s") == 5.0 and spec.threshold("decode_step_ms") == 3.0
+    assert spec.threshold("c4_tok_s") is None
+
+
+def _bench(release: str, step: float, seed: int, n: int = 8):
+    r = rec("cpu-smol", "betterbench", metrics={})
+    r.release, r.suite_kind = release, "betterbench"
+    r.params = {"decode_tokens": 128, "prefill_depths": [1024], "concurrency": [1, 2], "passes": n}
+    steps = passes(n, step, 0.01, seed)
+    r.metrics = {"passes": n, "per_pass": [{"pass": i, "decode_step_ms": s, "combined_decode_tok_s": 1e3 / s,
+                                            "prefill_1024_tok_s": 5000.0 + i} for i, s in enumerate(steps)]}
+    return r
+
+
+def test_gate_perf_exit_status_follows_the_eval_gate(tmp_path, capsys):
+    for r in (_bench("v1", 38.0, 1), _bench("v2", 38.0, 2), _bench("v3", 41.8, 3)):
+        write_record(record_path(tmp_path, r.release, r.config, r.suite), r)
+    assert main(["gate", "v2", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 0
+    assert main(["gate", "v3", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "cpu-smol/decode_step_ms" in out and "a regression" in out
+    cmp = compare_perf(tmp_path, "v3", "v1")
+    by = {f.figure: f for f in cmp.figures}
+    assert by["decode_step_ms"].regression and by["combined_decode_tok_s"].regression
+    assert not by["prefill_1024_tok_s"].regression and by["prefill_1024_tok_s"].mark == "within the band"
+    other = _bench("v4", 38.0, 4)
+    other.params["decode_tokens"] = 512
+    write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), other)
+    assert main(["gate", "v4", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 2  # cannot compare
+    assert "decode_tokens: 128 vs 512" in capsys.readouterr().out.replace("\n", " ")
