@@ -14,6 +14,13 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
 - ``close-after``: like ok, but once ``FAKE_VLLM_DIE_AFTER`` generations are done every new connection is
   closed as soon as it is accepted, before a byte is read or sent (a server going down whose listener still
   takes connections); the process stays alive.
+- ``engine-dead-after``: like ok until ``FAKE_VLLM_DIE_AFTER`` generations are done, then the engine is dead
+  and the API server lives on, as vLLM's does when its engine core dies: it logs the engine's death once, answers
+  /health with 503 and every generation at once with HTTP 500 (EngineDeadError).
+- ``garbage``: like ok, but every answer is replacement characters (U+FFFD), alone and under load.
+
+``FAKE_VLLM_DISPATCH`` / ``FAKE_VLLM_DISPATCH_FAILED`` (comma-separated names) fill the provenance line's
+``dispatch=`` / ``failed=`` fields, as the plugin prints them.
 
 With ``FAKE_VLLM_SETSID_CHILD=1`` it also starts a worker process in a session of its own (as some engines'
 workers do), which outlives the server unless the launcher finds it.
@@ -37,7 +44,16 @@ _count = 0
 _lock = threading.Lock()
 
 
+def engine_dead() -> bool:
+    return MODE == "engine-dead-after" and _count >= DIE_AFTER
+
+
+_death_logged = False
+
+
 def answer_words(prompt: str) -> list[str]:
+    if MODE == "garbage":
+        return ["\ufffd\ufffd"] * TOKENS
     nums = re.findall(r"\d+", prompt)
     words = ["The", " answer", " is", f" {nums[-1] if nums else 'unknown'}", "."]
     while len(words) < TOKENS:
@@ -61,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/health":
-            if MODE == "hang":
+            if MODE == "hang" or engine_dead():
                 self._json(503, {"status": "starting"})
             else:
                 self._json(200, {})
@@ -80,6 +96,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404, {"error": "not found"})
+            return
+        if engine_dead():
+            global _death_logged
+            with _lock:
+                if not _death_logged:
+                    _death_logged = True
+                    print("ERROR [core_client.py] Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
+                          "client.", flush=True)
+            print("ERROR [serving.py] EngineDeadError: EngineCore encountered an issue.", flush=True)
+            self._json(500, {"error": {"message": "EngineCore encountered an issue.", "type": "EngineDeadError"}})
             return
         chat = self.path == "/v1/chat/completions"
         prompt = req["messages"][-1]["content"] if chat else str(req.get("prompt"))
@@ -146,7 +172,8 @@ def main() -> None:
     if MODE not in ("no-plugin",):
         from r9k import provenance
 
-        line = provenance.line()
+        names = lambda var: [x for x in os.environ.get(var, "").split(",") if x]  # noqa: E731
+        line = provenance.line(names("FAKE_VLLM_DISPATCH"), names("FAKE_VLLM_DISPATCH_FAILED"))
         if MODE == "wrong-tree":
             line = re.sub(r"source_hash=\w+", "source_hash=0123456789abcdef", line)
         print(line, flush=True)

@@ -66,3 +66,21 @@ def test_betterbench_passes_and_bands(scratch):
         assert s[key]["min"] <= s[key]["median"] <= s[key]["max"], key
     # max_num_seqs is 4 in the fake configuration: concurrency 8 is measured but not in the combined figure
     assert len(m["per_pass"]) == 2 and m["combined_decode_tok_s"] == s["combined_decode_tok_s"]["median"]
+
+
+def test_a_dead_engine_behind_a_live_api_server_stops_the_soak(scratch):
+    """vLLM's API server outlives its engine core and answers every request at once with an error; the soak must
+    stop at the first sign, count only what happened before, and name the death from the log (before, a dead
+    engine read as thousands of failed requests)."""
+    add_suite(scratch, "mini-soak", "soak", {**SOAK, "clients": 6, "duration_s": 90}, gate={"max": {"errors": 0}})
+    tag = scratch.config("fake-engine-dead", mode="engine-dead-after", FAKE_VLLM_DIE_AFTER=20)
+    assert main(["suite", "mini-soak", "--config", "fake-engine-dead", "--release", "s3"]) == 2
+    rec = record(scratch, "s3", "fake-engine-dead", "mini-soak")
+    v, m = rec["verdict"], rec["metrics"]
+    assert v["cause"].startswith("server died during the suite: the server no longer answers GET /health with 200")
+    # 20 generations before the death, one of them the launch's readiness check; requests already streaming
+    # when the 20th ended still finish (up to the other 5 clients')
+    assert 19 <= m["served"] <= 24
+    assert m["errors"] == 0 and 1 <= m["cut_by_death"] <= 6 and m["duration_s"] < 30
+    assert v["reasons"][0] == "ERROR [core_client.py] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."
+    assert fake_procs(tag) == []

@@ -105,3 +105,19 @@ def test_a_fake_server_without_the_dispatch_is_plugin_inactive(scratch):
     assert rec["items"] == [] and rec["server"]["provenance_ok"] is True
     assert list(rec["server"]["dispatch"].values()) == [[]]
     assert fake_procs(tag) == []
+
+
+@pytest.mark.parametrize("env,status", [
+    ({"FAKE_VLLM_DISPATCH": "gdn_seq,gdn_conv"}, "pass"),
+    ({"FAKE_VLLM_DISPATCH": "gdn_conv"}, "plugin-inactive"),
+    ({"FAKE_VLLM_DISPATCH": "gdn_seq,gdn_conv", "FAKE_VLLM_DISPATCH_FAILED": "gdn"}, "plugin-inactive"),
+])
+def test_the_dispatch_a_server_reports_decides(scratch, env, status):
+    import json
+
+    from validate.cli import main
+
+    scratch.config("fake-disp", R9K_GDN_PREFILL_MAX=256, **env)
+    assert main(["suite", "fake-sanity", "--config", "fake-disp", "--release", "pd"]) == (0 if status == "pass" else 1)
+    rec = json.loads((scratch.root / "reports" / "pd" / "fake-disp" / "fake-sanity.json").read_text())
+    assert rec["verdict"]["status"] == status

@@ -44,3 +44,15 @@ def test_the_configured_share_lets_a_known_miss_through_and_no_more(scratch):
     assert rec["metrics"]["solo_right"] == 3 and rec["metrics"]["solo_wrong"] == ["miss"]
     _suite(scratch, "share-sanity", prompts, min_solo_right_share=0.76)  # 3 of 4 < ceil(0.76 * 4) = 4
     assert main(["suite", "share-sanity", "--config", "fake-share", "--release", "sg"]) == 1
+
+
+def test_garbage_alone_is_bad(scratch):
+    """A server that answers garbage to every prompt, alone and under load alike."""
+    _suite(scratch, "garbage-sanity", [{"id": f"g{i}", "prompt": f"Repeat the number {i}", "expect": str(i)}
+                                       for i in range(1, 4)], min_solo_right_share=0.0)
+    scratch.config("fake-garbage", mode="garbage")
+    assert main(["suite", "garbage-sanity", "--config", "fake-garbage", "--release", "sg"]) == 1
+    rec = _rec(scratch, "sg", "fake-garbage", "garbage-sanity")
+    solo = [i for i in rec["items"] if i["condition"] == "solo"]
+    assert [i["bad"] for i in solo] == ["replacement character in answer"] * 3
+    assert rec["metrics"]["solo_bad"] == 3 and rec["metrics"]["bad"] == 3 + 8  # and every answer under load
