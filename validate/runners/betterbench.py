@@ -18,6 +18,13 @@ A figure that is undefined in a pass (no TPOT: the decode tokens after the first
 no token-bearing chunk) is an error of that step and left out of the pass, never a crash, a zero or an
 infinite rate. Across passes the record keeps every pass, and for each figure the median and the min-max band.
 The KV cache size in tokens is read from the server's log at start.
+
+Per concurrency level the record also keeps latency samples of the successful requests of every pass, in ms
+rounded to 0.01: ``metrics["latency_samples"]["c<N>"] = {"ttft_ms": [...], "itl_ms": [...], "ttft_count": n,
+"itl_count": m}``, one TTFT per request and one per-token ITL per gap between consecutive token-bearing chunks
+(the gap / tokens of the later chunk: :mod:`validate.metrics`). A list longer than
+:data:`LATENCY_SAMPLES_MAX` is a seeded subsample of that many values in measurement order; the counts are
+those measured before subsampling.
 """
 from __future__ import annotations
 
@@ -35,6 +42,10 @@ from validate.runners.probe import ESSAY
 from validate.runners.text import TextPool
 from validate.data import needs_train_text
 from validate.suite import register_runner
+
+#: Most latency samples kept per concurrency level and kind (TTFT, ITL): at most 11 KB of record per 1,000 kept
+#: (indented JSON); the full profile keeps about 11,000 (+125 KB), the quick one about 5,900 (+64 KB).
+LATENCY_SAMPLES_MAX = 2000
 
 
 class BetterBenchParams(BaseModel):
@@ -67,12 +78,44 @@ async def concurrency_step(client: OpenAIClient, streams: int, requests_per_clie
     return summarize(results, wall), results
 
 
+def latency_values(results: list[RequestResult]) -> tuple[list[float], list[float]]:
+    """(TTFT ms, per-token ITL ms) of the successful ``results``: one TTFT per request with a token-bearing
+    chunk, one ITL per gap between consecutive token-bearing chunks, divided by the tokens of the later chunk."""
+    ttft, itl = [], []
+    for r in results:
+        if not r.ok or not r.chunk_times:
+            continue
+        ttft.append(r.chunk_times[0] * 1e3)
+        for i in range(1, len(r.chunk_times)):
+            itl.append((r.chunk_times[i] - r.chunk_times[i - 1]) * 1e3 / max(1, r.chunk_tokens[i]))
+    return ttft, itl
+
+
+def cap_samples(values: list[float], cap: int, rng: random.Random) -> list[float]:
+    """``values`` rounded to 0.01; when longer than ``cap``, a subsample of ``cap`` of them drawn with ``rng``,
+    kept in their original order."""
+    if len(values) > cap:
+        values = [values[i] for i in sorted(rng.sample(range(len(values)), cap))]
+    return [round(v, 2) for v in values]
+
+
 def band(values: list[float | None]) -> dict:
     """Median and min-max of the non-None values (None when there are none)."""
     v = [x for x in values if x is not None]
     if not v:
         return {"median": None, "min": None, "max": None}
     return {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+
+
+def latency_samples(latency: dict[int, tuple[list[float], list[float]]], seed: int) -> dict:
+    """The record's ``latency_samples``: per level ``c<N>``, the TTFT and ITL values (ms) capped at
+    :data:`LATENCY_SAMPLES_MAX` each (seeded per level and kind, so a rerun keeps the same positions)."""
+    out = {}
+    for c, (ttft, itl) in latency.items():
+        out[f"c{c}"] = {"ttft_ms": cap_samples(ttft, LATENCY_SAMPLES_MAX, random.Random(f"{seed}/c{c}/ttft")),
+                        "itl_ms": cap_samples(itl, LATENCY_SAMPLES_MAX, random.Random(f"{seed}/c{c}/itl")),
+                        "ttft_count": len(ttft), "itl_count": len(itl)}
+    return out
 
 
 @register_runner("betterbench", BetterBenchParams, preflight=needs_train_text)
@@ -86,6 +129,7 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     ctx.progress(0, total=p.passes * per_pass_requests, description="betterbench")
     rng = random.Random(p.seed)
     passes, failed = [], []
+    latency: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in levels}
     for n in range(p.passes):
         row: dict = {"pass": n}
         r = await ctx.client.chat([{"role": "user", "content": ESSAY}], max_tokens=p.decode_tokens, ignore_eos=True)
@@ -116,6 +160,9 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
             ctx.progress(len(res))
             if m.errors:
                 failed.append(f"pass {n} concurrency {c}: {m.errors} errors; first: {next(x.error for x in res if not x.ok)}")
+            ttft, itl = latency_values(res)
+            latency[c][0].extend(ttft)
+            latency[c][1].extend(itl)
             row[f"c{c}_tok_s"] = m.output_tok_s
             row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
             row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
@@ -131,6 +178,7 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
         "passes": len(passes), "prefill_depths": depths, "concurrency": levels,
         "summary": {k: band([row.get(k) for row in passes]) for k in keys},
         "per_pass": passes,
+        "latency_samples": latency_samples(latency, p.seed),
         "formula": "combined_decode = geometric mean over concurrency <= max_num_seqs of 1/TPOT-p50",
     }
     if passes:
