@@ -166,3 +166,12 @@ def test_quick_and_skipped_are_not_checked(tmp_path):
     assert "- fn-tp2 / soak: quick profile." in nc
     ck = md.split("## Checked")[1].split("##")[0]
     assert "fn-tp4 / sanity: pass" in ck and "fn-tp2 / sanity: pass" in ck and "soak" not in ck
+
+
+def test_notes_link_the_figures_they_wrote(notes, tmp_path):
+    import re
+
+    links = re.findall(r"!\[([^\]]+)\]\((figures/[^)]+\.png)\)", notes)
+    assert links and all((tmp_path / "v0.3.3" / path).is_file() for _, path in links)
+    assert any("fn-tp4" in title and path.endswith("concurrency.png") for title, path in links)
+    assert any(path == "figures/history.png" for _, path in links)

@@ -71,6 +71,7 @@ class ReleaseView:
     paired_note: str = ""  # why there is no paired table
     perf: Any = None  # validate.perfgate.PerfComparison against the baseline, when both have BetterBench records
     perf_note: str = ""  # why there is no performance gate
+    plots: list = field(default_factory=list)  # validate.plots.PlotFile, written beside RELEASE.md
     baseline: str | None = None
     first_started: str = "–"
     last_ended: str = "–"
@@ -335,7 +336,10 @@ def render_release(root: Path, reports: Path, release: str, checklist: Checklist
     """Render ``reports/<release>/RELEASE.md`` and return its path."""
     from validate.perfgate import specs_of
 
+    from validate.plots import render_figures
+
     view = build_view(reports, release, checklist, baseline, perf_specs=specs_of(root))
+    view.plots = render_figures(reports, release, view.baseline)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=_Dash,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = fmt_num
