@@ -17,7 +17,7 @@ from matplotlib.image import imread
 
 from tests.conftest import REPO, tiny_gsm8k
 from validate.record import Dataset, Record, ServerInfo, Tree, Verdict, record_path, write_record
-from validate.runners.betterbench import band
+from validate.metrics import band
 from validate.telemetry import slope_mib_per_min
 from validate import plots
 

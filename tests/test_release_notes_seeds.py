@@ -28,6 +28,9 @@ VLLM = ("0.31.0rc2.dev118", "0.31.1rc1.dev296")
 GSM_RIGHT, HE_PASSED, SANITY_N = 1263, 162, 1040
 
 
+# suite file name -> its runner kind, where they differ
+KIND = {"sanity": "strict-sanity"}
+
 def make(release: str, cfg: str, suite: str, side: int) -> Record:
     f = SEEDS[cfg]
     m: dict = {}
@@ -72,7 +75,7 @@ def make(release: str, cfg: str, suite: str, side: int) -> Record:
         m = {"passes": 20, "prefill_depths": [8192], "concurrency": [1, 2, 4, 8], "summary": summ,
              "combined_decode_tok_s": f["combined"][side], "per_pass": per_pass}
     return Record(
-        release=release, config=cfg, config_hash=f"cfg-{cfg}", suite=suite, suite_kind=suite, params={"primary": "strict"},
+        release=release, config=cfg, config_hash=f"cfg-{cfg}", suite=suite, suite_kind=KIND.get(suite, suite), params={"primary": "strict"},
         params_hash="p", suite_hash="s", profile="full", started_at="2026-10-13T00:00:00+00:00",
         ended_at="2026-10-13T01:00:00+00:00", wall_s=3600.0,
         tree=Tree(commit=("a" if side == 0 else "b") * 40, dirty=False, source_hash=f"src{side}", engine_hash="e"),

@@ -174,7 +174,7 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args, external=None):
         engine = Engine(opts, console=console, progress_factory=lambda label: _Bar(progress, label))
         blocked = _preflight(engine, plan, executor)
         for cfg_name, (why, _) in blocked.items():
-            console.print(f"[red]preflight: {why}[/red]")
+            console.print(f"[red]preflight: {why}[/red]", soft_wrap=True)
         if blocked:
             console.print(f"[yellow]preflight: {len(blocked)} configuration(s) cannot run here; their suites are "
                           "recorded as not run and the others go on[/yellow]")
@@ -206,7 +206,7 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args, external=None):
 
 def _exit(code: int, why: str) -> int:
     style = "green" if code == 0 else "red"
-    console.print(f"[{style}]exit status {code}: {why}[/{style}]")
+    console.print(f"[{style}]exit status {code}: {why}[/{style}]", soft_wrap=True)
     return code
 
 
@@ -335,7 +335,9 @@ def cmd_render(args) -> int:
 
 def _summary(reports: Path, release: str, only_suite: str | None = None, only_config: str | None = None) -> None:
     from validate.record import release_records
+    from validate.suite import discover
 
+    runners = discover()
     t = Table(title=f"{release}: verdicts")
     for col in ("configuration", "suite", "profile", "verdict", "key figures"):
         t.add_column(col)
@@ -343,15 +345,8 @@ def _summary(reports: Path, release: str, only_suite: str | None = None, only_co
         if (only_suite and r.suite != only_suite) or (only_config and r.config != only_config):
             continue
         m = r.metrics
-        fig = {  # by suite kind: a suite file of any name shows its kind's figures
-            "strict-sanity": lambda: f"{m['bad']} bad of {m['n']}, {m['solo_right']} of {m['prompts']} right alone",
-            "gsm8k": lambda: f"{m['correct']} of {m['n']} ({100 * m['accuracy']:.2f}%)",
-            "probe": lambda: f"{m['decode_tok_s']} tok/s decode, {m['aggregate_tok_s']} tok/s at {m['concurrency']}",
-            "humaneval": lambda: f"{m['passed']} of {m['n']} passed, {m['timeout']} timeouts, sandbox {m.get('sandbox', '?')}",
-            "soak": lambda: f"{m['served']} served, {m['errors']} errors",
-            "betterbench": lambda: f"combined {m['combined_decode_tok_s']} tok/s, {m['passes']} passes",
-            "pytest": lambda: f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed",
-        }.get(r.suite_kind, lambda: "")
+        runner = runners.get(r.suite_kind)
+        fig = (lambda: runner.summary(r)) if runner is not None and runner.summary else (lambda: "")
         try:
             figures = fig() if m else ""
         except KeyError:
@@ -465,7 +460,7 @@ def cmd_configs(args) -> int:
 
 
 def cmd_suites(args) -> int:
-    from validate.suite import load_checklist, load_suite, suites_dir
+    from validate.suite import get_runner, load_checklist, load_suite, suites_dir
 
     root = _root()
     t = Table(title="suites (suites/)")
@@ -476,7 +471,7 @@ def cmd_suites(args) -> int:
             continue
         s = load_suite(p).spec
         gate = ", ".join([f"{k} <= {v:g}" for k, v in s.gate.max.items()] + [f"{k} >= {v:g}" for k, v in s.gate.min.items()])
-        if not gate and s.kind in ("gsm8k", "humaneval"):
+        if not gate and get_runner(s.kind).paired_eval:
             gate = "paired McNemar vs the baseline (release, gate)"
         t.add_row(s.name, s.kind, "yes" if s.needs_server else "no", gate or "–", s.description)
     console.print(t)
@@ -577,13 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except InputError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         return 2
     except LaunchError as e:
-        console.print(f"[red]launch failed:[/red] {e}")
+        console.print(f"[red]launch failed:[/red] {e}", soft_wrap=True)
         return 2
     except ReportsError as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: servers stopped, records written so far are kept[/yellow]")

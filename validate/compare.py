@@ -15,7 +15,6 @@ from validate.errors import InputError
 from validate.record import Record, release_records
 from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
 
-EVAL_SUITE_KINDS = ("gsm8k", "humaneval")
 # Suite parameters that cannot change a score (how many sandboxes run at once); every other one must match.
 NON_SCORING_PARAMS = frozenset({"workers"})
 
@@ -214,9 +213,12 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
     Raises:
         InputError: no eval records for the candidate or the baseline.
     """
-    cand = [r for r in release_records(reports, candidate) if r.suite_kind in EVAL_SUITE_KINDS]
+    from validate.suite import paired_eval_kinds
+
+    kinds = paired_eval_kinds()
+    cand = [r for r in release_records(reports, candidate) if r.suite_kind in kinds]
     base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline)
-            if r.suite_kind in EVAL_SUITE_KINDS}
+            if r.suite_kind in kinds}
     if configs:
         cand = [r for r in cand if r.config in configs]
     if tasks:

@@ -204,6 +204,20 @@ def tree_mismatch(rec: Record, tree: Tree, expects_plugin: bool) -> str | None:
     return "; ".join(why) or None
 
 
+def check_metrics(runner, result: SuiteResult) -> None:
+    """Check a runner's metrics against the model its kind declares; a mismatch (a runner bug, or a figure it
+    could not form) makes the result an error naming the fields, never a record that readers misread."""
+    from pydantic import ValidationError
+
+    if runner.metrics_model is None or not result.metrics:
+        return
+    try:
+        runner.metrics_model.model_validate(result.metrics)
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()[:5])
+        result.errors.append(f"the {runner.kind} runner's metrics do not match {runner.metrics_model.__name__}: {bad}")
+
+
 class Engine:
     """Runs suites on configurations and writes records. ``console`` receives status lines."""
 
@@ -419,6 +433,7 @@ class Engine:
         sampler = asyncio.create_task(sm.sample_every(runner.sample_server_s, stop)) if runner.sample_server_s else None
         try:
             result = await runner.fn(ctx, s.params)
+            check_metrics(runner, result)
             stop.set()
             if sampler:
                 await sampler

@@ -15,11 +15,13 @@ from validate.record import Record
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """How to read one figure: ``get(record) -> value`` and, optionally, ``band(record) -> (lo, hi)``."""
+    """How to read one figure of a suite kind's records: ``get(record) -> value`` and, optionally,
+    ``band(record) -> (lo, hi)``. ``kind`` is the suite kind whose records hold it (``*``: any record of the
+    launch, e.g. the KV cache read at start)."""
 
     key: str
     label: str
-    suite: str
+    kind: str
     unit: str
     digits: int
     higher_is_better: bool
@@ -27,7 +29,8 @@ class FigureSpec:
     band: Callable[[Record], tuple[float, float] | None] | None = None
 
 
-def _m(*path: str):
+def metric(*path: str) -> Callable[[Record], float | None]:
+    """A getter of ``record.metrics[path[0]][path[1]]...`` as a float, None where a step is missing."""
     def get(r: Record):
         v: Any = r.metrics
         for p in path:
@@ -38,46 +41,32 @@ def _m(*path: str):
     return get
 
 
-def _bb(key: str):
+def banded(key: str):
+    """(getter, band getter) of a figure a record keeps as ``metrics.summary[key] = {median, min, max}``."""
     def get(r: Record):
-        return _m("summary", key, "median")(r)
+        return metric("summary", key, "median")(r)
 
     def band(r: Record):
-        lo, hi = _m("summary", key, "min")(r), _m("summary", key, "max")(r)
+        lo, hi = metric("summary", key, "min")(r), metric("summary", key, "max")(r)
         return None if lo is None or hi is None else (lo, hi)
     return get, band
 
 
+KV_CACHE = FigureSpec("kv", "KV cache", "*", "tokens", 0, True,
+                      lambda r: float(r.server.kv_cache_tokens) if r.server.kv_cache_tokens else None)
+
+
 def figure_specs(records: list[Record]) -> list[FigureSpec]:
-    """The figures these records can give, in the order notes show them."""
+    """The figures these records can give, in the order notes show them: each registered suite kind's own (in
+    the registry's order), then the KV cache."""
+    from validate.suite import ordered_kinds
+
     specs: list[FigureSpec] = []
-    bb = [r for r in records if r.suite_kind == "betterbench"]
-    depths = sorted({d for r in bb for d in r.metrics.get("prefill_depths", [])})
-    levels = sorted({c for r in bb for c in r.metrics.get("concurrency", [])})
-    g, b = _bb("decode_step_ms")
-    specs.append(FigureSpec("bb_step", "decode step p50 (BetterBench)", "betterbench", "ms", 2, False, g, b))
-    g, b = _bb("decode_tok_s")
-    specs.append(FigureSpec("bb_decode", "single-stream decode (BetterBench)", "betterbench", "tok/s", 1, True, g, b))
-    g, b = _bb("combined_decode_tok_s")
-    specs.append(FigureSpec("bb_combined", "BetterBench combined decode", "betterbench", "tok/s", 1, True, g, b))
-    for c in levels:
-        g, b = _bb(f"c{c}_tok_s")
-        specs.append(FigureSpec(f"bb_c{c}", f"concurrency {c} (aggregate)", "betterbench", "tok/s", 1, True, g, b))
-    for d in depths:
-        g, b = _bb(f"prefill_{d}_tok_s")
-        specs.append(FigureSpec(f"bb_prefill_{d}", f"prefill {d:,} tokens", "betterbench", "tok/s", 0, True, g, b))
-    specs += [
-        FigureSpec("probe_step", "decode step p50 (probe)", "probe", "ms", 2, False, _m("decode_step_ms")),
-        FigureSpec("probe_decode", "single-stream decode (probe)", "probe", "tok/s", 1, True, _m("decode_tok_s")),
-        FigureSpec("probe_agg", "aggregate at max_num_seqs streams (probe)", "probe", "tok/s", 1, True, _m("aggregate_tok_s")),
-        FigureSpec("probe_prefill", "prefill (probe depth)", "probe", "tok/s", 0, True, _m("prefill_tok_s")),
-        FigureSpec("probe_ttft", "time to first token p50 (probe)", "probe", "ms", 1, False, _m("ttft_ms_p50")),
-        FigureSpec("kv", "KV cache", "*", "tokens", 0, True, lambda r: float(r.server.kv_cache_tokens) if r.server.kv_cache_tokens else None),
-        FigureSpec("gsm8k", "GSM8K accuracy", "gsm8k", "%", 2, True, lambda r: None if _m("accuracy")(r) is None else 100 * _m("accuracy")(r)),
-        FigureSpec("humaneval", "HumanEval passed", "humaneval", "", 0, True, _m("passed")),
-        FigureSpec("soak_served", "soak requests served", "soak", "", 0, True, _m("served")),
-    ]
-    return specs
+    for runner in ordered_kinds():
+        mine = [r for r in records if r.suite_kind == runner.kind]
+        if mine and runner.figures is not None:
+            specs += runner.figures(mine)
+    return specs + [KV_CACHE]
 
 
 @dataclass
@@ -139,13 +128,12 @@ def compare_figures(base: dict[str, list[Record]], cand: dict[str, list[Record]]
     rows = []
     for spec in figure_specs(every):
         def pick(side: dict[str, list[Record]]):
-            if spec.suite == "*":  # any record of the launch (the KV cache is read at start)
-                for runs in side.values():
+            for runs in side.values():  # the first suite of the figure's kind (any, for '*') that has it
+                if runs and (spec.kind == "*" or runs[0].suite_kind == spec.kind):
                     v = _value_and_band(spec, runs)
                     if v[0] is not None:
                         return v
-                return None, None, 0
-            return _value_and_band(spec, side.get(spec.suite, []))
+            return None, None, 0
         bv, bband, _ = pick(base)
         cv, cband, n = pick(cand)
         if bv is None and cv is None:

@@ -105,3 +105,37 @@ def summarize(results: list[RequestResult], wall_s: float) -> LoadMetrics:
         e2el_ms_p50=s([r.e2el_s * 1e3 for r in good], 50),
         decode_tok_s_p50=None if not tpots else round(1e3 / float(np.median(tpots)), 3),
     )
+
+
+# ---- suite-level formulas ---------------------------------------------------------------------------------
+def median(values: list[float | None]) -> float | None:
+    """The median of the values that are not None (statistics.median: the mean of the middle two for an even
+    count), or None when there are none. Probe and BetterBench report their per-run figures this way."""
+    import statistics
+
+    v = [x for x in values if x is not None]
+    return statistics.median(v) if v else None
+
+
+def band(values: list[float | None]) -> dict:
+    """{median, min, max} of the values that are not None, rounded to 0.001 (all None when there are none): a
+    figure's run-to-run band across BetterBench's passes."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"median": None, "min": None, "max": None}
+    return {"median": round(median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+
+
+def prefill_rate(depth: int, ttft_s: float | None) -> float | None:
+    """Prefill tok/s of a D-token prompt sent alone with max_tokens 1: D / TTFT; None when TTFT is undefined."""
+    return depth / ttft_s if ttft_s else None
+
+
+def combined_decode(tpot_p50_ms: dict[int, float | None], max_num_seqs: int) -> float | None:
+    """BetterBench's combined decode (tok/s): the geometric mean, over the concurrency levels up to
+    ``max_num_seqs``, of the per-stream decode rate 1 / TPOT-p50 at that level (``tpot_p50_ms``: level -> ms);
+    levels without a TPOT are left out; None when none is left."""
+    import math
+
+    rates = [1e3 / t for c, t in sorted(tpot_p50_ms.items()) if c <= max_num_seqs and t]
+    return math.exp(sum(map(math.log, rates)) / len(rates)) if rates else None

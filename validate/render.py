@@ -62,6 +62,7 @@ class ReleaseView:
     release: str
     records: list[Record]
     by_config: dict[str, dict[str, Record]]
+    by_kind: dict[str, dict[str, Record]] = field(default_factory=dict)  # config -> suite kind -> its first record
     checked: list[Record] = field(default_factory=list)
     not_checked: list[Gap] = field(default_factory=list)
     failures: list[Record] = field(default_factory=list)
@@ -147,6 +148,9 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
     order = [c for c, _ in planned]
     by_config = dict(sorted(by_config.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
     view = ReleaseView(release, records, by_config, tree_hash=hashes.most_common(1)[0][0] if hashes else None)
+    for cfg, suites in by_config.items():
+        for r in suites.values():
+            view.by_kind.setdefault(cfg, {}).setdefault(r.suite_kind, r)
     if records:
         view.first_started = min(r.started_at for r in records).replace("T", " ").replace("+00:00", "")
         view.last_ended = max(r.ended_at for r in records).replace("T", " ").replace("+00:00", "")
@@ -312,20 +316,12 @@ def headline(view: ReleaseView) -> str:
                 bits.append(f"{name} {fmt_num(r.baseline, r.digits)} -> {fmt_num(r.candidate, r.digits)}{unit}")
         if bits:
             return f"{cfg}: " + ", ".join(bits[:2])
+    from validate.suite import ordered_kinds
+
     parts = []
-    for cfg, suites in view.by_config.items():
-        bits = []
-        if (s := suites.get("sanity")) and {"bad", "n"} <= set(s.metrics):
-            bits.append(f"sanity {s.metrics['bad']} bad of {s.metrics['n']:,}")
-        if (b := suites.get("betterbench")) and b.metrics.get("combined_decode_tok_s"):
-            bits.append(f"BetterBench combined {b.metrics['combined_decode_tok_s']:.1f} tok/s")
-        if (g := suites.get("gsm8k")) and {"accuracy", "n"} <= set(g.metrics):
-            sub = " subset" if g.dataset and g.dataset.subset else ""
-            bits.append(f"GSM8K {fmt_pct(g.metrics['accuracy'], 1)} of {g.metrics['n']:,}{sub}")
-        if (h := suites.get("humaneval")) and {"passed", "n"} <= set(h.metrics):
-            bits.append(f"HumanEval {h.metrics['passed']} of {h.metrics['n']}")
-        if (p := suites.get("probe")) and p.metrics.get("decode_tok_s") is not None:
-            bits.append(f"decode {p.metrics['decode_tok_s']:.1f} tok/s")
+    for cfg, kinds in view.by_kind.items():
+        bits = [phrase for runner in ordered_kinds() if runner.headline and runner.kind in kinds
+                if (phrase := runner.headline(kinds[runner.kind]))]
         if bits:
             parts.append(f"{cfg}: " + ", ".join(bits))
     return "; ".join(parts) or "no measurements"

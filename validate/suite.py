@@ -73,50 +73,102 @@ class SuiteSpec(_Strict):
 
 @dataclass
 class Runner:
-    """A registered suite kind: its params model, its coroutine ``fn(ctx, params) -> SuiteResult``, an
-    optional ``preflight(params, root, data_dir)`` that raises InputError for missing inputs before launch, and
-    ``sample_server_s``: sample the server's own metrics every that many seconds while it runs (None: only at
-    its start and end)."""
+    """A registered suite kind, described end to end by the module that registers it.
+
+    Attributes:
+        kind: the name suite files give as ``kind``.
+        params_model: pydantic model of its params (an unknown or mistyped param names the file, line and key).
+        fn: the coroutine ``fn(ctx, params) -> SuiteResult``.
+        preflight: ``preflight(params, root, data_dir)``, raising InputError for missing inputs before launch.
+        sample_server_s: sample the server's own metrics every that many seconds while it runs (None: only at
+            its start and end).
+        metrics_model: pydantic model of the metrics it records; the engine checks a result against it before
+            writing (a mismatch is the runner's error, never a pass).
+        figures: ``figures(records) -> [FigureSpec]``: the figures its records give the notes' number tables.
+        headline: ``headline(record) -> str | None``: its phrase in the notes' title line.
+        summary: ``summary(record) -> str``: its key figures in the CLI's verdict table.
+        paired_eval: its records are per-question evals that ``compare`` and ``gate`` pair.
+        order: where its tables, figures and phrases come in the notes (lower first; ties by kind).
+    """
 
     kind: str
     params_model: type[BaseModel]
     fn: Callable[..., Awaitable[Any]]
     preflight: Callable[..., None] | None = None
     sample_server_s: float | None = None
+    metrics_model: type[BaseModel] | None = None
+    figures: Callable[[list], list] | None = None
+    headline: Callable[[Any], str | None] | None = None
+    summary: Callable[[Any], str] | None = None
+    paired_eval: bool = False
+    order: int = 100
 
 
 RUNNERS: dict[str, Runner] = {}
-# Lazy targets: kind -> module that registers it, imported only when needed (lm-eval-harness style).
-RUNNER_MODULES = {
-    "strict-sanity": "validate.runners.sanity",
-    "gsm8k": "validate.runners.gsm8k",
-    "probe": "validate.runners.probe",
-    "soak": "validate.runners.soak",
-    "betterbench": "validate.runners.betterbench",
-    "humaneval": "validate.runners.humaneval",
-    "pytest": "validate.runners.pytest_suite",
-}
+#: Packages whose modules are imported to find suite kinds: a module that calls :func:`register_runner` at import
+#: is a suite kind, with no list to edit (tests extend a package's ``__path__`` with a folder of their own).
+RUNNER_PACKAGES = ["validate.runners"]
+_discovered = False
 
 
-def register_runner(kind: str, params: type[BaseModel], preflight: Callable[..., None] | None = None,
-                    sample_server_s: float | None = None):
-    """Decorator: register ``fn`` as the runner of suite kind ``kind`` with params model ``params`` (see
-    :class:`Runner` for the other fields)."""
+def register_runner(kind: str, params: type[BaseModel], preflight: Callable[..., None] | None = None, **describe):
+    """Decorator: register ``fn`` as the runner of suite kind ``kind`` with params model ``params``; ``describe``
+    sets the other :class:`Runner` fields (``metrics_model``, ``figures``, ``headline``, ``summary``,
+    ``paired_eval``, ``sample_server_s``).
+
+    Raises:
+        ValueError: ``kind`` is registered twice, or ``describe`` names a field :class:`Runner` does not have.
+    """
+    unknown = set(describe) - set(Runner.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"register_runner({kind!r}): unknown field(s) {sorted(unknown)}")
 
     def deco(fn):
         if kind in RUNNERS:
             raise ValueError(f"runner {kind!r} registered twice")
-        RUNNERS[kind] = Runner(kind, params, fn, preflight, sample_server_s)
+        RUNNERS[kind] = Runner(kind, params, fn, preflight, **describe)
         return fn
 
     return deco
 
 
+def discover() -> dict[str, Runner]:
+    """Import every module of :data:`RUNNER_PACKAGES` once (each registers its kinds) and return the registry."""
+    global _discovered
+    if not _discovered:
+        import pkgutil
+
+        for pkg_name in RUNNER_PACKAGES:
+            pkg = importlib.import_module(pkg_name)
+            for mod in pkgutil.iter_modules(pkg.__path__):
+                if not mod.name.startswith("_"):
+                    importlib.import_module(f"{pkg_name}.{mod.name}")
+        _discovered = True
+    return RUNNERS
+
+
+def rediscover() -> dict[str, Runner]:
+    """Look for new modules again (after a package's ``__path__`` grew); registered kinds stay."""
+    global _discovered
+    _discovered = False
+    return discover()
+
+
 def get_runner(kind: str) -> Runner:
-    """The runner of ``kind``, importing its module on first use. Raises KeyError for an unknown kind."""
-    if kind not in RUNNERS and kind in RUNNER_MODULES:
-        importlib.import_module(RUNNER_MODULES[kind])
+    """The runner of ``kind``. Raises KeyError for a kind no module registers."""
+    if kind not in RUNNERS:
+        discover()
     return RUNNERS[kind]
+
+
+def ordered_kinds() -> list[Runner]:
+    """Every registered suite kind in the notes' order (:attr:`Runner.order`, then kind)."""
+    return sorted(discover().values(), key=lambda r: (r.order, r.kind))
+
+
+def paired_eval_kinds() -> set[str]:
+    """The suite kinds whose records ``compare`` and ``gate`` pair."""
+    return {k for k, r in discover().items() if r.paired_eval}
 
 
 @dataclass
@@ -166,7 +218,7 @@ def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
     try:
         runner = get_runner(spec.kind)
     except KeyError:
-        known = ", ".join(sorted(set(RUNNER_MODULES) | set(RUNNERS)))
+        known = ", ".join(sorted(discover()))
         raise InputError(f"{path}: kind: unknown suite kind {spec.kind!r} (known: {known})") from None
     for prof, overrides in spec.profiles.items():
         if not isinstance(overrides, dict):

@@ -28,17 +28,17 @@ those measured before subsampling.
 """
 from __future__ import annotations
 
-import math
 import random
-import statistics
 import time
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import OpenAIClient, RequestResult, gather_limited
-from validate.metrics import LoadMetrics, summarize, tpot_s
+from validate.metrics import LoadMetrics, band, combined_decode, prefill_rate, summarize, tpot_s
 from validate.runners.base import RunContext, SuiteResult
-from validate.runners.probe import ESSAY
+from validate.runners.text import ESSAY
 from validate.runners.text import TextPool
 from validate.data import needs_train_text
 from validate.suite import register_runner
@@ -99,14 +99,6 @@ def cap_samples(values: list[float], cap: int, rng: random.Random) -> list[float
     return [round(v, 2) for v in values]
 
 
-def band(values: list[float | None]) -> dict:
-    """Median and min-max of the non-None values (None when there are none)."""
-    v = [x for x in values if x is not None]
-    if not v:
-        return {"median": None, "min": None, "max": None}
-    return {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
-
-
 def latency_samples(latency: dict[int, tuple[list[float], list[float]]], seed: int) -> dict:
     """The record's ``latency_samples``: per level ``c<N>``, the TTFT and ITL values (ms) capped at
     :data:`LATENCY_SAMPLES_MAX` each (seeded per level and kind, so a rerun keeps the same positions)."""
@@ -118,7 +110,59 @@ def latency_samples(latency: dict[int, tuple[list[float], list[float]]], seed: i
     return out
 
 
-@register_runner("betterbench", BetterBenchParams, preflight=needs_train_text)
+class Band(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    median: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class BetterBenchMetrics(BaseModel):
+    """What a BetterBench record's ``metrics`` hold (times in ms, rates in tok/s)."""
+
+    model_config = ConfigDict(extra="forbid")
+    passes: int
+    prefill_depths: list[int]
+    concurrency: list[int]
+    summary: dict[str, Band] = Field(description="every per-pass figure's median and min-max band")
+    per_pass: list[dict[str, float | int | None]]
+    latency_samples: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    formula: str
+    combined_decode_tok_s: float | None = None
+    decode_tok_s: float | None = None
+    decode_step_ms: float | None = None
+
+
+def figures(records: list) -> list:
+    """The notes' BetterBench figures: decode step, single-stream decode, combined decode, aggregate tok/s at each
+    concurrency level, prefill tok/s at each depth, each with its band across passes."""
+    from validate.figures import FigureSpec, banded
+
+    depths = sorted({d for r in records for d in r.metrics.get("prefill_depths", [])})
+    levels = sorted({c for r in records for c in r.metrics.get("concurrency", [])})
+    out = [FigureSpec("bb_step", "decode step p50 (BetterBench)", "betterbench", "ms", 2, False, *banded("decode_step_ms")),
+           FigureSpec("bb_decode", "single-stream decode (BetterBench)", "betterbench", "tok/s", 1, True, *banded("decode_tok_s")),
+           FigureSpec("bb_combined", "BetterBench combined decode", "betterbench", "tok/s", 1, True,
+                      *banded("combined_decode_tok_s"))]
+    out += [FigureSpec(f"bb_c{c}", f"concurrency {c} (aggregate)", "betterbench", "tok/s", 1, True, *banded(f"c{c}_tok_s"))
+            for c in levels]
+    out += [FigureSpec(f"bb_prefill_{d}", f"prefill {d:,} tokens", "betterbench", "tok/s", 0, True,
+                       *banded(f"prefill_{d}_tok_s")) for d in depths]
+    return out
+
+
+def headline(rec) -> str | None:
+    v = rec.metrics.get("combined_decode_tok_s")
+    return f"BetterBench combined {v:.1f} tok/s" if v else None
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"combined {m['combined_decode_tok_s']} tok/s, {m['passes']} passes"
+
+
+@register_runner("betterbench", BetterBenchParams, preflight=needs_train_text, sample_server_s=5.0,
+                 metrics_model=BetterBenchMetrics, figures=figures, headline=headline, summary=summary, order=20)
 async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     s = ctx.config.server
     limit = s.max_model_len - 8
@@ -153,7 +197,7 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
             if not r.ttft_s:
                 failed.append(f"pass {n} prefill {d}: no token-bearing chunk, TTFT undefined")
                 continue
-            row[f"prefill_{d}_tok_s"] = d / r.ttft_s
+            row[f"prefill_{d}_tok_s"] = prefill_rate(d, r.ttft_s)
         for c in levels:
             windows = {(k, j): pool.window(p.prompt_tokens, rng) for k in range(c) for j in range(p.requests_per_client)}
             m, res = await concurrency_step(ctx.client, c, p.requests_per_client, lambda k, j: windows[(k, j)], p.agg_tokens)
@@ -167,8 +211,7 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
             row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
             row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
             row[f"c{c}_tpot_ms_p50"] = m.tpot_ms_p50
-        rates = [1e3 / row[f"c{c}_tpot_ms_p50"] for c in levels if c <= s.max_num_seqs and row.get(f"c{c}_tpot_ms_p50")]
-        row["combined_decode_tok_s"] = math.exp(sum(map(math.log, rates)) / len(rates)) if rates else None
+        row["combined_decode_tok_s"] = combined_decode({c: row.get(f"c{c}_tpot_ms_p50") for c in levels}, s.max_num_seqs)
         passes.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     out = SuiteResult()
     if failed:

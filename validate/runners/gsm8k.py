@@ -40,7 +40,48 @@ def preflight(p: GSM8KParams, root, data_dir) -> None:
             raise InputError(f"{train_path}: fewer than fewshot={p.fewshot} questions")
 
 
-@register_runner("gsm8k", GSM8KParams, preflight=preflight)
+class GSM8KMetrics(BaseModel):
+    """What a GSM8K record's ``metrics`` hold (accuracies as fractions of n)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    errors: int
+    primary: Literal["strict", "flexible"]
+    concurrency: int
+    correct: int
+    accuracy: float
+    correct_strict: int
+    correct_flexible: int
+    accuracy_strict: float
+    accuracy_flexible: float
+    truncated: int
+
+
+def figures(records: list) -> list:
+    from validate.figures import FigureSpec, metric
+
+    def pct(r):
+        v = metric("accuracy")(r)
+        return None if v is None else 100 * v
+
+    return [FigureSpec("gsm8k", "GSM8K accuracy", "gsm8k", "%", 2, True, pct)]
+
+
+def headline(rec) -> str | None:
+    m = rec.metrics
+    if not {"accuracy", "n"} <= set(m):
+        return None
+    sub = " subset" if rec.dataset and rec.dataset.subset else ""
+    return f"GSM8K {100 * m['accuracy']:.1f}% of {m['n']:,}{sub}"
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"{m['correct']} of {m['n']} ({100 * m['accuracy']:.2f}%)"
+
+
+@register_runner("gsm8k", GSM8KParams, preflight=preflight, metrics_model=GSM8KMetrics, figures=figures,
+                 headline=headline, summary=summary, paired_eval=True, order=30)
 async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
     test_path = require_file(ctx.data_dir, "gsm8k/test.jsonl")
     questions = g.load_split(test_path, "test")

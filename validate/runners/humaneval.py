@@ -54,7 +54,45 @@ def preflight(p: HumanEvalParams, root, data_dir) -> None:
     he.check_sandbox(p.allow_unsandboxed)
 
 
-@register_runner("humaneval", HumanEvalParams, preflight=preflight)
+class HumanEvalMetrics(BaseModel):
+    """What a HumanEval record's ``metrics`` hold (counts of problems; which sandbox ran the programs)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    correct: int
+    accuracy: float
+    passed: int
+    failed: int
+    timeout: int
+    error: int
+    infra: int
+    request_errors: int
+    endpoint: str
+    concurrency: int
+    sandbox: str
+    sandbox_detail: str
+    contained: list[str]
+    not_contained: list[str]
+
+
+def figures(records: list) -> list:
+    from validate.figures import FigureSpec, metric
+
+    return [FigureSpec("humaneval", "HumanEval passed", "humaneval", "", 0, True, metric("passed"))]
+
+
+def headline(rec) -> str | None:
+    m = rec.metrics
+    return f"HumanEval {m['passed']} of {m['n']}" if {"passed", "n"} <= set(m) else None
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"{m['passed']} of {m['n']} passed, {m['timeout']} timeouts, sandbox {m.get('sandbox', '?')}"
+
+
+@register_runner("humaneval", HumanEvalParams, preflight=preflight, metrics_model=HumanEvalMetrics, figures=figures,
+                 headline=headline, summary=summary, paired_eval=True, order=40)
 async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     problems = he.load_problems(p.data_file)
     backend, sandbox_detail = await asyncio.to_thread(he.check_sandbox, p.allow_unsandboxed)  # probes once

@@ -14,20 +14,18 @@ that figure is None and the step an error, never a crash, a zero or an infinite 
 """
 from __future__ import annotations
 
-import statistics
 import time
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import gather_limited
-from validate.metrics import summarize, tpot_s
+from validate.metrics import median, prefill_rate, summarize, tpot_s
 from validate.runners.base import RunContext, SuiteResult
-from validate.runners.text import TextPool
+from validate.runners.text import ESSAY, TextPool
 from validate.data import needs_train_text
 from validate.suite import register_runner
-
-ESSAY = "Write a long, detailed essay on the history of the printing press and how it changed Europe."
-
 
 class ProbeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -39,11 +37,50 @@ class ProbeParams(BaseModel):
     prefill_depth: int = Field(2048, ge=16)
 
 
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+class ProbeMetrics(BaseModel):
+    """What a probe record's ``metrics`` hold (times in ms, rates in tok/s)."""
+
+    model_config = ConfigDict(extra="forbid")
+    decode_tok_s: float | None = None
+    decode_step_ms: float | None = None
+    ttft_ms_p50: float | None = None
+    concurrency: int
+    aggregate_tok_s: float
+    aggregate_ttft_ms_p50: float | None = None
+    prefill_depth: int
+    prefill_tok_s: float | None = None
+    prefill_prompt_tokens: int | None = None
+    decode_tokens: int
+    repeats: int
+    decode_tok_s_runs: list[float | None]
+    prefill_tok_s_runs: list[float | None]
+    aggregate: dict[str, Any]
 
 
-@register_runner("probe", ProbeParams, preflight=needs_train_text)
+def figures(records: list) -> list:
+    """The notes' probe figures: decode step, single-stream decode, aggregate at max_num_seqs, prefill, TTFT."""
+    from validate.figures import FigureSpec, metric
+
+    return [FigureSpec("probe_step", "decode step p50 (probe)", "probe", "ms", 2, False, metric("decode_step_ms")),
+            FigureSpec("probe_decode", "single-stream decode (probe)", "probe", "tok/s", 1, True, metric("decode_tok_s")),
+            FigureSpec("probe_agg", "aggregate at max_num_seqs streams (probe)", "probe", "tok/s", 1, True,
+                       metric("aggregate_tok_s")),
+            FigureSpec("probe_prefill", "prefill (probe depth)", "probe", "tok/s", 0, True, metric("prefill_tok_s")),
+            FigureSpec("probe_ttft", "time to first token p50 (probe)", "probe", "ms", 1, False, metric("ttft_ms_p50"))]
+
+
+def headline(rec) -> str | None:
+    v = rec.metrics.get("decode_tok_s")
+    return None if v is None else f"decode {v:.1f} tok/s"
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"{m['decode_tok_s']} tok/s decode, {m['aggregate_tok_s']} tok/s at {m['concurrency']}"
+
+
+@register_runner("probe", ProbeParams, preflight=needs_train_text, metrics_model=ProbeMetrics, figures=figures,
+                 headline=headline, summary=summary, order=50)
 async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
     out = SuiteResult()
     s = ctx.config.server
@@ -84,16 +121,16 @@ async def run(ctx: RunContext, p: ProbeParams) -> SuiteResult:
     # TPOT is None where the decode rate is undefined (every token after the first chunk in one read) and
     # TTFT where no token-bearing chunk came: errors of that step, never a crash, a zero or an infinite rate
     tpots = [tpot_s(r) for r in decode]
-    prefill_rates = [depth / r.ttft_s if r.ttft_s else None for r in prefill]
+    prefill_rates = [prefill_rate(depth, r.ttft_s) for r in prefill]
     if None in tpots:
         out.errors.append(f"{tpots.count(None)} of {len(decode)} decode requests have no TPOT (the tokens after "
                           "the first chunk span no time): the decode rate is undefined")
     if None in prefill_rates:
         out.errors.append(f"{prefill_rates.count(None)} of {len(prefill)} prefill requests brought no "
                           "token-bearing chunk: TTFT and the prefill rate are undefined")
-    step = _median([t for t in tpots if t is not None])
-    ttft = _median([r.ttft_s for r in decode if r.ttft_s is not None])
-    prefill_med = _median([x for x in prefill_rates if x is not None])
+    step = median(tpots)
+    ttft = median([r.ttft_s for r in decode])
+    prefill_med = median(prefill_rates)
     agg_m = summarize(agg, agg_wall)
     out.metrics = {
         "decode_tok_s": None if step is None else round(1.0 / step, 2),

@@ -61,7 +61,25 @@ def parse_junit(path: Path) -> list[dict]:
     return out
 
 
-@register_runner("pytest", PytestParams, preflight=preflight)
+class PytestMetrics(BaseModel):
+    """What a pytest-suite record's ``metrics`` hold (test counts from the junit XML)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tests: int
+    passed: int
+    failed: int
+    error: int
+    skipped: int
+    exit_status: int | None = None
+    paths: list[str]
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed"
+
+
+@register_runner("pytest", PytestParams, preflight=preflight, metrics_model=PytestMetrics, summary=summary, order=70)
 async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
     folder = ctx.record_dir
     folder.mkdir(parents=True, exist_ok=True)

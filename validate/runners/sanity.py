@@ -98,7 +98,36 @@ def preflight(p: SanityParams, root, data_dir) -> None:
         require_file(data_dir, "gsm8k/train.jsonl")
 
 
-@register_runner("strict-sanity", SanityParams, preflight=preflight)
+class SanityMetrics(BaseModel):
+    """What a strict-sanity record's ``metrics`` hold (counts of requests under load, and of prompts alone)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    bad: int
+    divergent: int
+    errors: int
+    solo_right: int
+    prompts: int
+    solo_wrong: list[str]
+    solo_bad: int
+    solo_right_share: float
+    min_solo_right_share: float
+    conditions: dict[str, dict[str, int]]
+    max_num_seqs: int
+
+
+def headline(rec) -> str | None:
+    m = rec.metrics
+    return f"sanity {m['bad']} bad of {m['n']:,}" if {"bad", "n"} <= set(m) else None
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"{m['bad']} bad of {m['n']}, {m['solo_right']} of {m['prompts']} right alone"
+
+
+@register_runner("strict-sanity", SanityParams, preflight=preflight, metrics_model=SanityMetrics, headline=headline,
+                 summary=summary, order=10)
 async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     prompts = load_prompts(ctx.root / "suites" / p.prompts_file)
     mns = ctx.config.server.max_num_seqs

@@ -18,6 +18,8 @@ import math
 import random
 import time
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.runners.base import RunContext, SuiteResult
@@ -41,7 +43,40 @@ class SoakParams(BaseModel):
     seed: int = 0
 
 
-@register_runner("soak", SoakParams, preflight=needs_train_text, sample_server_s=5.0)
+class SoakMetrics(BaseModel):
+    """What a soak record's ``metrics`` hold (memory in MiB, times in s, rates in tok/s)."""
+
+    model_config = ConfigDict(extra="forbid")
+    clients: int
+    duration_s: float
+    served: int
+    errors: int
+    prompt_tok_s: float
+    output_tok_s: float
+    prompt_tokens_range: list[int]
+    prompt_tokens_mean: float | None = None
+    memory: dict[str, dict[str, Any]]
+    memory_backends: list[str]
+    max_slope_mib_per_min: float
+    samples: list[list[Any]]
+    server_died_at_s: float | None = None
+    cut_by_death: int = 0
+    memory_samples_in_life: int
+
+
+def figures(records: list) -> list:
+    from validate.figures import FigureSpec, metric
+
+    return [FigureSpec("soak_served", "soak requests served", "soak", "", 0, True, metric("served"))]
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    return f"{m['served']} served, {m['errors']} errors"
+
+
+@register_runner("soak", SoakParams, preflight=needs_train_text, sample_server_s=5.0, metrics_model=SoakMetrics,
+                 figures=figures, summary=summary, order=60)
 async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     s = ctx.config.server
     hi = min(p.prompt_tokens_max, s.max_model_len - p.max_tokens - 8)

@@ -13,6 +13,10 @@ from validate.evals import gsm8k as g
 
 _CHARS_PER_CALL = 200_000  # keep each /tokenize request moderate
 
+#: The single-stream decode prompt of probe and BetterBench (answered with ignore_eos, so its length is the
+#: request's max_tokens whatever the model says).
+ESSAY = "Write a long, detailed essay on the history of the printing press and how it changed Europe."
+
 
 class TextPool:
     """A pool of at least ``min_tokens`` token ids of real text, tokenized by the server under test."""

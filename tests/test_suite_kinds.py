@@ -1,0 +1,115 @@
+"""A new suite kind is one module and one YAML file: a kind registered by a module the engine finds on its own
+(no list to edit) is run, checked against its metrics model, recorded, and rendered in the notes."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+import validate.runners
+from validate import suite as suite_mod
+from validate.cli import main
+from validate.render import render_release
+
+pytestmark = pytest.mark.timeout(120)
+
+TOY = '''
+"""A toy suite kind: asks the server to repeat a few numbers and counts the answers."""
+from pydantic import BaseModel, ConfigDict
+
+from validate.figures import FigureSpec, metric
+from validate.runners.base import SuiteResult
+from validate.suite import register_runner
+
+
+class ToyParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompts: int = 3
+    broken: bool = False
+
+
+class ToyMetrics(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    asked: int
+    answered: int
+    mean_chars: float
+
+
+def figures(records):
+    return [FigureSpec("toy_chars", "toy answer length", "toy", "chars", 1, True, metric("mean_chars"))]
+
+
+def headline(rec):
+    return f"toy {rec.metrics['answered']} of {rec.metrics['asked']} answered"
+
+
+def summary(rec):
+    return f"{rec.metrics['answered']} answered"
+
+
+@register_runner("toy", ToyParams, metrics_model=ToyMetrics, figures=figures, headline=headline, summary=summary)
+async def run(ctx, p):
+    out = SuiteResult()
+    answered = chars = 0
+    for i in range(p.prompts):
+        r = await ctx.client.chat([{"role": "user", "content": f"Repeat the number {i}"}], max_tokens=6)
+        answered += r.ok
+        chars += len(r.text)
+    out.metrics = {"asked": p.prompts, "answered": answered, "mean_chars": chars / max(1, answered)}
+    if p.broken:
+        out.metrics["asked"] = "many"
+    return out
+'''
+
+
+@pytest.fixture
+def toy_kind(tmp_path, monkeypatch):
+    """toy_kind.py in a folder of its own, added to the runners package's search path."""
+    folder = tmp_path / "kinds"
+    folder.mkdir()
+    (folder / "toy_kind.py").write_text(textwrap.dedent(TOY))
+    suite_mod.discover()  # every real kind registered first, into the registry the test leaves as it found it
+    monkeypatch.setattr(suite_mod, "RUNNERS", dict(suite_mod.RUNNERS))  # the toy kind leaves with the test
+    monkeypatch.delitem(sys.modules, "validate.runners.toy_kind", raising=False)
+    monkeypatch.setattr(validate.runners, "__path__", [*validate.runners.__path__, str(folder)])
+    suite_mod.rediscover()
+    yield
+    suite_mod.rediscover()
+
+
+def test_a_new_kind_is_found_recorded_and_rendered(scratch, toy_kind, capsys):
+    (scratch.root / "suites" / "toy.yaml").write_text(yaml.safe_dump(
+        {"name": "toy", "kind": "toy", "params": {"prompts": 3}, "gate": {"min": {"answered": 3}}}))
+    scratch.config("fake-ok")
+    assert main(["suite", "toy", "--config", "fake-ok", "--release", "tk"]) == 0
+    assert "3 answered" in capsys.readouterr().out  # the kind's own summary in the verdict table
+    rec = json.loads((scratch.root / "reports" / "tk" / "fake-ok" / "toy.json").read_text())
+    # the synthetic server answers "The answer is N. more" (6 tokens)
+    assert rec["suite_kind"] == "toy" and rec["metrics"] == {"asked": 3, "answered": 3,
+                                                             "mean_chars": len("The answer is 0. more") * 1.0}
+    md = render_release(scratch.root, scratch.root / "reports", "tk", None).read_text()
+    assert md.startswith("# tk: fake-ok: toy 3 of 3 answered")  # its headline phrase
+    assert "| toy answer length | 21.0 chars |" in md  # its figure in the numbers table
+    assert "- fake-ok / toy: pass, full profile" in md
+
+
+def test_metrics_that_break_the_kinds_model_are_an_error(scratch, toy_kind):
+    (scratch.root / "suites" / "toy.yaml").write_text(yaml.safe_dump(
+        {"name": "toy", "kind": "toy", "params": {"prompts": 1, "broken": True}}))
+    scratch.config("fake-ok")
+    assert main(["suite", "toy", "--config", "fake-ok", "--release", "tk2"]) == 2
+    rec = json.loads((scratch.root / "reports" / "tk2" / "fake-ok" / "toy.json").read_text())
+    assert rec["verdict"]["status"] == "error"
+    assert rec["verdict"]["cause"].startswith("the toy runner's metrics do not match ToyMetrics: asked:")
+
+
+def test_the_registry_knows_every_kind_without_a_list():
+    kinds = suite_mod.discover()
+    assert {"strict-sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench", "pytest"} <= set(kinds)
+    assert suite_mod.paired_eval_kinds() == {"gsm8k", "humaneval"}
+    assert [r.kind for r in suite_mod.ordered_kinds()][:3] == ["strict-sanity", "betterbench", "gsm8k"]
+    with pytest.raises(ValueError, match="unknown field"):
+        suite_mod.register_runner("x", object, colour="red")
