@@ -1,6 +1,6 @@
 """A lower-overhead launch path for Triton kernels called once per layer and step.
 
-``kernel[grid](*args)`` goes through Triton's JIT dispatcher on every call: binding and specialising every
+``kernel[grid](*args)`` goes through Triton's (or Gluon's) JIT dispatcher on every call: binding and specialising every
 argument, building and hashing a cache key, checking globals. For a kernel of ~40 arguments that costs tens
 of microseconds of host time per call, more than the GPU time of a short prefill's GDN core. :class:`Launcher`
 keeps the ``CompiledKernel`` that the JIT returns on the first call for a given specialisation and launches it
@@ -89,9 +89,13 @@ class Launcher:
                 ap((a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END, a >= _U64_START))
             elif isinstance(a, float):
                 ap(_FLOAT)
+            elif hasattr(a, "block_shape") and hasattr(a, "base"):
+                # a host-side TMA descriptor (Triton's or Gluon's TensorDescriptor): specialised on its dtype,
+                # block shape, layout and padding; its base, shape and strides are launch arguments
+                ap((t, a.base.dtype, tuple(a.block_shape), _layout_key(getattr(a, "layout", None)), a.padding))
             else:
                 raise TypeError(f"{t.__name__} argument: the cached launch path takes tensors, ints, floats, "
-                                "bools and None (constexprs: any hashable)")
+                                "bools, None and tensor descriptors (constexprs: any hashable)")
         return tuple(k)
 
     def __call__(self, grid, args: tuple, **opts):
@@ -127,6 +131,20 @@ class Launcher:
         if extra:
             raise TypeError(f"launch meta {extra} is neither a launch option nor a trailing kernel parameter")
         return tuple(args) + tuple(d[n] for n in tail), opts
+
+
+_LAYOUT_KEYS: dict = {}
+
+
+def _layout_key(layout) -> str | None:
+    """repr of a descriptor's shared-memory layout, computed once per layout object (kept alive here, so its id
+    is never reused for another)."""
+    if layout is None:
+        return None
+    hit = _LAYOUT_KEYS.get(id(layout))
+    if hit is None:
+        hit = _LAYOUT_KEYS[id(layout)] = (layout, repr(layout))
+    return hit[1]
 
 
 _LAUNCHERS: dict = {}

@@ -705,9 +705,14 @@ def _gl_dtype(dtype: torch.dtype):
             torch.float8_e4m3fn: gl.float8e4nv}[dtype]
 
 
+@functools.lru_cache(maxsize=None)
+def _layout(block: tuple[int, ...], dtype: torch.dtype):
+    """The NVMMA shared layout of a TMA block of ``dtype`` (computed once per block shape and dtype)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), _gl_dtype(dtype))
+
+
 def _descriptor(t: torch.Tensor, block: list[int]):
-    layout = gl.NVMMASharedLayout.get_default_for(block, _gl_dtype(t.dtype))
-    return TensorDescriptor.from_tensor(t, block, layout)
+    return TensorDescriptor.from_tensor(t, block, _layout(tuple(block), t.dtype))
 
 
 def launch_wgmma(a8: torch.Tensor, sa: torch.Tensor, b8: torch.Tensor, sb: torch.Tensor, c: torch.Tensor,

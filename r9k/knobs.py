@@ -154,16 +154,29 @@ def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tu
 
 # ---- the knobs -------------------------------------------------------------------------------------------
 # Kernel dispatch knobs are declared here, not beside their kernels, so the registry is complete on import.
+# What vLLM runs of r9k (r9k/ops): the GDN prefill core and conv (r9k/ops/gdn.py) and the block-scaled fp8 linear
+# op (r9k/ops/fp8.py). The expert cache (kernels/moe.py) and the all-reduce (kernels/allreduce.py) are library
+# code that no serving path calls, and have no knob.
 GDN_PREFILL_MAX = _k(
-    "R9K_GDN_PREFILL_MAX", int, 256, 0,
-    "prefill tokens per step up to which a GDN layer runs r9k's token-by-token core (gdn_conv + gdn_seq); "
-    "0 = vLLM's chunked core",
+    "R9K_GDN_PREFILL_MAX", int, 1024, 0,
+    "most tokens of a GDN prefill step that vLLM's Qwen3-Next / Qwen3.5 / Olmo GDN layer runs on r9k's "
+    "token-by-token core (gdn_seq) instead of fla's chunked core, for step shapes within the measured crossover "
+    "(r9k/ops/gdn.py CROSSOVER; docs/kernels/gdn.md); 0 = vLLM's chunked core",
     dispatch="gdn_seq",
 )
 GDN_PREFILL_CONV = _k(
     "R9K_GDN_PREFILL_CONV", str, "r9k", "stock",
-    "causal conv for short prefills: r9k (one launch, gdn_conv) or stock (vLLM's causal_conv1d)",
+    "causal conv of the GDN prefill steps of at most R9K_GDN_PREFILL_MAX tokens: r9k (one launch, gdn_conv) or "
+    "stock (vLLM's causal_conv1d_fn)",
     choices=("r9k", "stock"), dispatch="gdn_conv",
+)
+FP8_BLOCK_GEMM = _k(
+    "R9K_FP8_BLOCK_GEMM", str, "r9k", "stock",
+    "vLLM's block-scaled fp8 linear op (TritonFp8BlockScaledMMKernel.apply_weights: 128x128 weight blocks, "
+    "dynamic 1x128 activation groups, the kernel vLLM selects on ROCm without AITER and on CUDA without "
+    "DeepGEMM / CUTLASS): r9k (its activation quant and block GEMM, kernels.fp8.fp8_linear) or stock (vLLM's "
+    "own Triton kernel); docs/kernels/fp8.md",
+    choices=("r9k", "stock"), dispatch="fp8_block_gemm",
 )
 PROVENANCE_LOG = _k(
     "R9K_PROVENANCE", bool, True, True,

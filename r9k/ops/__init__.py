@@ -1,8 +1,13 @@
 """Dispatch from vLLM layers to r9k kernels. Each installer patches only where vLLM has the layer.
 
-A dispatch is named by the r9k kernel it routes to (``gdn_seq``, ``gdn_conv``); the provenance line of every
-process lists the names installed there and the ones whose install failed, so a server where the plugin is
-loaded but inactive cannot pass for one that runs r9k's kernels.
+What vLLM runs of r9k: the GDN prefill core and conv of the Qwen3-Next / Qwen3.5 / Olmo GDN layers
+(:mod:`r9k.ops.gdn`: ``gdn_seq``, ``gdn_conv``) and the block-scaled fp8 linear op of its Triton block kernel
+(:mod:`r9k.ops.fp8`: ``fp8_block_gemm``). The expert cache (kernels/moe.py) and the all-reduce
+(kernels/allreduce.py) are library code: no serving path calls them.
+
+A dispatch is named by the r9k kernel it routes to; the provenance line of every process lists the names
+installed there and the families whose install failed, so a server where the plugin is loaded but inactive cannot
+pass for one that runs r9k's kernels.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("r9k")
 
 #: Dispatch families, each with the kernel names it can install (what knobs expect, see r9k.knobs.Knob.dispatch).
-FAMILIES = {"gdn": ("gdn_seq", "gdn_conv")}
+FAMILIES = {"gdn": ("gdn_seq", "gdn_conv"), "fp8": ("fp8_block_gemm",)}
 
 
 @dataclass
@@ -56,12 +61,13 @@ def install() -> Installed:
             out.skipped[fam] = why
         log.info("r9k: no op dispatch installed: %s", why)
         return out
-    from r9k.ops import gdn
+    from r9k.ops import fp8, gdn
 
-    try:
-        targets = gdn.install()
-        out.names += sorted({t.split(" <- ")[0] for t in targets})
-    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so in provenance
-        log.exception("r9k: GDN dispatch not installed")
-        out.failed.append("gdn")
+    for fam, mod, what in (("gdn", gdn, "GDN"), ("fp8", fp8, "fp8 block-GEMM")):
+        try:
+            targets = mod.install()
+            out.names += sorted({t.split(" <- ")[0] for t in targets})
+        except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so
+            log.exception("r9k: %s dispatch not installed", what)
+            out.failed.append(fam)
     return out

@@ -324,6 +324,9 @@ def test_default_selection(monkeypatch):
     long_k = F.default_gemm_config(64, 4096, 32768, tma=True, gluon=True)  # the no-split kernel stages every
     assert long_k.get("SWAP_AB", True) and long_k["SPLIT_K"] == 1          # K-block's scales: K <= 16384
     assert F.default_gemm_config(4096, 4096, 4096, tma=True, gluon=True) == F.WGMMA_DEFAULT
+    # few tiles (M = 65-256 at N = 4096, 65-128 at N = 8192): 64-column tiles; 128 tiles and more: 128
+    for M, N, bn in ((65, 4096, 64), (256, 4096, 64), (128, 8192, 64), (256, 8192, 128), (257, 4096, 128)):
+        assert F.default_gemm_config(M, N, 4096, tma=True, gluon=True) == dict(F.WGMMA_DEFAULT, BN=bn), (M, N)
     # no 2-byte TMA-addressable output: the tile kernel; the fused quant never takes a Gluon kernel
     assert F.default_gemm_config(4096, 4096, 4096, tma=False, gluon=True)["kernel"] == "tile"
     assert F.default_gemm_config(4096, 4096, 4096, quant_a=True, tma=True, gluon=True)["kernel"] == "tile"

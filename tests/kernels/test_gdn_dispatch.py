@@ -1,11 +1,15 @@
-"""Routing of r9k.ops.gdn on the CPU, against fake vLLM modules (no model, no server).
+"""Routing of r9k.ops.gdn on the CPU, against stand-in vLLM modules (no model, no server) whose functions carry the
+signatures of vLLM's real ones (read from the installed vLLM with inspect.signature; skipped without vLLM).
 
 Under TRITON_INTERPRET=1 (set by conftest.py where there is no GPU) the dispatch routes CPU tensors, so the
 routed calls really run gdn_seq / gdn_conv through the interpreter and are checked against the references.
+vLLM's own layer code runs in test_gdn_vllm.py.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
 import logging
 import types
 
@@ -15,8 +19,12 @@ import torch
 from kernels.gdn import gdn_conv_ref, gdn_seq_ref
 from r9k.ops import gdn as dispatch
 
-pytestmark = pytest.mark.skipif(not dispatch._kernels()._interpreting(),
-                                reason="routes CPU tensors through the kernels: needs TRITON_INTERPRET=1")
+pytestmark = [
+    pytest.mark.skipif(not dispatch._kernels()._interpreting(),
+                       reason="routes CPU tensors through the kernels: needs TRITON_INTERPRET=1"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="the stand-ins take their signatures from vLLM's module: vLLM is not installed"),
+]
 
 
 @pytest.fixture
@@ -27,6 +35,10 @@ def gen() -> torch.Generator:
     return g
 
 
+def _real():
+    return importlib.import_module(dispatch.QWEN_MODULE)
+
+
 class _CustomOp:  # vLLM's CustomOp: forward() calls the backend method chosen at construction
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -35,30 +47,43 @@ class _CustomOp:  # vLLM's CustomOp: forward() calls the backend method chosen a
         return self._forward_method(*args, **kwargs)
 
 
+def _with_signature(fn, real):
+    fn.__signature__ = inspect.signature(real)
+    return fn
+
+
 def make_fake_qwen():
+    """A module with ChunkGatedDeltaRule (forward_native), causal_conv1d_fn and a layer class whose warm-up calls
+    the op, each with the real vLLM function's signature; the stock bodies only count their calls."""
+    real = _real()
     mod = types.ModuleType("fake_vllm_qwen_gdn")
-    calls = {"core": 0, "conv": 0}
+    calls = {"core": 0, "conv": 0, "warm": 0}
 
     class ChunkGatedDeltaRule(_CustomOp):
         def __init__(self):
             self._forward_method = self.forward_native
 
-        def forward_native(self, q, k, v, g, beta, initial_state, output_final_state, cu_seqlens=None,
-                           chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=True,
-                           core_attn_out=None, aiter_prefill_metadata=None):
+        def forward_native(self, *args, **kwargs):
             calls["core"] += 1
             return "stock-core", None
 
-    def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
-                         has_initial_state=None, activation="silu", pad_slot_id=-1, null_block_id=0,
-                         block_idx_first_scheduled_token=None, block_idx_last_scheduled_token=None,
-                         initial_state_idx=None, num_computed_tokens=None, block_size_to_align=0, metadata=None,
-                         validate_data=False):
+    _with_signature(ChunkGatedDeltaRule.forward_native, real.ChunkGatedDeltaRule.forward_native)
+
+    def causal_conv1d_fn(*args, **kwargs):
         calls["conv"] += 1
         return "stock-conv"
 
+    class QwenGatedDeltaNetAttention:
+        def __init__(self, op):
+            self.chunk_gated_delta_rule = op
+
+        def _warmup_prefill_kernels(self, core_args):
+            calls["warm"] += 1
+            return self.chunk_gated_delta_rule(**core_args)
+
     mod.ChunkGatedDeltaRule = ChunkGatedDeltaRule
-    mod.causal_conv1d_fn = causal_conv1d_fn
+    mod.causal_conv1d_fn = _with_signature(causal_conv1d_fn, real.causal_conv1d_fn)
+    mod.QwenGatedDeltaNetAttention = QwenGatedDeltaNetAttention
     return mod, calls
 
 
@@ -154,7 +179,9 @@ def test_no_gdn_layer_is_noop(monkeypatch, caplog):
 def test_olmo_module_function(monkeypatch, gen):
     mod = types.ModuleType("fake_olmo")
     seen = []
-    mod.chunk_gated_delta_rule = lambda *a, **k: seen.append(1) or ("stock", None)
+    real = importlib.import_module(dispatch.OLMO_MODULE)
+    mod.chunk_gated_delta_rule = _with_signature(lambda *a, **k: seen.append(1) or ("stock", None),
+                                                 real.chunk_gated_delta_rule)
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "4")
     try:
         assert len(dispatch.install({"olmo": mod})) == 1
@@ -183,3 +210,59 @@ def test_real_vllm_module_patch_and_restore(monkeypatch):
         monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "0")
         dispatch.install()
     assert mod.causal_conv1d_fn is orig_conv and "forward" not in vars(mod.ChunkGatedDeltaRule)
+
+
+def test_warmup_calls_pass_through(fake, monkeypatch, gen):
+    """vLLM's profile-run warm-up (``_warmup_prefill_kernels``) reaches vLLM's own core, whatever its size."""
+    mod, calls = fake
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
+    dispatch.install({"qwen": mod})
+    layer = mod.QwenGatedDeltaNetAttention(mod.ChunkGatedDeltaRule())
+    assert layer._warmup_prefill_kernels(core_args(gen, T=8)) == ("stock-core", None)
+    assert calls == {"core": 1, "conv": 0, "warm": 1} and not dispatch._in_warmup()
+    o, ht = layer.chunk_gated_delta_rule(**core_args(gen, T=8))  # outside the warm-up: r9k
+    assert calls["core"] == 1 and isinstance(o, torch.Tensor)
+    dispatch.uninstall()
+    assert "_warmup_prefill_kernels" in vars(mod.QwenGatedDeltaNetAttention)
+    assert not hasattr(mod.QwenGatedDeltaNetAttention._warmup_prefill_kernels, "__r9k_original__")
+
+
+def test_a_kernel_value_error_goes_to_stock_and_is_logged_once(fake, monkeypatch, gen, caplog):
+    mod, calls = fake
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
+    dispatch.install({"qwen": mod})
+    kg = dispatch._kernels()
+
+    def refuse(*a, **k):
+        raise ValueError("not a layout gdn_* covers")
+
+    monkeypatch.setattr(kg, "gdn_seq", refuse)
+    monkeypatch.setattr(kg, "gdn_conv", refuse)
+    dispatch.STATE.refused_logged.clear()
+    op = mod.ChunkGatedDeltaRule()
+    with caplog.at_level(logging.WARNING, logger="r9k"):
+        for _ in range(3):
+            assert op(**core_args(gen, T=6)) == ("stock-core", None)
+            assert mod.causal_conv1d_fn(**conv_args(gen, T=6)) == "stock-conv"
+    assert calls["core"] == 3 and calls["conv"] == 3
+    assert caplog.text.count("gdn_seq refused a call") == 1 and caplog.text.count("gdn_conv refused a call") == 1
+
+
+def test_a_changed_vllm_signature_refuses_the_install(monkeypatch):
+    mod, _ = make_fake_qwen()
+    sig = inspect.signature(mod.causal_conv1d_fn)
+    mod.causal_conv1d_fn.__signature__ = sig.replace(
+        parameters=[p.replace(name="states") if p.name == "conv_states" else p for p in sig.parameters.values()])
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
+    with pytest.raises(dispatch.SignatureMismatch, match="conv_states"):
+        dispatch.install({"qwen": mod})
+    assert "forward" not in vars(mod.ChunkGatedDeltaRule)
+
+
+def test_take_follows_the_crossover_table(monkeypatch):
+    monkeypatch.setattr(dispatch.STATE, "max_tokens", 4096)
+    monkeypatch.setattr(dispatch, "CROSSOVER", ((64, 512), (512, 64)))
+    assert dispatch.take(1, 512, 32) and not dispatch.take(1, 513, 32)      # 32 sequence-heads: row 1
+    assert dispatch.take(8, 512, 32) and not dispatch.take(8, 1024, 32)     # 256 sequence-heads, 64 a seq: row 2
+    assert not dispatch.take(32, 2048, 32)                                  # 1024 sequence-heads: no row
+    assert not dispatch.take(4, 5000, 8) and not dispatch.take(0, 0, 8)     # over R9K_GDN_PREFILL_MAX; empty
