@@ -1,7 +1,7 @@
 """Releases on a real two-node Ray cluster on this machine (`ray start --head` plus a second node with other
 custom resources), with synthetic-server configurations that each fit only one node.
 
-Run by tests/test_ray_executor.py inside a network namespace that has only loopback: Ray binds its nodes to
+Run by tests/validate/test_ray_executor.py inside a network namespace that has only loopback: Ray binds its nodes to
 the machine's primary address and ignores --node-ip-address=127.0.0.1, and this project's tests send traffic
 to loopback only. Not collected on its own (the file name has no test_ prefix)."""
 from __future__ import annotations

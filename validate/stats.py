@@ -225,7 +225,7 @@ def paired_diff_ci(a: int, b: int, c: int, d: int, *, level: float = 0.95) -> Di
     ``lower = D - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)^2)``
     ``upper = D + sqrt((u1 - p1)^2 - 2 phi (u1 - p1)(p2 - l2) + (p2 - l2)^2)``
 
-    Worked by hand (tests/test_stats.py): (a, b, c, d) = (36, 2, 12, 6), D = 10/56 = 0.1786, phi = 0.3746,
+    Worked by hand (tests/validate/test_stats.py): (a, b, c, d) = (36, 2, 12, 6), D = 10/56 = 0.1786, phi = 0.3746,
     95% interval 0.0543 to 0.3010.
 
     Args:

@@ -195,13 +195,15 @@ def test_profile_run_warmup_reaches_vllms_kernels(monkeypatch):
     mixed, b, a = _inputs(8, 2, 4, 128, 128, "cuda", gen)
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
     seen = []
-    native = qwen.ChunkGatedDeltaRule.forward_native
-    @functools.wraps(native)
-    def forward_native(self, *a, **k):
-        seen.append(k["q"].shape[1])
-        return native(self, *a, **k)
+    op = L.chunk_gated_delta_rule
+    inner = op._forward_method  # the backend method the CustomOp bound at construction (forward_cuda on a GPU)
 
-    monkeypatch.setattr(qwen.ChunkGatedDeltaRule, "forward_native", forward_native)
+    @functools.wraps(inner)
+    def spy(*a, **k):
+        seen.append(k["q"].shape[1])
+        return inner(*a, **k)
+
+    monkeypatch.setattr(op, "_forward_method", spy)
     try:
         dispatch.install({"qwen": qwen})
         before = dict(dispatch.STATE.routed)

@@ -130,8 +130,10 @@ def make_metadata(step: Step, device, slot_of):
             spec_state_indices_tensor=torch.tensor([[slot_of(i) + j for j in range(s)] for i in range(step.spec)],
                                                    **i32),
             spec_sequence_masks=torch.tensor([True] * step.spec + [False] * np_, device=device),
-            spec_token_indx=torch.arange(0, n_spec_tok, **i32),
-            non_spec_token_indx=torch.arange(n_spec_tok, total, **i32),
+            # with prefills beside the spec rows the builder takes both from one argsort: int64, as index_copy_
+            # in _forward_core requires
+            spec_token_indx=torch.arange(0, n_spec_tok, dtype=torch.long, device=device),
+            non_spec_token_indx=torch.arange(n_spec_tok, total, dtype=torch.long, device=device),
             num_accepted_tokens=torch.full((step.spec,), 2, **i32))
     return GDNAttentionMetadata(**md), total
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tests.test_records_render import rec
+from tests.validate.test_records_render import rec
 from validate.cli import main
 from validate.perfgate import PerfGateSpec, compare_perf, judge
 from validate.record import record_path, write_record

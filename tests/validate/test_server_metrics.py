@@ -90,7 +90,7 @@ def test_begin_and_end_around_a_suite():
 
 def test_notes_put_the_server_ttft_beside_the_clients(tmp_path):
     from tests.conftest import REPO
-    from tests.test_records_render import rec
+    from tests.validate.test_records_render import rec
     from validate.record import record_path, write_record
     from validate.render import render_release
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from scipy.stats import binomtest
 
-from tests.test_records_render import rec
+from tests.validate.test_records_render import rec
 from validate.cli import main
 from validate.compare import PairingError, compare_releases, pair, previous_release
 from validate.record import Dataset, Item, record_path, write_record

@@ -17,7 +17,7 @@ from tests.synth_server import Script, SynthServer
 from validate.client import OpenAIClient
 from validate.metrics import pct, summarize, tpot_s
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO  # noqa: E402
 MSG = [{"role": "user", "content": "hi"}]
 
 

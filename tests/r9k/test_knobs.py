@@ -7,8 +7,9 @@ from r9k import knobs
 from r9k.knobs import KNOBS, Knob, get, in_force, register_knob
 
 EXPECTED = {  # name: (type, default, stock)
-    "R9K_GDN_PREFILL_MAX": (int, 256, 0),
+    "R9K_GDN_PREFILL_MAX": (int, 1024, 0),
     "R9K_GDN_PREFILL_CONV": (str, "r9k", "stock"),
+    "R9K_FP8_BLOCK_GEMM": (str, "r9k", "stock"),
     "R9K_PROVENANCE": (bool, True, True),
     "R9K_TRITON_FAST_LAUNCH": (bool, True, True),
 }
@@ -52,7 +53,7 @@ def test_in_force_keeps_misspelt_and_invalid_values_visible():
     got = in_force({"R9K_GDN_PREFIL_MAX": "64", "R9K_PROVENANCE": "lots", "PATH": "/bin"})
     assert got["?R9K_GDN_PREFIL_MAX"] == "64"
     assert got["R9K_PROVENANCE"] == "invalid:lots"
-    assert got["R9K_GDN_PREFILL_MAX"] == 256 and "PATH" not in got and "?PATH" not in got
+    assert got["R9K_GDN_PREFILL_MAX"] == 1024 and "PATH" not in got and "?PATH" not in got
 
 
 def test_check_env_names_unknown_knobs_with_the_closest_and_bad_values():
@@ -79,7 +80,8 @@ def test_every_knob_is_read_by_the_plugin():
     text = "".join(p.read_text() for pkg in ("r9k", "kernels") for p in (REPO / pkg).rglob("*.py")
                    if p.name != "knobs.py" and "bench" not in p.parts)
     attrs = {"R9K_GDN_PREFILL_MAX": "GDN_PREFILL_MAX()", "R9K_GDN_PREFILL_CONV": "GDN_PREFILL_CONV()",
-             "R9K_PROVENANCE": "PROVENANCE_LOG()", "R9K_TRITON_FAST_LAUNCH": '"R9K_TRITON_FAST_LAUNCH"'}
+             "R9K_PROVENANCE": "PROVENANCE_LOG()", "R9K_TRITON_FAST_LAUNCH": '"R9K_TRITON_FAST_LAUNCH"',
+             "R9K_FP8_BLOCK_GEMM": "FP8_BLOCK_GEMM()"}
     assert set(attrs) == set(KNOBS)
     for name, use in attrs.items():
         assert use in text, f"{name} is registered but nothing reads it"

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import fake_procs
-from tests.test_records_render import rec
+from tests.validate.test_records_render import rec
 from validate.cli import main
 from validate.engine import Outcome, tree_mismatch
 from validate.errors import combine_exit
