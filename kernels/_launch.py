@@ -10,21 +10,27 @@ The specialisation key mirrors what Triton specialises on (triton/runtime/jit.py
 constexpr by value; tensors by dtype and whether the data pointer is 16-byte aligned; integers by ``== 1``,
 divisibility by 16 and whether they fit in int32; floats and bools by type; and the launch options. A new key
 goes through the JIT (which compiles or finds the kernel) and is remembered. Under ``TRITON_INTERPRET=1``, or
-when ``FAST`` is False (knob ``R9K_TRITON_FAST_LAUNCH=0``), every call goes through the JIT unchanged.
+when the fast path is off (:func:`set_fast`; ``FAST``), every call goes through the JIT unchanged.
+
+The fast path is a setting of this module, on by default. The vLLM plugin sets it from its knob
+``R9K_TRITON_FAST_LAUNCH`` when it installs its op dispatch (r9k/ops/__init__.py); this package reads no knob.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from r9k import knobs
+from kernels._util import _interpreting
 
-FAST = bool(knobs.get("R9K_TRITON_FAST_LAUNCH"))  # read once at import; tests and benches flip it directly
+FAST = True  # the cached launch path on (see set_fast); tests flip it directly
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def set_fast(on: bool) -> None:
+    """Launch through the cached compiled kernel (True, the default) or through Triton's JIT dispatcher on every
+    call (False). Outputs are identical either way; only the host's time per launch differs."""
+    global FAST
+    if not isinstance(on, bool):
+        raise TypeError(f"set_fast takes a bool, got {on!r}")
+    FAST = on
 
 
 _HAS_CUDA: bool | None = None

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels._launch import launch
+from kernels._util import cdiv
 
 try:
     import torch
@@ -69,7 +70,7 @@ def _blocks(n: int, grid: str, G: int, chunk: int) -> int:
     if grid == "fixed":
         return G
     if grid == "size-following":
-        return max(1, min(G, -(-n // chunk)))
+        return max(1, min(G, cdiv(n, chunk)))
     raise ValueError(f"grid must be one of {GRIDS}, got {grid!r}")
 
 
@@ -139,7 +140,7 @@ def _rank_main(rank, W, G, chunk, cap, grid, sizes, pools, offsets, seed, max_sk
         n = int(n)
         x = pools[rank][offsets[i]: offsets[i] + n]
         nb = _blocks(n, grid, G, chunk)
-        sl = -(-n // nb)
+        sl = cdiv(n, nb)
         order = rng.permutation(nb) if rng.random() < 0.5 else range(nb)
         if rng.random() < p_skew:
             _sleep_us(rng.uniform(0, max_skew_us))

@@ -45,9 +45,9 @@ the same code at small shapes.
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from kernels._util import _interpreting, cdiv
 
 try:  # the references work without Triton
     import triton
@@ -60,10 +60,6 @@ GROUP = 128
 FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 224.0}
 FP8_DTYPE = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
 AMAX_FLOOR = 1e-10
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _fmt(fmt: str) -> str:
@@ -92,7 +88,7 @@ def fp8_quant_block_weight_ref(w: torch.Tensor, fmt: str = "e4m3fn", block: int 
     """Per-128x128-block weight quant (amax over the block): ``(qw [N, K] fp8, sw [ceil(N/128), K/128])``."""
     fmax = FP8_MAX[_fmt(fmt)]
     N, K = w.shape
-    nb, kb = -(-N // block), K // block
+    nb, kb = cdiv(N, block), K // block
     wp = torch.zeros(nb * block, K, dtype=torch.float32, device=w.device)
     wp[:N] = w.float()
     wb = wp.reshape(nb, block, kb, block)
@@ -983,7 +979,7 @@ def _make_plan(x, qb, sb, out_dtype):
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     i8, f32 = torch.uint8, torch.float32
     a_bytes = M * K  # qa then sa in one buffer: qa [M, K] bytes, sa [M, K/128] fp32 at a 16-byte aligned offset
-    s_off = -(-a_bytes // 16) * 16
+    s_off = cdiv(a_bytes, 16) * 16
 
     def quantise(x):
         buf = torch.empty(s_off + M * nkb * 4, dtype=i8, device=dev)

@@ -61,11 +61,10 @@ Layouts follow vLLM so that the kernels read the layer's own tensors without cop
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from kernels._launch import launch as _launch
+from kernels._util import _interpreting, cdiv, pow2
 
 try:  # the references and argument checks work without Triton
     import triton
@@ -75,19 +74,6 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     tl = None
 
 PAD_SLOT_ID = -1
-
-
-def _pow2(n: int) -> int:
-    """The smallest power of two >= n (n >= 1), as triton.next_power_of_2, without its wrapper's host cost."""
-    return 1 << (int(n) - 1).bit_length() if n > 1 else 1
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-int(a) // int(b))
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 if triton is not None:
@@ -674,9 +660,9 @@ def _default_seq_config(V: int) -> tuple[int, int, int, int]:
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
     if _interpreting():
-        return min(32, _pow2(V)), 1, 4, 0
+        return min(32, pow2(V)), 1, 4, 0
     BV, num_warps, U, KC = GPU_SEQ_CONFIG
-    return min(BV, _pow2(V)), num_warps, U, KC
+    return min(BV, pow2(V)), num_warps, U, KC
 
 
 def _use_ptx(x: torch.Tensor) -> bool:
@@ -818,8 +804,8 @@ def gdn_seq(
     BV = BV or dBV
     num_warps = num_warps or dW
     U = U or dU
-    BK = _pow2(K)
-    BV = min(BV, _pow2(V))
+    BK = pow2(K)
+    BV = min(BV, pow2(V))
     for name, val in (("defer_decay", defer_decay), ("lookahead", lookahead)):
         if val is not None and not isinstance(val, bool):
             raise ValueError(f"{name} must be a bool or None, got {val!r}")
@@ -860,7 +846,7 @@ def gdn_seq(
     # Flatten (B, T) to rows: with B > 1 the rows of sequence n are n*T .. n*T+T-1, as cu says.
     qf, kf, vf, of = (x.reshape(B * T, x.shape[2], x.shape[3]) if B > 1 else x[0] for x in (q, k, v, out))
     gf, bf = (x.reshape(B * T, HV) if B > 1 else x[0] for x in (g, beta))
-    grid = (_cdiv(V, BV), N * HV)
+    grid = (cdiv(V, BV), N * HV)
     # the three kernels' arguments in signature order: the tensors, scalars and strides, then the shape and
     # tile constexprs of each kernel, then the flags
     head = (qf, kf, vf, gf, bf, of, state, state_idx,
@@ -879,7 +865,7 @@ def gdn_seq(
         ptx = _use_ptx(q)
         off64 = _row_offsets_64(B * T if cu_seqlens is not None else T,
                                 (qf.stride(0), kf.stride(0), vf.stride(0), gf.stride(0), bf.stride(0)))
-        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, _pow2(U), ptx, off64),
+        _launch(_gdn_seq_kc_kernel, grid, head + (BK, BV, U, KC) + flags + (defer, pow2(U), ptx, off64),
                 num_warps=num_warps)
     else:
         _launch(_gdn_seq_kernel, grid, head + (BK, BV, U) + flags + (lookahead,), num_warps=num_warps)
@@ -1075,8 +1061,8 @@ def gdn_conv(
         out = torch.empty_like(x)
     if N <= 0 or n_tok == 0:
         return out
-    BT = max(BT, _pow2(W - 1))
-    grid = (_cdiv(dim, BD), _cdiv(n_tok, BT) + N)
+    BT = max(BT, pow2(W - 1))
+    grid = (cdiv(dim, BD), cdiv(n_tok, BT) + N)
     _launch(_gdn_conv_kernel, grid, (
         x, weight, bias if bias is not None else weight, conv_states,
         cache_indices if cache_indices is not None else query_start_loc,
@@ -1086,7 +1072,7 @@ def gdn_conv(
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
         conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
         pad_slot_id, null_block_id if null_block_id is not None else pad_slot_id,
-        W, max(2, _pow2(W - 1)), max(2, _pow2(N)), BD, BT,
+        W, max(2, pow2(W - 1)), max(2, pow2(N)), BD, BT,
         bias is not None, silu, has_initial_state is not None,
         cache_indices is not None, null_block_id is not None, _interpreting(),
     ), num_warps=num_warps, enable_fp_fusion=False)

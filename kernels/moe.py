@@ -70,13 +70,13 @@ store) and the fused top-k weighted sum with the shared expert.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass, field, fields
 
 import torch
 
 from kernels._launch import launcher
+from kernels._util import _interpreting
 
 try:
     import triton
@@ -91,10 +91,6 @@ COPY_BLOCK_BYTES = 16384  # bytes per gather-copy program (per thread at 4 warps
 _MAX_STEP = 2**31 - 2     # the device LRU key packs (stamp + 1) into bits 32..62
 _MAX_IDS = 2**16 - 1      # ... and the slot and (expert + 1) into 16 bits each
 _PLAN_TILE_MAX = {"E": 1024, "T": 2048}  # the plan kernel's widest tiles over experts / (token, choice) pairs
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @dataclass

@@ -48,6 +48,21 @@ def kernels_can_run() -> tuple[bool, str]:
     return False, "no CUDA or ROCm device visible (r9k's kernels run on GPUs only)"
 
 
+def _set_fast_launch() -> None:
+    """The kernels' launch path (kernels._launch.set_fast) from the knob R9K_TRITON_FAST_LAUNCH: the cached
+    compiled kernel (default) or Triton's JIT dispatcher on every call. A value the knob rejects is logged and
+    the default kept (the install never raises)."""
+    import kernels._launch
+    from r9k import knobs
+
+    try:
+        fast = bool(knobs.get("R9K_TRITON_FAST_LAUNCH"))
+    except ValueError:
+        log.exception("r9k: R9K_TRITON_FAST_LAUNCH not understood; the cached launch path stays on")
+        fast = True
+    kernels._launch.set_fast(fast)
+
+
 def install() -> Installed:
     """Install every op dispatch whose knob is not at its stock value, where the kernels can run.
 
@@ -61,6 +76,7 @@ def install() -> Installed:
             out.skipped[fam] = why
         log.info("r9k: no op dispatch installed: %s", why)
         return out
+    _set_fast_launch()
     from r9k.ops import fp8, gdn
 
     for fam, mod, what in (("gdn", gdn, "GDN"), ("fp8", fp8, "fp8 block-GEMM")):

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from kernels._util import _interpreting, cdiv
 from r9k import knobs
 
 log = logging.getLogger("r9k")
@@ -80,7 +81,7 @@ def _covered(kernel, layer) -> tuple[torch.Tensor, torch.Tensor, torch.dtype] | 
     if not isinstance(w, torch.Tensor) or w.dtype not in _FP8 or w.dim() != 2 or not w.is_contiguous():
         return None
     N, K = w.shape
-    if K % 128 or s.dtype != torch.float32 or tuple(s.shape) != (-(-N // 128), K // 128):
+    if K % 128 or s.dtype != torch.float32 or tuple(s.shape) != (cdiv(N, 128), K // 128):
         return None
     if out_dtype not in _FLOATS:
         return None
@@ -158,12 +159,6 @@ def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
 
     apply_weights.__r9k_original__ = original
     return apply_weights
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _original(owner: Any, attr: str) -> Callable:

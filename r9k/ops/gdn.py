@@ -96,7 +96,9 @@ def _kernels():
 def _routable(t: torch.Tensor) -> bool:
     if t.is_cuda:
         return True
-    return _kernels()._interpreting()
+    from kernels._util import _interpreting
+
+    return _interpreting()
 
 
 def take(n_seqs: int, n_tokens: int, n_heads: int) -> bool:

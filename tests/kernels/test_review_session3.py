@@ -18,6 +18,7 @@ import torch
 import kernels.gdn as G
 from kernels import moe
 from kernels.gdn import gdn_seq, gdn_seq_ref
+from kernels._util import pow2
 from kernels.moe import ExpertCache
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -202,7 +203,7 @@ def test_gpu_default_config_is_exact_on_small_heads(mode, device, monkeypatch):
     """The GPU default ([KC, BV, K/KC] kernel at G.GPU_SEQ_CONFIG, KC capped at the padded K) run under the
     interpreter on K < KC, odd K and V, T not a multiple of U."""
     bv, w, u, kc = G.GPU_SEQ_CONFIG
-    monkeypatch.setattr(G, "_default_seq_config", lambda V: (min(bv, G._pow2(V)), w, u, kc))
+    monkeypatch.setattr(G, "_default_seq_config", lambda V: (min(bv, pow2(V)), w, u, kc))
     for K, V, T in ((1, 1, 5), (3, 5, 9), (24, 40, 3)):
         q, k, v, g, beta, st = seq_inputs(seed=6, T=T, K=K, V=V, device=device)
         idx = torch.tensor([2], dtype=torch.int32, device=device)

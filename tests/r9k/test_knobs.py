@@ -85,3 +85,23 @@ def test_every_knob_is_read_by_the_plugin():
     assert set(attrs) == set(KNOBS)
     for name, use in attrs.items():
         assert use in text, f"{name} is registered but nothing reads it"
+
+
+@pytest.mark.parametrize("value, fast", [(None, True), ("0", False), ("1", True), ("high", True)])
+def test_install_sets_the_kernels_launch_path_from_its_knob(monkeypatch, value, fast):
+    """kernels/ reads no knob: the plugin's install sets kernels._launch's fast path from R9K_TRITON_FAST_LAUNCH
+    (a value the knob rejects keeps the default, logged: the install never raises)."""
+    import kernels._launch as L
+    from r9k import ops
+    from r9k.ops import fp8, gdn
+
+    monkeypatch.setattr(L, "FAST", not fast)
+    if value is None:
+        monkeypatch.delenv("R9K_TRITON_FAST_LAUNCH", raising=False)
+    else:
+        monkeypatch.setenv("R9K_TRITON_FAST_LAUNCH", value)
+    monkeypatch.setattr(ops, "kernels_can_run", lambda: (True, ""))
+    monkeypatch.setattr(gdn, "install", lambda: [])
+    monkeypatch.setattr(fp8, "install", lambda: [])
+    ops.install()
+    assert L.FAST is fast
