@@ -16,11 +16,12 @@ import types
 import pytest
 import torch
 
+from kernels._util import _interpreting
 from kernels.gdn import gdn_conv_ref, gdn_seq_ref
 from r9k.ops import gdn as dispatch
 
 pytestmark = [
-    pytest.mark.skipif(not dispatch._kernels()._interpreting(),
+    pytest.mark.skipif(not _interpreting(),
                        reason="routes CPU tensors through the kernels: needs TRITON_INTERPRET=1"),
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="the stand-ins take their signatures from vLLM's module: vLLM is not installed"),

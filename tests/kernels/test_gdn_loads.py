@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.gdn as G
+import kernels.gdn.seq as G
 from kernels.gdn import gdn_seq, gdn_seq_ref
 
 BOUND = 1e-5  # fp32 against float64, as tests/kernels/test_gdn.py

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-import kernels.gdn as G
+import kernels.gdn.seq as G
 from kernels import moe
 from kernels.gdn import gdn_seq, gdn_seq_ref
 from kernels._util import pow2

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import kernels.fp8 as F
-import kernels.gdn as G
+import kernels.gdn.seq as G
 from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_ref
 from kernels.gdn import gdn_seq, gdn_seq_ref
 from tests.kernels.cases import fp8_operands as operands

@@ -1,63 +1,5 @@
-"""Gated DeltaNet (GDN) prefill kernels: the recurrence token by token in one launch, and the short conv.
-
-Two Triton kernels and their float64 references:
-
-``gdn_seq`` / ``gdn_seq_ref``
-    The gated delta rule (Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rule",
-    arXiv:2412.06464, eq. 10 and sec. 3) over any number of tokens per sequence, in one launch, the state held
-    in registers across tokens. Per sequence ``n`` and value head ``hv`` (key head ``h = hv // (HV // H)``), with
-    the state ``S`` of shape ``[V, K]`` (vLLM's layout: V first) and fp32 arithmetic, for each token ``t``::
-
-        q_t, k_t   <- q_t / sqrt(|q_t|^2 + 1e-6), likewise k_t      (only with use_qk_l2norm)
-        q_t        <- q_t * scale                                  (scale = K ** -0.5 by default)
-        S          <- S * exp(g_t)                                 (decay first; g is the log-space decay, <= 0)
-        u_t        <- beta_t * (v_t - S k_t)                       ([V]: the delta rule's correction)
-        S          <- S + u_t k_t^T
-        o_t        <- S q_t                                        ([V])
-
-    This is flash-linear-attention's ``naive_recurrent_gated_delta_rule`` (fla/ops/gated_delta_rule/naive.py)
-    and its ``fused_recurrent_gated_delta_rule`` with ``state_v_first=True``; fla writes the state ``[K, V]``
-    and ``o = q^T S``, which is the same with S transposed. The kernels evaluate the step in algebraically
-    identical orders:
-
-    * the [BV, K] kernel and the [KC, BV, K/KC] kernel's plain step (``defer_decay=False``, the GPU default
-      since session 5):
-      ``a = S_{t-1} k_t, b = S_{t-1} q_t, e = exp(g_t), u = beta (v - e a), o = e b + u (k_t . q_t),
-      S_t = e S_{t-1} + u k_t^T``: the two reductions read the same old state and run side by side, and only
-      ``a`` is on the token-to-token dependency chain;
-    * the [KC, BV, K/KC] kernel on the scaled state (``defer_decay=True``, session 4's default): ``S = c X`` with
-      c a scalar, ``c' = c exp(g_t), a = c' (X k_t), u = beta (v - a), X <- X + (u / c') k_t^T,
-      o = c' (X q_t)``: no per-element multiply by exp(g), o after the update (no k.q reduction). A group of
-      U tokens starts with c folded into X if it is outside [2^-12, 2^12]; a group whose running scale leaves
-      [2^-24, 2^24], and a sequence's last, partial group, fold c into X and run the first order with o after
-      the update instead (:func:`_seq_step_kc_plain`), one token a trip.
-
-``gdn_conv`` / ``gdn_conv_ref``
-    The short causal depthwise conv1d that precedes the recurrence in a GDN layer (vLLM's ``causal_conv1d_fn``,
-    vllm/model_executor/layers/mamba/ops/causal_conv1d.py), with a carried conv state, optional SiLU, varlen,
-    the conv state updated in place. Per channel ``d`` and token ``t`` of a sequence, with ``x_{t-j}`` taken
-    from the conv state (the sequence's previous ``W-1`` inputs, oldest first) where ``t-j`` precedes the
-    sequence::
-
-        y_t[d] = silu(bias[d] + sum_{j=0}^{W-1} w[d, j] * x_{t-(W-1)+j}[d])
-
-    summed in that order (bias first, then taps 0..W-1), in fp32, one rounding per multiply and per add (no
-    fused multiply-add), and SiLU as ``y / fp32(1 + exp(-y))`` (the denominator in float64, rounded once; the
-    division IEEE), so no library's fp32 exp rounding enters: the output equals
-    ``gdn_conv_ref(..., dtype=torch.float32)`` bit for bit on the CPU (interpreter) and on CUDA.
-
-Layouts follow vLLM so that the kernels read the layer's own tensors without copies:
-
-* q, k: ``[1, T, H, K]``; v: ``[1, T, HV, V]``; g, beta: ``[1, T, HV]`` (fla's argument convention, ``B = 1``
-  with ``cu_seqlens``; ``B > 1`` without ``cu_seqlens`` means B sequences of T tokens). Any strides with the
-  last dimension contiguous. bf16, fp16 or fp32; the math is fp32.
-* recurrent state: ``[slots, HV, V, K]`` (fp32 or bf16), one slot per sequence by index (``state_idx``); a
-  sequence whose index is ``pad_slot_id`` (vLLM's PAD_SLOT_ID, -1) is skipped: its state is not read or
-  written, its outputs are zeros.
-* conv: x ``[dim, tokens]`` (vLLM passes the transpose of a ``[tokens, dim]`` tensor), weight ``[dim, W]``,
-  conv states ``[slots, dim, >= W-1]`` of which columns ``0..W-2`` hold the previous inputs, oldest first
-  (wider states, as with speculative decoding, keep their other columns untouched), cache indices, a
-  has-initial-state flag per sequence, and ``query_start_loc`` (cu_seqlens) ``[N+1]``.
+"""``gdn_seq``: the gated delta rule over every token of every sequence, in one launch (the package docstring,
+kernels/gdn/__init__.py, gives the math and the layouts; docs/kernels/gdn.md the design and its figures).
 """
 from __future__ import annotations
 
@@ -65,6 +7,7 @@ import torch
 
 from kernels._launch import launch as _launch
 from kernels._util import _interpreting, cdiv, pow2
+from kernels.gdn.common import PAD_SLOT_ID, _cast
 
 try:  # the references and argument checks work without Triton
     import triton
@@ -72,22 +15,6 @@ try:  # the references and argument checks work without Triton
 except ImportError:  # pragma: no cover - exercised only where triton is absent
     triton = None
     tl = None
-
-PAD_SLOT_ID = -1
-
-
-if triton is not None:
-
-    @triton.jit
-    def _cast(x, dtype: tl.constexpr, RNE_FIX: tl.constexpr):
-        """x (fp32) to dtype, rounding to nearest even. Under TRITON_INTERPRET=1 (RNE_FIX) Triton's interpreter
-        truncates fp32 -> bf16, so the rounding is done here on the bits first; compiled code rounds itself."""
-        if RNE_FIX:
-            if dtype == tl.bfloat16:
-                b = x.to(tl.uint32, bitcast=True)
-                b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
-                x = b.to(tl.float32, bitcast=True)
-        return x.to(dtype)
 
 
 # ============================================================================================================
@@ -638,10 +565,10 @@ if triton is not None:
             tl.store(p_s, _cast(S, state.dtype.element_ty, RNE_FIX), mask=mask_s)
 
 
-LOOKAHEAD_DEFAULT = False  # set from the H200 sweeps (kernels/NOTES.md)
+LOOKAHEAD_DEFAULT = False  # no faster on the H200 (docs/kernels/gdn.md, "Tried and rejected")
 # the [KC, BV, K/KC] kernel's step: False = the plain step (_seq_step_kc), True = the scaled state
-# (_seq_step_kc_fast). Session 4's default was True; session 5's loads made the plain step the faster on the
-# H200 at every T measured (kernels/NOTES.md)
+# (_seq_step_kc_fast). With q and k converted as they are prefetched, the plain step is the faster on the H200 at
+# every T measured (docs/kernels/gdn.md)
 DEFER_DEFAULT = False
 CHUNK_DEFAULT = 0  # tokens per step of the chunked kernel; 0 = token by token (the chunked one is slower on H200)
 
@@ -651,11 +578,10 @@ GPU_SEQ_CONFIG = (8, 2, 2, 4)  # (BV, num_warps, U, KC): _default_seq_config on 
 
 def _default_seq_config(V: int) -> tuple[int, int, int, int]:
     """(BV, num_warps, U, KC) for gdn_seq on a GPU: the [KC, BV, K/KC] kernel at BV = 8, 2 warps, U = 2,
-    KC = 4 whatever the token count, with the plain step (:data:`DEFER_DEFAULT`). From the H200 runs of session
-    5 in kernels/NOTES.md, by kernel time (``python -m kernels.bench.gdn_bench --short-sweep``): at T = 16,
-    0.0095 ms (fla recurrent 0.0197) against 0.0099 for session 4's default (BV = 16, 4 warps, U = 4, the
-    scaled state) in the same run; at T = 45, 0.0214 against 0.0242; and the fastest of the four tiles timed
-    at T = 128, 256 and 1024 (0.401 ms at 1024, 2.77x fla).
+    KC = 4 whatever the token count, with the plain step (:data:`DEFER_DEFAULT`). From the H200 sweep of
+    2026-12-01 by kernel time (docs/kernels/gdn.md): at T = 16, 0.0095 ms (fla recurrent 0.0197) against
+    0.0099 for the scaled state at BV = 16, 4 warps, U = 4 in the same run; at T = 45, 0.0214 against 0.0242;
+    and the fastest of the four tiles timed at T = 128, 256 and 1024 (0.401 ms at 1024, 2.77x fla).
 
     Under TRITON_INTERPRET=1 the programs run one after another in Python, so fewer, larger V-blocks are
     much faster there; the arithmetic per state element is the same whatever BV is."""
@@ -675,14 +601,6 @@ def _row_offsets_64(rows: int, strides) -> bool:
     """Whether the token loop of _gdn_seq_kc_kernel needs 64-bit row offsets: True when a row index below
     ``rows`` (a bound on a sequence's length) times one of the row ``strides`` (elements) can reach 2^31."""
     return max(rows - 1, 0) * max(max(strides), 0) >= 2 ** 31
-
-
-def _cu_seqlens(T: int, B: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
-    if cu_seqlens is not None:
-        return cu_seqlens
-    if T == 0:  # B empty sequences (arange's step may not be 0)
-        return torch.zeros(B + 1, dtype=torch.int32, device=device)
-    return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
 
 
 def _check_seq_args(q, k, v, g, beta, state, state_idx, cu_seqlens, has_initial_state=None):
@@ -770,7 +688,7 @@ def gdn_seq(
             TRITON_INTERPRET=1 and when lookahead or chunk is asked for. Not combined with lookahead.
         defer_decay: with KC, keep the state as c * X with the decays multiplied into the scalar c
             (:func:`_seq_step_kc_fast`: no per-element multiply by exp(g) per token, o = S_t q_t after the
-            update); False: the session-3 step (:func:`_seq_step_kc`, o from the old state). Default:
+            update); False: the plain step (:func:`_seq_step_kc`, o from the old state). Default:
             :data:`DEFER_DEFAULT`. Given with an explicit KC=0 or chunk: ValueError; ignored where KC only
             defaults to 0 (TRITON_INTERPRET=1, lookahead).
         chunk: run C = chunk tokens per step as matrix products (:func:`_chunk_step`, the same recurrence in
@@ -839,7 +757,7 @@ def gdn_seq(
         if KC & (KC - 1) or BK % KC:
             raise ValueError(f"KC={KC} must be a power of two dividing {BK}")
         if lookahead:
-            # a one-token lookahead on the scaled state was built and timed (kernels/NOTES.md): no faster
+            # a one-token lookahead on the scaled state was built and timed (docs/kernels/gdn.md): no faster
             raise ValueError("KC and lookahead are not combined")
     if N == 0:
         return out
@@ -872,261 +790,3 @@ def gdn_seq(
     if B > 1 and of.data_ptr() != out.data_ptr():  # pragma: no cover - reshape of a strided out copied
         out.copy_(of.view_as(out))
     return out
-
-
-def gdn_seq_ref(
-    q, k, v, g, beta, state, state_idx, cu_seqlens=None, scale=None, use_qk_l2norm=False,
-    has_initial_state=None, pad_slot_id: int = PAD_SLOT_ID,
-):
-    """float64 reference of :func:`gdn_seq`, a plain loop over tokens (fla's naive recurrence, V-first state).
-
-    Returns ``(o, new_state)``: o ``[B, T, HV, V]`` float64 (zeros for skipped sequences) and a float64 copy
-    of ``state`` with the slots of the non-skipped sequences updated. The inputs are not modified.
-    """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    f = torch.float64
-    qf, kf, vf = (x.to(f).reshape(B * T, x.shape[2], x.shape[3]) for x in (q, k, v))
-    gf, bf = (x.to(f).reshape(B * T, HV) for x in (g, beta))
-    cu = _cu_seqlens(T, B, cu_seqlens, "cpu").tolist()
-    scale = K ** -0.5 if scale is None else scale
-    new_state = state.to(f).clone()
-    o = torch.zeros(B * T, HV, V, dtype=f, device=q.device)
-    for n in range(len(cu) - 1):
-        slot = int(state_idx[n])
-        if slot == pad_slot_id or not 0 <= slot < state.shape[0]:  # skipped, as gdn_seq does
-            continue
-        S = new_state[slot].clone()  # [HV, V, K]
-        if has_initial_state is not None and not bool(has_initial_state[n]):
-            S.zero_()
-        bos = min(max(cu[n], 0), B * T)  # offsets clamped to the rows, as gdn_seq does
-        for t in range(bos, min(max(cu[n + 1], bos), B * T)):
-            qt = qf[t].repeat_interleave(HV // H, dim=0)  # [HV, K]
-            kt = kf[t].repeat_interleave(HV // H, dim=0)
-            if use_qk_l2norm:
-                qt = qt / torch.sqrt((qt * qt).sum(-1, keepdim=True) + 1e-6)
-                kt = kt / torch.sqrt((kt * kt).sum(-1, keepdim=True) + 1e-6)
-            qt = qt * scale
-            S = S * torch.exp(gf[t])[:, None, None]
-            u = bf[t][:, None] * (vf[t] - torch.einsum("hvk,hk->hv", S, kt))
-            S = S + u[:, :, None] * kt[:, None, :]
-            o[t] = torch.einsum("hvk,hk->hv", S, qt)
-        new_state[slot] = S
-    return o.reshape(B, T, HV, V), new_state
-
-
-# ============================================================================================================
-# gdn_conv: causal depthwise conv1d with carried state and SiLU, varlen
-# ============================================================================================================
-if triton is not None:
-
-    @triton.jit
-    def _gdn_conv_kernel(
-        x, w, bias, cs, cache_idx, has_init, qsl, out,
-        n_seqs, dim,
-        sx_d, sx_t, sw_d, sw_w, scs_n, scs_d, scs_t, so_d, so_t,
-        pad_slot_id, null_block_id,
-        W: tl.constexpr, CP: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
-        HAS_BIAS: tl.constexpr, SILU: tl.constexpr, HAS_INIT: tl.constexpr, HAS_CACHE_IDX: tl.constexpr,
-        HAS_NULL_BLOCK: tl.constexpr, RNE_FIX: tl.constexpr,
-    ):
-        # grid: (cdiv(dim, BD), cdiv(tokens, BT) + N). Program (d, c) takes the c-th chunk of the list of every
-        # sequence's chunks of BT tokens, so a chunk never crosses a sequence start. The first chunk of a
-        # sequence is the only reader of its old conv state (BT >= W-1) and so may write the new one.
-        pid_d = tl.program_id(0)
-        pid_c = tl.program_id(1)
-        offs_n = tl.arange(0, NP)
-        lo = tl.load(qsl + offs_n, mask=offs_n < n_seqs, other=0)
-        hi = tl.load(qsl + offs_n + 1, mask=offs_n < n_seqs, other=0)
-        nch = (hi - lo + BT - 1) // BT
-        cum = tl.cumsum(nch, 0)                                  # inclusive
-        total = tl.sum(nch, 0)
-        if pid_c < total:
-            seq = tl.sum((cum <= pid_c).to(tl.int32), 0)
-            sel = offs_n == seq
-            bos = tl.sum(tl.where(sel, lo, 0), 0).to(tl.int64)
-            eos = tl.sum(tl.where(sel, hi, 0), 0).to(tl.int64)
-            chunk = pid_c - tl.sum(tl.where(sel, cum - nch, 0), 0)
-            if HAS_CACHE_IDX:
-                slot = tl.load(cache_idx + seq).to(tl.int64)
-            else:
-                slot = seq.to(tl.int64)
-            skip = slot == pad_slot_id
-            if HAS_NULL_BLOCK:
-                skip = skip | (slot == null_block_id)
-
-            offs_d = pid_d * BD + tl.arange(0, BD)
-            mask_d = offs_d < dim
-            init = offs_d < 0                                        # [BD] (a block: see _seq_load)
-            if HAS_INIT:
-                init = (offs_d * 0 + tl.load(has_init + seq).to(tl.int32)) != 0
-            tt = bos + chunk * BT + tl.arange(0, BT)                 # [BT] token rows
-            mask_t = tt < eos
-            m_out = mask_d[:, None] & mask_t[None, :]
-            p_out = out + offs_d[:, None] * so_d + tt[None, :] * so_t
-            if skip:
-                tl.store(p_out, _cast(tl.zeros([BD, BT], dtype=tl.float32), out.dtype.element_ty, RNE_FIX), mask=m_out)
-            else:
-                p_cs = cs + slot * scs_n + offs_d * scs_d                # [BD]
-                if HAS_BIAS:
-                    acc = tl.load(bias + offs_d, mask=mask_d, other=0.0).to(tl.float32)[:, None] \
-                        + tl.zeros([BD, BT], dtype=tl.float32)
-                else:
-                    acc = tl.zeros([BD, BT], dtype=tl.float32)
-                for j in tl.static_range(W):
-                    p = tt - (W - 1) + j
-                    from_x = p >= bos
-                    xv = tl.load(x + offs_d[:, None] * sx_d + p[None, :] * sx_t,
-                                 mask=m_out & from_x[None, :], other=0.0)
-                    col = (W - 1) + p - bos
-                    sv = tl.load(p_cs[:, None] + col[None, :] * scs_t,
-                                 mask=m_out & (~from_x)[None, :] & init[:, None], other=0.0)
-                    xin = tl.where(from_x[None, :], xv.to(tl.float32), sv.to(tl.float32))
-                    wj = tl.load(w + offs_d * sw_d + j * sw_w, mask=mask_d, other=0.0).to(tl.float32)
-                    acc = acc + wj[:, None] * xin
-                if SILU:
-                    # 1 + exp(-y) in float64, rounded once to fp32: every float64 exp (libdevice, numpy, torch)
-                    # rounds to the same fp32 value, where fp32 exps differ in the last bit between libraries.
-                    den = (1.0 + tl.exp(-acc.to(tl.float64))).to(tl.float32)
-                    acc = tl.math.div_rn(acc, den)
-                tl.store(p_out, _cast(acc, out.dtype.element_ty, RNE_FIX), mask=m_out)
-
-                if chunk == 0:
-                    # New state: the last W-1 inputs of the sequence, oldest first; read everything, then write.
-                    offs_c = tl.arange(0, CP)
-                    mask_c = offs_c < W - 1
-                    pc = eos - (W - 1) + offs_c                         # [C] token rows
-                    c_from_x = pc >= bos
-                    m_c = mask_d[:, None] & mask_c[None, :]
-                    xc = tl.load(x + offs_d[:, None] * sx_d + pc[None, :] * sx_t,
-                                 mask=m_c & c_from_x[None, :], other=0.0)
-                    colc = (W - 1) + pc - bos
-                    sc = tl.load(p_cs[:, None] + colc[None, :] * scs_t,
-                                 mask=m_c & (~c_from_x)[None, :] & init[:, None], other=0.0)
-                    new = tl.where(c_from_x[None, :], _cast(xc.to(tl.float32), cs.dtype.element_ty, RNE_FIX), sc)
-                    tl.debug_barrier()
-                    tl.store(p_cs[:, None] + offs_c[None, :] * scs_t, new, mask=m_c)
-
-
-def gdn_conv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    conv_states: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    cache_indices: torch.Tensor | None = None,
-    has_initial_state: torch.Tensor | None = None,
-    activation: str | bool | None = "silu",
-    pad_slot_id: int = PAD_SLOT_ID,
-    null_block_id: int | None = None,
-    out: torch.Tensor | None = None,
-    BD: int = 128,
-    BT: int = 8,
-    num_warps: int = 4,
-) -> torch.Tensor:
-    """Causal depthwise conv1d with carried state (and SiLU), varlen, in one launch; conv state updated in place.
-
-    Argument conventions are those of vLLM's ``causal_conv1d_fn``.
-
-    Args:
-        x: ``[dim, tokens]``, any strides (vLLM: channel-last, the transpose of ``[tokens, dim]``), any float.
-        weight: ``[dim, W]``. bias: ``[dim]`` or None.
-        conv_states: ``[slots, dim, >= W-1]``; columns ``0..W-2`` are the sequence's previous inputs, oldest
-            first, read where ``has_initial_state`` and replaced by the last W-1 inputs (shifted in). Other
-            columns are left alone. Its dtype is the state's (x is rounded to it when stored).
-        query_start_loc: ``[N+1]`` int token offsets (cu_seqlens) into x's token axis.
-        cache_indices: ``[N]`` slot per sequence (default: sequence n uses slot n); ``pad_slot_id`` (and
-            ``null_block_id`` where given; vLLM's block 0) marks a sequence to skip: outputs zero, state untouched.
-        has_initial_state: ``[N]`` bool; None = no sequence has one (zeros before the first token).
-        activation: "silu" / "swish" / True for SiLU, None/False for none.
-        out: optional ``[dim, tokens]`` output; default ``torch.empty_like(x)`` (same strides, x's dtype).
-            Tokens that belong to no sequence are not written.
-
-    Returns:
-        out, ``y[d, t] = act(bias[d] + sum_j weight[d, j] * x[d, t-(W-1)+j])`` (fp32 math).
-    """
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[0]:
-        raise ValueError(f"x must be [dim, tokens] and weight [dim, W], got {tuple(x.shape)}, {tuple(weight.shape)}")
-    dim, n_tok = x.shape
-    W = weight.shape[1]
-    if not 2 <= W <= 8:
-        raise ValueError(f"conv width {W} not supported (2..8)")
-    if conv_states.dim() != 3 or conv_states.shape[1] != dim or conv_states.shape[2] < W - 1:
-        raise ValueError(f"conv_states must be [slots, {dim}, >= {W - 1}], got {tuple(conv_states.shape)}")
-    silu = activation in ("silu", "swish", True)
-    if not silu and activation not in (None, False):
-        raise ValueError(f"activation {activation!r} not supported")
-    N = query_start_loc.numel() - 1
-    if out is None:
-        out = torch.empty_like(x)
-    if N <= 0 or n_tok == 0:
-        return out
-    BT = max(BT, pow2(W - 1))
-    grid = (cdiv(dim, BD), cdiv(n_tok, BT) + N)
-    _launch(_gdn_conv_kernel, grid, (
-        x, weight, bias if bias is not None else weight, conv_states,
-        cache_indices if cache_indices is not None else query_start_loc,
-        has_initial_state if has_initial_state is not None else query_start_loc,
-        query_start_loc, out,
-        N, dim,
-        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-        conv_states.stride(0), conv_states.stride(1), conv_states.stride(2), out.stride(0), out.stride(1),
-        pad_slot_id, null_block_id if null_block_id is not None else pad_slot_id,
-        W, max(2, pow2(W - 1)), max(2, pow2(N)), BD, BT,
-        bias is not None, silu, has_initial_state is not None,
-        cache_indices is not None, null_block_id is not None, _interpreting(),
-    ), num_warps=num_warps, enable_fp_fusion=False)
-    return out
-
-
-def gdn_conv_ref(
-    x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
-    activation="silu", pad_slot_id: int = PAD_SLOT_ID, null_block_id=None, dtype=torch.float64,
-):
-    """Reference of :func:`gdn_conv`: a plain loop over sequences and taps in ``dtype``.
-
-    With ``dtype=torch.float64`` it is the exact function; with ``torch.float32`` it performs the kernel's
-    operations in the kernel's order (bias, then taps 0..W-1, one rounding each; SiLU as ``y / (1 + exp(-y))``),
-    so the kernel must equal it bit for bit. Returns ``(out [dim, tokens] in dtype, new conv_states)``; skipped
-    sequences get zero outputs, an empty sequence leaves its state alone, tokens outside every sequence stay NaN,
-    the inputs are not modified.
-    """
-    dim, n_tok = x.shape
-    W = weight.shape[1]
-    cu = query_start_loc.tolist()
-    xs = x.to(dtype)
-    wd = weight.to(dtype)
-    states = conv_states.clone()
-    out = torch.full((dim, n_tok), float("nan"), dtype=dtype, device=x.device)
-    silu = activation in ("silu", "swish", True)
-    for n in range(len(cu) - 1):
-        bos, eos = cu[n], cu[n + 1]
-        slot = n if cache_indices is None else int(cache_indices[n])
-        if slot == pad_slot_id or (null_block_id is not None and slot == null_block_id):
-            out[:, bos:eos] = 0
-            continue
-        if eos == bos:  # an empty sequence has no program: its state stays as it was (as in vLLM's kernel)
-            continue
-        init = has_initial_state is not None and bool(has_initial_state[n])
-        prev = conv_states[slot, :, : W - 1].to(dtype)
-        if not init:
-            prev = torch.zeros_like(prev)
-        seq = torch.cat([prev, xs[:, bos:eos]], dim=1)  # [dim, W-1+L]
-        for t in range(eos - bos):
-            acc = bias.to(dtype).clone() if bias is not None else torch.zeros(dim, dtype=dtype, device=x.device)
-            for j in range(W):
-                acc = acc + wd[:, j] * seq[:, t + j]
-            if silu:
-                if dtype == torch.float64:
-                    acc = acc / (1 + torch.exp(-acc))
-                else:  # the kernel's SiLU: 1 + exp(-y) in float64 rounded once to dtype, then one IEEE division
-                    acc = acc / (1 + torch.exp(-acc.double())).to(dtype)
-            out[:, bos + t] = acc
-        # the state holds inputs in the state's dtype: x rounded to it, old columns kept as they were
-        raw = torch.cat([conv_states[slot, :, : W - 1] if init else torch.zeros_like(conv_states[slot, :, : W - 1]),
-                         x[:, bos:eos].to(conv_states.dtype)], dim=1)
-        states[slot, :, : W - 1] = raw[:, -(W - 1):]
-    return out, states
-
-
-__all__ = ["gdn_seq", "gdn_seq_ref", "gdn_conv", "gdn_conv_ref", "PAD_SLOT_ID"]
