@@ -6,7 +6,7 @@ and fp8_tma_explore's (two each), the Gluon prefill kernels (WS=0 MODE 0 / 1 / 2
 the two decode kernels.
 
 The H200 machines run Triton 3.6: ``PYTHONPATH=<a triton 3.6 install> python -m kernels.bench.fp8_sass_hash``
-(these kernels need Triton 3.5-3.8: kernels.fp8_wgmma.GLUON_TRITON).
+(these kernels need Triton 3.5-3.8: kernels.fp8.wgmma.GLUON_TRITON).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 import kernels.bench.fp8_tma_explore as E
 import kernels.fp8 as F
-import kernels.fp8_wgmma as W
+import kernels.fp8.wgmma as W
 
 BINDIR = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
 TARGET = GPUTarget("cuda", 90, 32)

@@ -240,7 +240,7 @@ def prefill_kernel_time(res: dict) -> None:
 
 def _need_hopper(ap: argparse.ArgumentParser) -> None:
     # the Gluon kernels and the profiler's kernel times need a Hopper GPU and a Triton that builds them
-    from kernels.fp8_wgmma import gluon_problem
+    from kernels.fp8.wgmma import gluon_problem
     why = gluon_problem("cuda") if torch.cuda.is_available() else "no CUDA device"
     if why:
         ap.exit(2, f"{ap.prog}: error: this bench runs on a Hopper GPU: {why}\n")

@@ -23,10 +23,10 @@ import json
 import torch
 import triton
 
-from kernels.fp8_wgmma import HAVE_GLUON
+from kernels.fp8.wgmma import HAVE_GLUON
 
 if HAVE_GLUON:
-    from kernels.fp8_wgmma import _split_k_epilogue
+    from kernels.fp8.wgmma import _split_k_epilogue
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
@@ -112,7 +112,7 @@ def pieces(w8: torch.Tensor, a8: torch.Tensor, with_a: bool, reduce: bool, BN: i
            stages: int = 4):
     """A zero-argument call of :func:`_pieces_kernel` on w8 [N, K] and a8 [M, K] (e4m3fn, M <= 16: a 16-row
     token tile) on the grid (cdiv(N, BN), split)."""
-    from kernels.fp8_wgmma import _descriptor
+    from kernels.fp8.wgmma import _descriptor
 
     N, K = w8.shape
     M = a8.shape[0]
@@ -154,7 +154,7 @@ def decompose(res: dict) -> None:
 def stream(w8: torch.Tensor, BN: int, split: int, stages: int):
     """A zero-argument call that streams w8 [N, K] (e4m3fn, K a multiple of 128) on the grid (cdiv(N, BN),
     split) with ``stages`` [BN, 128] blocks in flight a program (capped at its K-blocks)."""
-    from kernels.fp8_wgmma import _descriptor
+    from kernels.fp8.wgmma import _descriptor
 
     N, K = w8.shape
     kb = K // 128

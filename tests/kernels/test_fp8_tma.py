@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.fp8 as F
+import kernels.fp8.gemm as F
 from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref
 from tests.kernels.cases import fp8_operands as operands
 

@@ -18,9 +18,9 @@ import re
 import pytest
 import torch
 
-import kernels.fp8 as F
+import kernels.fp8.gemm as F
 from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref
-from kernels.fp8_wgmma import gluon_problem, gluon_supported
+from kernels.fp8.wgmma import gluon_problem, gluon_supported
 from tests.kernels.cases import fp8_operands as operands
 
 BOUND = 4e-3  # bf16 output against float64, as tests/kernels/test_fp8.py
@@ -287,7 +287,7 @@ def test_gluon_needs_a_triton_with_its_tma_api(monkeypatch, version, ok):
     request says why."""
     import triton
 
-    import kernels.fp8_wgmma as W
+    import kernels.fp8.wgmma as W
     monkeypatch.setattr(triton, "__version__", version)
     monkeypatch.setattr(W, "HAVE_GLUON", True)
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
@@ -301,7 +301,7 @@ def test_gluon_needs_a_triton_with_its_tma_api(monkeypatch, version, ok):
 def test_unroll_capped_at_the_stages():
     """The launch halves UNROLL until the ring holds a group's K-blocks (the refills go to the stages a group
     read): pure Python, any device."""
-    from kernels.fp8_wgmma import _unroll
+    from kernels.fp8.wgmma import _unroll
     assert [_unroll(dict(UNROLL=4), s) for s in (1, 2, 3, 4, 8)] == [1, 2, 2, 4, 4]
     assert [_unroll(dict(UNROLL=2), s) for s in (1, 2)] == [1, 2]
     assert _unroll({}, 8) == 1

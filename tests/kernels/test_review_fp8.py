@@ -105,7 +105,7 @@ def test_fused_default_fits_shared_memory_for_wide_activations(monkeypatch):
     """The GPU default of the fused-quant tile at M > 64 (64 x 256, 8 warps) keeps A in its own dtype: 4 stages
     for a 2-byte A, 3 for fp32 (4 needed 232 KiB of shared memory on the H200, past its 227 KiB). Config logic
     only: the GPU branch of default_gemm_config is taken with the interpreter check switched off."""
-    import kernels.fp8 as F
+    import kernels.fp8.gemm as F
     monkeypatch.setattr(F, "_interpreting", lambda: False)
     assert default_gemm_config(65, 200, 256, quant_a=True, a_itemsize=2)["num_stages"] == 4
     assert default_gemm_config(65, 200, 256, quant_a=True, a_itemsize=4)["num_stages"] == 3

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.fp8 as F
+import kernels.fp8.gemm as F
 import kernels.gdn.seq as G
 from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_ref
 from kernels.gdn import gdn_seq, gdn_seq_ref

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.fp8 as F
-import kernels.fp8_wgmma as W
+import kernels.fp8.gemm as F
+import kernels.fp8.wgmma as W
 from tests.kernels.cases import fp8_operands
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels.fp8_wgmma as W
+import kernels.fp8.wgmma as W
 from kernels.bench import fp8_wgmma_bench, tma_stream_floor
 
 

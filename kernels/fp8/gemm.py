@@ -1,53 +1,13 @@
-"""fp8 per-token-group activation quant and the block-scaled fp8 GEMM whose A-load does that quant itself.
-
-Two Triton kernels and their references:
-
-``fp8_quant_group`` / ``fp8_quant_group_ref``
-    Per-token-group-128 quant (DeepSeek-V3 / vLLM ``per_token_group_quant_fp8``). For each row ``m`` and each
-    group ``g`` of 128 consecutive columns, in fp32::
-
-        amax   = max(max_j |x[m, 128 g + j]|, 1e-10)
-        s[m,g] = amax / FMAX                                       (IEEE division, one rounding)
-        q[m,j] = fp8(clamp(x[m, j] / s[m, g], -FMAX, FMAX))        (IEEE division, round to nearest even)
-
-    e4m3fn: FMAX = 448; e4m3fnuz (the ROCm encoding, exponent bias 8): FMAX = 224 (vLLM's choice). The fnuz
-    value of a bit pattern is half the e4m3fn value of the same bits (except 0x80: fn's -0, fnuz's NaN), so the
-    kernels quantise ``2 x / s`` to e4m3fn (the doubling is exact) and store its bits, with -0 mapped to +0:
-    the same bits as torch's ``.to(torch.float8_e4m3fnuz)`` of ``x / s``, on hardware with no fnuz converter.
-
-``fp8_block_gemm`` / ``fp8_block_gemm_qa`` / ``fp8_block_gemm_ref``
-    ``out[m, n] = sum_kb (sum_{k in block kb} qa[m, k] qb[n, k]) * sa[m, kb] * sb[n // 128, kb]`` with
-    ``qb`` the weight ``[N, K]`` (row-major: K contiguous) in fp8, ``sb`` its scales per 128x128 block
-    ``[ceil(N/128), K/128]``, and ``qa, sa`` the activation quantised per token and group of 128 as above.
-    The inner sums run in the tensor cores at fp32 (exact per product; the accumulation in the MMA's
-    precision), the block scales are applied per K-block in fp32, the result is rounded once to ``out_dtype``.
-    ``fp8_block_gemm`` reads a pre-quantised A; ``fp8_block_gemm_qa`` reads the bf16/fp16/fp32 activation and
-    quantises each ``[BLOCK_M, 128]`` tile in its A-load (the same fp32 operations, so the operands fed to the
-    MMA are bit-identical to ``fp8_quant_group``'s output: ``store_a=`` writes them out to prove it).
-    ``fp8_quant_then_gemm`` is the two-launch baseline (quant kernel, then the pre-quantised GEMM).
-
-GEMM kernels, chosen by :func:`default_gemm_config` (any key overridable through ``config=``):
-``_block_gemm_kernel`` (the tile kernel: [BM, BN] output tiles, GROUP_M swizzle, BN dividing 128 or a
-multiple of it, KPI K-blocks per iteration; the fused quant, decode shapes off Hopper, prefill without TMA),
-``_block_gemm_tma_kernel`` (prefill with a pre-quantised A on a GPU with TMA other than the Hopper-with-Gluon
-case: the same sums in the same order, its tiles moved by tensor descriptors, a persistent grid; bit-identical
-to the tile kernel), ``_small_m_kernel`` (M <= 64: swap-AB so the weight rows fill the wgmma's 64-row side,
-split-K over ~4 waves of programs, fp32 partials reduced in a fixed order either by
-``_splitk_reduce_kernel`` or by the tile's last-arriving split; deterministic either way), and on a Hopper GPU
-with Triton's Gluon and a pre-quantised A the defaults of kernels/fp8_wgmma.py: kernel="wgmma" (prefill,
-warp-specialised, bit-identical to the tile kernel) and kernel="wgmma_small_m" (decode).
-The fused quant divides by the row scale with :func:`_div_exact` (reciprocal once per row, then one
-multiply and two FMAs an element): the IEEE quotient bit for bit, so the operands stay identical.
-
-Layout: x ``[M, K]`` with K a multiple of 128 and the last dim contiguous; weights ``[N, K]`` contiguous.
-Under ``TRITON_INTERPRET=1`` the fp8 conversions and ``tl.dot`` on fp8 run (on numpy), so the CPU gates test
-the same code at small shapes.
-"""
+"""The block-scaled fp8 GEMM: its Triton kernels (tile, TMA, small-M split-K), the config table, the dispatch to
+the Gluon kernels of :mod:`kernels.fp8.wgmma`, and ``fp8_block_gemm`` / ``fp8_block_gemm_qa`` /
+``fp8_quant_then_gemm`` (the package docstring, kernels/fp8/__init__.py, gives the math)."""
 from __future__ import annotations
 
 import torch
 
-from kernels._util import _interpreting, cdiv
+from kernels._util import _interpreting
+from kernels.fp8.common import FP8_DTYPE, FP8_MAX, GROUP, _check_x, _fmt, _fmt_of
+from kernels.fp8.quant import _quant_tile, fp8_quant_group
 
 try:  # the references work without Triton
     import triton
@@ -56,147 +16,8 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-GROUP = 128
-FP8_MAX = {"e4m3fn": 448.0, "e4m3fnuz": 224.0}
-FP8_DTYPE = {"e4m3fn": torch.float8_e4m3fn, "e4m3fnuz": torch.float8_e4m3fnuz}
-AMAX_FLOOR = 1e-10
 
-
-def _fmt(fmt: str) -> str:
-    if fmt not in FP8_MAX:
-        raise ValueError(f"fp8 format must be one of {sorted(FP8_MAX)}, got {fmt!r}")
-    return fmt
-
-
-# ============================================================================================================
-# references
-# ============================================================================================================
-def fp8_quant_group_ref(x: torch.Tensor, fmt: str = "e4m3fn", group: int = GROUP):
-    """Per-token-group quant in plain torch: returns ``(q [M, K] fp8, s [M, K/group] fp32)``."""
-    fmax = FP8_MAX[_fmt(fmt)]
-    M, K = x.shape
-    if K % group:
-        raise ValueError(f"K={K} is not a multiple of the group size {group}")
-    xg = x.float().reshape(M, K // group, group)
-    amax = xg.abs().amax(-1).clamp_min(AMAX_FLOOR)
-    s = amax / torch.full_like(amax, fmax)  # tensor / tensor: IEEE division (CUDA's tensor / scalar multiplies
-    q = (xg / s[..., None]).clamp(-fmax, fmax).to(FP8_DTYPE[fmt])  # by the reciprocal, another rounding)
-    return q.reshape(M, K), s
-
-
-def fp8_quant_block_weight_ref(w: torch.Tensor, fmt: str = "e4m3fn", block: int = GROUP):
-    """Per-128x128-block weight quant (amax over the block): ``(qw [N, K] fp8, sw [ceil(N/128), K/128])``."""
-    fmax = FP8_MAX[_fmt(fmt)]
-    N, K = w.shape
-    nb, kb = cdiv(N, block), K // block
-    wp = torch.zeros(nb * block, K, dtype=torch.float32, device=w.device)
-    wp[:N] = w.float()
-    wb = wp.reshape(nb, block, kb, block)
-    s = wb.abs().amax(dim=(1, 3)).clamp_min(AMAX_FLOOR) / fmax
-    q = (wb / s[:, None, :, None]).clamp(-fmax, fmax).reshape(nb * block, K)[:N].to(FP8_DTYPE[fmt])
-    return q, s
-
-
-def fp8_block_gemm_ref(qa, sa, qb, sb, out_dtype=torch.bfloat16, group: int = GROUP) -> torch.Tensor:
-    """float64 reference: dequantise both operands exactly and multiply. Returns ``[M, N]`` in ``out_dtype``
-    (pass ``torch.float64`` for the unrounded product)."""
-    M, K = qa.shape
-    N = qb.shape[0]
-    a = qa.double() * sa.double().repeat_interleave(group, dim=1)[:, :K]
-    sbe = sb.double().repeat_interleave(group, dim=0)[:N].repeat_interleave(group, dim=1)[:, :K]
-    b = qb.double() * sbe
-    return (a @ b.t()).to(out_dtype)
-
-
-# ============================================================================================================
-# Triton kernels
-# ============================================================================================================
 if triton is not None:
-
-    @triton.jit
-    def _rne_e4m3(y, RNE_FIX: tl.constexpr):
-        """y (fp32, |y| <= 448) to e4m3fn. Under TRITON_INTERPRET=1 (RNE_FIX) Triton 3.9's interpreter loses the
-        carry when rounding up crosses a binade (124.2 -> 64), so y is first rounded here to a 3-bit mantissa
-        (normal range) or to a multiple of 2^-9 (subnormals), after which the conversion is exact; compiled code
-        converts with the hardware's round-to-nearest-even."""
-        if RNE_FIX:  # on |y|, the sign put back on the bits (the interpreter also drops the sign of -0)
-            ay = tl.abs(y)
-            b = ay.to(tl.uint32, bitcast=True)
-            b = (b + 0x7FFFF + ((b >> 20) & 1)) & 0xFFF00000
-            yn = b.to(tl.float32, bitcast=True)
-            ys = (ay + 24576.0) - 24576.0  # 1.5 * 2^14: rounds to a multiple of 2^-9, nearest even
-            ay = tl.where(ay < 0.015625, ys, yn)
-            bits = ay.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
-            neg = (y.to(tl.uint32, bitcast=True) >> 31).to(tl.uint8)
-            return (bits | (neg << 7)).to(tl.float8e4nv, bitcast=True)
-        return y.to(tl.float8e4nv)
-
-    @triton.jit
-    def _div_exact(ax, s, r):
-        """RN(ax / s) for ax [BM, 128] fp32 >= 0 and the row scales s [BM] > 0, with r = RN(1 / s) [BM]:
-        three flops an element instead of IEEE division's ~10 and a slow-path branch. q0 = RN(ax r) is within
-        a few ulps; the residual ax - q0 s is exact in one FMA; one FMA correction by r then gives the correctly
-        rounded quotient (Markstein's scheme). Checked bit for bit against IEEE division: every bf16
-        significand and every fp16 significand against every one of the 2^23 fp32 scale significands, in both
-        quotient binades, plus 2^31 random and adversarial fp32 pairs (tests/kernels/test_fp8.py keeps a
-        sample). Scale invariance carries that to every exponent while the residual stays normal; it does
-        whenever the quotient is >= 2^-11 (s >= 1e-10/448 bounds the exponents), and a smaller quotient is
-        off by at most a few of its own ulps, so it still rounds to fp8 zero, as the reference's does."""
-        q = ax * r[:, None]
-        res = tl.fma(-q, s[:, None], ax)
-        return tl.fma(res, r[:, None], q)
-
-    @triton.jit
-    def _div_probe_kernel(x, s, out, n, BLOCK: tl.constexpr):
-        # out[i] = _div_exact(x[i], s[i]) (x >= 0, s > 0, fp32): the quotient the fused quant computes
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        msk = offs < n
-        xv = tl.load(x + offs, mask=msk, other=0.0)
-        sv = tl.load(s + offs, mask=msk, other=1.0)
-        r = tl.math.div_rn(tl.full(sv.shape, 1.0, tl.float32), sv)
-        q = _div_exact(xv[:, None], sv, r)
-        tl.store(out + offs[:, None], q, mask=msk[:, None])
-
-    @triton.jit
-    def _quant_tile(x, FMAX: tl.constexpr, FNUZ: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr):
-        """x [BM, 128] fp32 -> (q [BM, 128] e4m3fn holding the MMA operand, s [BM] fp32, bits [BM, 128] uint8
-        as stored for the format). For fnuz the operand is the e4m3fn value of 2 q (exactly), bits its fnuz
-        encoding. The quotient is taken on |x| (round to nearest even is odd-symmetric, so RN(|x|/s) = |RN(x/s)|)
-        and x's sign bit put back (one LOP3), which also keeps -0 -> -0 as torch does. FAST_DIV: _div_exact,
-        otherwise IEEE div_rn; bit-identical results."""
-        ax = tl.abs(x)
-        amax = tl.maximum(tl.max(ax, axis=1), 1e-10)
-        s = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
-        if FAST_DIV:
-            r = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), s)
-            y = _div_exact(ax, s, r)
-        else:
-            y = tl.math.div_rn(ax, tl.broadcast_to(s[:, None], ax.shape))
-        y = tl.minimum(y, FMAX)
-        if FNUZ:
-            y = y * 2.0
-        sign = x.to(tl.uint32, bitcast=True) & 0x80000000
-        y = (y.to(tl.uint32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-        q = _rne_e4m3(y, RNE_FIX)
-        bits = q.to(tl.uint8, bitcast=True)
-        if FNUZ:
-            bits = tl.where(bits == 0x80, 0, bits)
-        return q, s, bits
-
-    @triton.jit
-    def _quant_group_kernel(x, q, s, M, K, sxm, sqm, ssm, BM: tl.constexpr, GPP: tl.constexpr,
-                            FMAX: tl.constexpr, FNUZ: tl.constexpr, RNE_FIX: tl.constexpr, FAST_DIV: tl.constexpr):
-        # grid: (cdiv(M, BM), K // 128 // GPP); each program quantises GPP groups (GPP divides K/128) of BM rows
-        pid_m = tl.program_id(0)
-        offs_m = pid_m * BM + tl.arange(0, BM)
-        mm = offs_m < M
-        for i in tl.static_range(GPP):
-            g = tl.program_id(1) * GPP + i
-            offs_k = g * 128 + tl.arange(0, 128)
-            xt = tl.load(x + offs_m[:, None].to(tl.int64) * sxm + offs_k[None, :], mask=mm[:, None], other=0.0)
-            _, sc, bits = _quant_tile(xt.to(tl.float32), FMAX, FNUZ, RNE_FIX, FAST_DIV)
-            tl.store(q + offs_m[:, None].to(tl.int64) * sqm + offs_k[None, :], bits, mask=mm[:, None])
-            tl.store(s + offs_m * ssm + g, sc, mask=mm)
 
     @triton.jit
     def _load_a(a, sa, qa_out, sa_out, offs_m, mm, offs_k, kb, a_ptrs, ssam, sqm, ssqm, do_store,
@@ -401,59 +222,6 @@ if triton is not None:
         tl.store(c + (offs // N) * scm + offs % N, tot.to(c.dtype.element_ty), mask=msk)
 
 
-def _check_x(x: torch.Tensor, name: str = "x") -> tuple[int, int]:
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be [M, K], got {tuple(x.shape)}")
-    M, K = x.shape
-    if K % GROUP:
-        raise ValueError(f"{name}: K={K} is not a multiple of {GROUP}")
-    if x.stride(1) != 1:
-        raise ValueError(f"{name} must have a contiguous last dim")
-    return M, K
-
-
-def fp8_quant_group(x: torch.Tensor, fmt: str = "e4m3fn", BM: int | None = None, GPP: int | None = None,
-                    fast_div: bool = True):
-    """Per-token-group-128 quant of ``x`` ``[M, K]`` (bf16/fp16/fp32). Returns ``(q [M, K] fp8 of fmt,
-    s [M, K/128] fp32)``; bit-identical to :func:`fp8_quant_group_ref` (either ``fast_div``). Each program
-    quantises ``BM`` rows by ``GPP`` groups. Raises ValueError for a bad shape, stride or format."""
-    fmt = _fmt(fmt)
-    M, K = _check_x(x)
-    q = torch.empty(M, K, dtype=torch.uint8, device=x.device)
-    s = torch.empty(M, K // GROUP, dtype=torch.float32, device=x.device)
-    if M == 0:
-        return q.view(FP8_DTYPE[fmt]), s
-    BM = BM or (4 if _interpreting() else 16)
-    GPP = GPP or (1 if _interpreting() else 2)
-    while (K // GROUP) % GPP:
-        GPP -= 1
-    _quant_group_kernel[(triton.cdiv(M, BM), K // GROUP // GPP)](
-        x, q, s, M, K, x.stride(0), q.stride(0), s.stride(0),
-        BM=BM, GPP=GPP, FMAX=FP8_MAX[fmt], FNUZ=fmt == "e4m3fnuz", RNE_FIX=_interpreting(), FAST_DIV=fast_div,
-        num_warps=4,
-    )
-    return q.view(FP8_DTYPE[fmt]), s
-
-
-def fast_div_probe(x: torch.Tensor, s: torch.Tensor, BLOCK: int = 1024) -> torch.Tensor:
-    """The fused quant's division on its own: ``RN(x / s)`` by :func:`_div_exact` for fp32 ``x >= 0`` and
-    ``s > 0`` (same shape, any shape). For the gates: must equal ``x / s`` bit for bit."""
-    if x.dtype != torch.float32 or s.dtype != torch.float32 or x.shape != s.shape:
-        raise ValueError("x and s must be float32 tensors of one shape")
-    xf, sf = x.contiguous().reshape(-1), s.contiguous().reshape(-1)
-    out = torch.empty_like(xf)
-    if xf.numel():
-        _div_probe_kernel[(triton.cdiv(xf.numel(), BLOCK),)](xf, sf, out, xf.numel(), BLOCK=BLOCK)
-    return out.reshape(x.shape)
-
-
-def _fmt_of(t: torch.Tensor) -> str:
-    for k, v in FP8_DTYPE.items():
-        if t.dtype == v:
-            return k
-    raise ValueError(f"expected an fp8 tensor (e4m3fn or e4m3fnuz), got {t.dtype}")
-
-
 # Config table (H200, 132 SMs). "small_m": the swap-AB split-K kernel, "tile": the [BM, BN] prefill kernel.
 # Keys of a config: kernel; BM, BN, num_warps, num_stages; tile: GROUP_M, KPI (K-blocks per iteration);
 # small_m: SPLIT_K ("auto": enough programs for WAVES waves of the SMs), REDUCE (1: second kernel, 2: last
@@ -486,7 +254,7 @@ def tma_supported(device) -> bool:
 
 
 KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
-# "wgmma" / "wgmma_small_m": the Gluon kernels of kernels/fp8_wgmma.py (Hopper only, pre-quantised A; an
+# "wgmma" / "wgmma_small_m": the Gluon kernels of kernels/fp8/wgmma.py (Hopper only, pre-quantised A; an
 # explicit request elsewhere raises ValueError with the reason). Keys (KPI and FAST_DIV are not read):
 # wgmma: BM, BN, GROUP_M, PROGRAMS as "tma"; num_stages the shared-memory stages of A and B (uncapped for
 # WS 1 / 2: too many fail to build, OutOfResources); num_warps = BM / 16 (the consumer warps; WS=2 runs them
@@ -501,8 +269,7 @@ KERNELS = ("tile", "tma", "small_m", "wgmma", "wgmma_small_m")
 # (_rows_wgmma_kernel: tokens padded to 64 on the wgmma's M side, BN 8..64 weight rows a program, 4 warps;
 # the default for 32 < M <= 64). UNROLL (1, 2 or 4; both decode kernels): K-blocks whose wgmmas are issued
 # back to back into their own accumulators before one wait, then folded in order (the same sums as 1; capped at
-# the stages in flight). H200 figures: kernels/NOTES_II.md, "fp8 GEMM, session 6" (prefill) and "fp8 decode,
-# session 7" (decode).
+# the stages in flight). H200 figures: docs/kernels/fp8.md.
 WGMMA_DEFAULT = dict(kernel="wgmma", BM=128, BN=128, GROUP_M=8, num_warps=8, num_stages=4, WS=2)
 WGMMA_SMALL_M_DEFAULT = dict(kernel="wgmma_small_m", BM=16, BN=64, SPLIT_K="auto", num_warps=4, num_stages=4)
 
@@ -583,27 +350,25 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
                         tma: bool = False, gluon: bool = False) -> dict:
     """Tile config by shape. Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
     _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
-    kernels/fp8_wgmma.py (H200; kernels/NOTES_II.md "fp8 decode, session 7" and "fp8 GEMM, session 6"): M <=
+    kernels/fp8/wgmma.py (H200, 2026-12-01; docs/kernels/fp8.md): M <=
     16 the swap-AB split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with a 32-token
     tile, M <= 64 with K <= 16384 the kernel without split-K (SWAP_AB=False, 64 weight rows a program, UNROLL
     4; longer K: the split kernel, one split), larger M with a 2-byte output (``tma``) the warp-specialised
     prefill kernel (:data:`WGMMA_DEFAULT`). Elsewhere (``gluon`` false: also Triton outside
-    kernels.fp8_wgmma.GLUON_TRITON), the
-    winners of the H200 sweep of 2026-11-29 (kernels/bench/results/2026-11-29_h200_fp8_sweep.log, N = K = 4096
-    and 8192):
+    kernels.fp8.wgmma.GLUON_TRITON), the
+    winners of the H200 sweep of 2026-11-29 (N = K = 4096 and 8192; docs/kernels/fp8.md):
 
     * M <= 64: the tile kernel at 16 x 32 (mma.sync; 18.6 us pre-quantised / 27.6 us fused at M=16, N=K=4096),
       faster there than every swap-AB split-K config tried (26.9-54.8 us): the small-M kernel stays available
       (``config=dict(kernel="small_m", ...)``) but is not the default. For M <= 16, two K-blocks a turn
       (KPI 2; pre-quantised A only: the fused quant runs KPI 1 on the GPU, see _gemm): by kernel time
       10.8 / 11.1 / 27.6 us at M = 1 / 16 x 4096^2 / 16 x 8192^2 against 13.7 / 14.5 / 35.6 with KPI 1, the
-      fastest of the 4 tiles timed that way (``python -m kernels.bench.fp8_bench --decode-tiles
-      --kernel-time``; kernels/NOTES_II.md);
+      fastest of the 4 tiles timed that way (2026-11-29);
     * larger M, pre-quantised A, bf16/fp16 output, where the device has TMA (``tma``: _gemm passes it, see
       :func:`tma_supported`): the TMA kernel
       (:data:`TMA_DEFAULT`: 128 x 128, 8 warps, 3 stages, two K-blocks a turn, a persistent grid of one program
-      per SM): 825-874 TFLOP/s at 4096^3 / 8192^3 in the exploration, 871 / 891 in the sweep (H200, session 5,
-      kernels/NOTES_II.md); elsewhere the
+      per SM): 825-874 TFLOP/s at 4096^3 / 8192^3 in the exploration, 871 / 891 in the sweep (H200,
+      2026-12-01); elsewhere the
       tile kernel at 128 x 128, 8 warps, 3 stages, two K-blocks a turn (560.6 / 614.1 TFLOP/s);
     * larger M, quant in the A-load: 64 x 256, 8 warps, 4 stages (227 / 245 TFLOP/s); 3 stages when A has more
       than 2 bytes an element (``a_itemsize``: the fused tile holds A in its own dtype, and fp32 A at 4 stages
@@ -615,15 +380,15 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
             return dict(kernel="small_m", BM=16, BN=64, SPLIT_K="auto", REDUCE=1, num_warps=4, num_stages=1,
                         FAST_DIV=True)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=2, KPI=1, num_warps=4, num_stages=1, FAST_DIV=True)
-    if gluon and not quant_a:  # Hopper with Gluon, A and B TMA-addressable: kernels/fp8_wgmma.py
+    if gluon and not quant_a:  # Hopper with Gluon, A and B TMA-addressable: kernels/fp8/wgmma.py
         if M <= 16:
             return dict(WGMMA_SMALL_M_DEFAULT)
         if M <= 32:  # split as M <= 16 since the four-at-a-time reduce: 9.63 / 20.83 us at 32 x 4096^2 /
-            # 32 x 8192^2 against 11.30 / 20.80 with one split (session 7, run 4; read flush)
+            # 32 x 8192^2 against 11.30 / 20.80 with one split (H200, 2026-12-01; read flush)
             return dict(WGMMA_SMALL_M_DEFAULT, BM=32)
         if M <= SMALL_M_MAX and K <= 16384:  # no split, 64 weight rows a program, four K-blocks' wgmmas at once:
             # 10.53 / 22.56 us at 64 x 4096^2 / 64 x 8192^2 against 11.49 / 25.25 with BN 32 and one at a time
-            # (session 7, run 4); its staged scales bound K (kernels.fp8_wgmma.SCALES_MAX)
+            # (H200, 2026-12-01); its staged scales bound K (kernels.fp8.wgmma.SCALES_MAX)
             return dict(WGMMA_SMALL_M_DEFAULT, BM=64, BN=64, SWAP_AB=False, num_stages=8, UNROLL=4)
         if M <= SMALL_M_MAX:
             return dict(WGMMA_SMALL_M_DEFAULT, BM=64, SPLIT_K=1, num_stages=8)
@@ -636,7 +401,7 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
                 # BN 64 was slower, 45.60 against 33.23
                 return dict(WGMMA_DEFAULT, BN=64)
             return dict(WGMMA_DEFAULT)
-    if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 in --decode-tiles (see NOTES_II)
+    if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 by kernel time (H200, 2026-11-29)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2, num_warps=4, num_stages=4, FAST_DIV=True)
     if M <= SMALL_M_MAX:
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=1, num_warps=4, num_stages=4, FAST_DIV=True)
@@ -707,7 +472,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
     itemsize = a.element_size() if quant_a else 1
     gluon_ok = False
     if not quant_a and not _interpreting() and a.is_cuda:
-        from kernels.fp8_wgmma import gluon_supported
+        from kernels.fp8.wgmma import gluon_supported
 
         gluon_ok = (gluon_supported(a.device) and _tma_layout_problem(a, b, b) is None
                     and (M <= SMALL_M_MAX or c.dtype in (torch.bfloat16, torch.float16)))
@@ -738,7 +503,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         if 128 % cfg["BN"]:
             raise ValueError(f"kernel='tma' needs BN dividing 128, got BN={cfg['BN']}")
     if cfg["kernel"] in ("wgmma", "wgmma_small_m"):
-        from kernels.fp8_wgmma import gluon_problem
+        from kernels.fp8.wgmma import gluon_problem
 
         why = "it reads a pre-quantised A (not the fused quant)" if quant_a else gluon_problem(a.device)
         why = why or _tma_layout_problem(a, b, c if cfg["kernel"] == "wgmma" else b)
@@ -808,7 +573,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     elif cfg["kernel"] in ("wgmma", "wgmma_small_m"):
-        from kernels import fp8_wgmma
+        from kernels.fp8 import wgmma as fp8_wgmma
 
         a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)  # fnuz bits: HALF, as above
         sms = torch.cuda.get_device_properties(a.device).multi_processor_count
@@ -889,170 +654,3 @@ def fp8_quant_then_gemm(x, qb, sb, fmt: str = "e4m3fn", out_dtype=torch.bfloat16
     beat). Same operands, so the same result as :func:`fp8_block_gemm_qa` up to the MMA's sum order."""
     qa, sa = fp8_quant_group(x, fmt, **(quant_cfg or {}))
     return fp8_block_gemm(qa, sa, qb, sb, out_dtype, config)
-
-
-# ============================================================================================================
-# fp8_linear: the activation quant and the block GEMM of a linear layer, through a launch plan cached per shape
-# ============================================================================================================
-_PLANS: dict = {}
-_PLANS_MAX = 4096
-
-
-def _plan_key(x, qb, sb, out_dtype) -> tuple:
-    return (x.shape[0], x.shape[1], qb.shape[0], qb.shape[1], x.dtype, x.stride(0), x.data_ptr() % 16 == 0,
-            out_dtype, qb.dtype, qb.stride(0), qb.stride(1), qb.data_ptr() % 16 == 0, sb.shape, sb.stride(0),
-            sb.stride(1), sb.dtype, x.device)
-
-
-def fp8_linear(x: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
-    """``[M, N]`` = x ``[M, K]`` (bf16 / fp16 / fp32, last dim contiguous) times the block-quantised weight (qb
-    ``[N, K]`` fp8, sb ``[ceil(N/128), K/128]`` fp32 row-major) transposed: x quantised per token and group of 128
-    to qb's fp8 format (:func:`fp8_quant_group`'s kernel), then :func:`fp8_block_gemm`'s default kernel for the
-    shape; the same bits as ``fp8_block_gemm(*fp8_quant_group(x, fmt), qb, sb, out_dtype)``.
-
-    Why a separate entry: a linear layer calls it once a step with the same shapes, and the general path
-    (:func:`_gemm`: checks, the config, Triton's JIT dispatcher, descriptor construction) costs ~100 us of host
-    time a call, several times the GPU time of a decode GEMM. Here the first call of a shape checks everything
-    and builds a plan: the launch arguments that do not change (grids, constexprs, strides, the split, the weight's
-    TMA descriptor per weight), launched afterwards through kernels/_launch.py's cached compiled kernels. On a
-    Hopper GPU with Gluon (:func:`kernels.fp8_wgmma.gluon_problem`) the plan covers the decode kernels and the
-    prefill kernel; elsewhere (and under the interpreter) it calls the general path.
-
-    Raises:
-        ValueError: what :func:`fp8_quant_group` or :func:`fp8_block_gemm` raise for these operands.
-    """
-    key = _plan_key(x, qb, sb, out_dtype)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _make_plan(x, qb, sb, out_dtype)
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = plan
-    return plan(x, qb, sb)
-
-
-def _desc(t: torch.Tensor, block: list[int], layout):
-    """A Gluon TensorDescriptor over a 2-D tensor whose alignment the plan checked for its shape (its dataclass
-    validation, a few us of host time a call, is skipped)."""
-    from kernels.fp8_wgmma import TensorDescriptor
-
-    d = object.__new__(TensorDescriptor)
-    d.__dict__.update(base=t, shape=list(t.shape), strides=list(t.stride()), block_shape=block, layout=layout,
-                      padding="zero")
-    return d
-
-
-def _make_plan(x, qb, sb, out_dtype):
-    """The callable :func:`fp8_linear` runs for operands shaped like these (see there); checks them first by
-    running the general path's checks (ValueError as fp8_block_gemm)."""
-    fmt = _fmt_of(qb)
-    M, K = _check_x(x)
-    N = qb.shape[0]
-    general = lambda x, qb, sb: fp8_block_gemm(*fp8_quant_group(x, fmt), qb, sb, out_dtype)  # noqa: E731
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise ValueError(f"x must be bf16, fp16 or fp32, got {x.dtype}")
-    if M == 0 or _interpreting() or not x.is_cuda or sb.dim() != 2 or sb.stride(1) != 1:
-        return general
-    # the general path's checks and choice, on this shape (one call: compiles the kernels it picks)
-    qa0, sa0 = fp8_quant_group(x, fmt)
-    fp8_block_gemm(qa0, sa0, qb, sb, out_dtype)
-    from kernels import fp8_wgmma
-
-    c0 = torch.empty(M, N, dtype=out_dtype, device=x.device)
-    gluon_ok = (fp8_wgmma.gluon_supported(x.device) and _tma_layout_problem(qa0, qb, qb) is None
-                and (M <= SMALL_M_MAX or out_dtype in (torch.bfloat16, torch.float16)))
-    tma_ok = out_dtype in (torch.bfloat16, torch.float16) and _tma_layout_problem(qa0, qb, c0) is None
-    cfg = default_gemm_config(M, N, K, False, 1, tma=tma_ok and tma_supported(x.device), gluon=gluon_ok)
-    if not gluon_ok or cfg["kernel"] not in ("wgmma", "wgmma_small_m"):
-        return general
-    from kernels._launch import launcher
-
-    quant = launcher(_quant_group_kernel)
-    BMq, GPP = 16, 2
-    while (K // GROUP) % GPP:
-        GPP -= 1
-    q_grid = (triton.cdiv(M, BMq), K // GROUP // GPP)
-    q_tail = (BMq, GPP, FP8_MAX[fmt], fmt == "e4m3fnuz", False, True)
-    half = (0.5 if fmt == "e4m3fnuz" else 1.0) ** 2  # A is quantised to qb's format: HALF for both operands
-    nkb = K // GROUP
-    dev = x.device
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    i8, f32 = torch.uint8, torch.float32
-    a_bytes = M * K  # qa then sa in one buffer: qa [M, K] bytes, sa [M, K/128] fp32 at a 16-byte aligned offset
-    s_off = cdiv(a_bytes, 16) * 16
-
-    def quantise(x):
-        buf = torch.empty(s_off + M * nkb * 4, dtype=i8, device=dev)
-        qa = buf[:a_bytes].view(M, K)
-        sa = buf[s_off:].view(f32).view(M, nkb)
-        quant(q_grid, (x, qa, sa, M, K, x.stride(0), K, nkb) + q_tail, num_warps=4)
-        return qa.view(torch.float8_e4m3fn), sa
-
-    if cfg["kernel"] == "wgmma":
-        if cfg.get("WS") != 2:
-            return general
-        BN = cfg["BN"]
-        tiles = triton.cdiv(M, 128) * triton.cdiv(N, BN)
-        programs = min(sms, tiles)
-        gemm = launcher(fp8_wgmma._block_gemm_ws2_kernel)
-        a_layout = fp8_wgmma._layout((128, GROUP), torch.float8_e4m3fn)
-        b_layout = fp8_wgmma._layout((BN, GROUP), torch.float8_e4m3fn)
-        c_layout = fp8_wgmma._layout((64, BN), out_dtype)
-        tail = (half, cfg["GROUP_M"], cfg["num_stages"], int(cfg.get("CONSUMER_REGS", 232)), 4)
-
-        def run(x, qb, sb):
-            qa8, sa = quantise(x)
-            c = torch.empty(M, N, dtype=out_dtype, device=dev)
-            gemm((programs,), (_desc(qa8, [128, GROUP], a_layout), _desc(qb.view(torch.float8_e4m3fn), [BN, GROUP],
-                 b_layout), _desc(c, [64, BN], c_layout), sa, sb, M, N, K, nkb, sb.stride(0)) + tail, maxnreg=168)
-            return c
-
-        return run
-    BN = cfg["BN"]
-    if not cfg.get("SWAP_AB", True):  # _rows_wgmma_kernel: M <= 64 without split-K
-        kbp = triton.next_power_of_2(nkb)
-        stages = max(1, min(cfg["num_stages"], nkb, (fp8_wgmma.SMALL_M_SMEM - kbp * 64 * 4) // ((BN + 64) * GROUP)))
-        gemm = launcher(fp8_wgmma._rows_wgmma_kernel)
-        a_layout = fp8_wgmma._layout((64, GROUP), torch.float8_e4m3fn)
-        b_layout = fp8_wgmma._layout((BN, GROUP), torch.float8_e4m3fn)
-        tail = (half, kbp, stages, fp8_wgmma._unroll(cfg, stages))
-        grid = (triton.cdiv(N, BN),)
-
-        def run(x, qb, sb):
-            qa8, sa = quantise(x)
-            c = torch.empty(M, N, dtype=out_dtype, device=dev)
-            gemm(grid, (_desc(qb.view(torch.float8_e4m3fn), [BN, GROUP], b_layout), _desc(qa8, [64, GROUP], a_layout),
-                        sa, sb, c, M, N, K, nkb, sb.stride(0), N) + tail, num_warps=4)
-            return c
-
-        return run
-    # _small_m_wgmma_kernel: swap-AB split-K, the split as _gemm and launch_small_m_wgmma choose it
-    BM = cfg["BM"]
-    n_tiles = triton.cdiv(N, BN)
-    split = cfg.get("SPLIT_K", "auto")
-    if split == "auto":
-        split = max(1, min(nkb, round((cfg.get("PROGRAMS") or 2 * sms) / n_tiles)))
-    split = min(int(split), nkb)
-    if split * M * N >= 2**31:
-        split = 1
-    split = max(split, triton.cdiv(nkb, fp8_wgmma.SCALES_MAX // (4 * BM)))
-    kb_per = triton.cdiv(nkb, split)
-    split = triton.cdiv(nkb, kb_per)
-    kbp = triton.next_power_of_2(kb_per)
-    stages = max(1, min(cfg["num_stages"], kb_per, (fp8_wgmma.SMALL_M_SMEM - kbp * BM * 4) // ((BN + BM) * GROUP)))
-    gemm = launcher(fp8_wgmma._small_m_wgmma_kernel)
-    a_layout = fp8_wgmma._layout((BM, GROUP), torch.float8_e4m3fn)
-    b_layout = fp8_wgmma._layout((BN, GROUP), torch.float8_e4m3fn)
-    tail = (half, kbp, stages, bool(cfg.get("ROTATE", False)), BN // 16, fp8_wgmma._unroll(cfg, stages))
-    grid = (n_tiles, split)
-
-    def run(x, qb, sb):
-        qa8, sa = quantise(x)
-        c = torch.empty(M, N, dtype=out_dtype, device=dev)
-        ws = torch.empty(split, M, N, dtype=f32, device=dev) if split > 1 else c
-        lock = _lock_buffer(dev, n_tiles) if split > 1 else c
-        gemm(grid, (_desc(qb.view(torch.float8_e4m3fn), [BN, GROUP], b_layout), _desc(qa8, [BM, GROUP], a_layout),
-                    sa, sb, c, ws, lock, M, N, K, kb_per, split, nkb, sb.stride(0), N) + tail)
-        return c
-
-    return run

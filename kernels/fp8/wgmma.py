@@ -5,21 +5,20 @@ output). Each 128-wide K-block's product is a fresh zero-initialised fp32 wgmma 
 with the block's scales, ``acc = acc + d * (sa[m, kb] * HALF * sb[n / 128, kb])`` (the per-128 "promotion" to
 CUDA cores of DeepSeek-V3, arXiv:2412.19437 section 3.3.2), the tile kernel's sums in the same order: the
 output is bit-identical to ``fp8_block_gemm(..., config=dict(kernel="tile"))`` (tests/kernels/test_fp8_wgmma.py
-on the H200). Three schedules (config key WS), measured on the H200 (kernels/NOTES_II.md, "fp8 GEMM, session
-6"; ``python -m kernels.bench.fp8_wgmma_bench --prefill``):
+on the H200). Three schedules (config key WS), measured on the H200 (2026-12-01; docs/kernels/fp8.md):
 
 * WS=0, :func:`_block_gemm_wgmma_kernel`: one partition issues its own TMA loads and wgmmas. MODE 0 overlaps a
   block's fold with the next block's wgmma inside a warpgroup, MODE 1 does so two blocks a turn, MODE 2 not at
   all. MODE 2 was as fast as MODE 0 (0.60 of _scaled_mm at 4096^3): the fold was not the bound. ncu showed the
   warps stalled at the CTA barriers Triton puts around every TMA issue, with 0.32-0.43 instructions issued a
-  cycle per scheduler and L2 at 42-56 % of peak (results/2026-12-01_h200_fp8_gluon_run4_ncu.log).
+  cycle per scheduler and L2 at 42-56 % of peak (Nsight Compute).
 * WS=1, :func:`_block_gemm_ws_kernel`: one producer warp issues every load, paced by per-stage barriers;
   0.72-0.75 of _scaled_mm at 4096^3 with MODE 2. Its two consumer warpgroups are still one partition, held in step by
   the partition barrier before each "stage empty" arrival.
 * WS=2 (default), :func:`_block_gemm_ws2_kernel`: the two consumer warpgroups in two partitions of 64 rows
   each, each arriving on the stage's barrier itself, so one's scale-FMAs run while the other's wgmma does (the
   overlap of CUTLASS's sm90 "ping-pong" warp-specialised schedule, without its ordering barrier):
-  0.836 and 0.815 of _scaled_mm at 4096^3 and 8192^3 (medians of nine rounds, run 10).
+  0.836 and 0.815 of _scaled_mm at 4096^3 and 8192^3 (medians of nine rounds).
 
 Decode (kernel="wgmma_small_m", the default for M <= 64): :func:`_small_m_wgmma_kernel` (M <= 32), swap-AB
 split-K with up to num_stages K-blocks of a program in flight by TMA and the block scales staged in shared
@@ -27,7 +26,7 @@ memory; :func:`_rows_wgmma_kernel` (SWAP_AB=False; 32 < M <= 64), no split of K,
 wgmma's 64 rows. Both take UNROLL (1, 2, 4): that many K-blocks' wgmmas in flight before one wait, folded in
 order (the same bits). Against _scaled_mm they are 1.05-1.47x its time at 1-64 x 4096^2, and ~1.0-1.1x at
 16 x 8192^2: the bare TMA stream of the weights on the split kernel's grid is 5.5-5.6 us of its 7.3-8.4 at
-4096^2, the split-K reduce 1.3-2.4 (kernels/NOTES_II.md, "fp8 decode, session 7").
+4096^2, the split-K reduce 1.3-2.4 (docs/kernels/fp8.md).
 
 Nothing here runs under the CPU interpreter (Gluon has none); the CPU gates run the tile kernel, whose sums
 the prefill kernels repeat, and the refusals of these kernels.
@@ -59,7 +58,7 @@ SCALES_MAX = 32 * 1024  # bytes of block scales a decode program stages (registe
 
 # [from, to) of the Triton versions whose Gluon API these kernels are written against: 3.5 brought Gluon, 3.9
 # replaced tma.async_copy_global_to_shared / async_copy_shared_to_global by async_load / async_store (the old
-# names raise there). Built and gated on the H200 with 3.6 (kernels/NOTES_II.md).
+# names raise there). Built and gated on the H200 with 3.6.
 GLUON_TRITON = ((3, 5), (3, 9))
 
 
