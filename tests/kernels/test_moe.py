@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe
+import kernels.moe.cache as moe
 from kernels.moe import ExpertCache, moe_topk_sum, moe_topk_sum_ref
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import moe
+import kernels.moe.cache as moe
 from kernels._launch import launcher
 from kernels.moe import ExpertCache
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kernels.gdn.seq as G
-from kernels import moe
+import kernels.moe.cache as moe
 from kernels.gdn import gdn_seq, gdn_seq_ref
 from kernels._util import pow2
 from kernels.moe import ExpertCache

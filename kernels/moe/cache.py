@@ -1,72 +1,5 @@
-"""MoE expert cache (a bounded number of experts per layer in device memory, all of them in a host backing
-store) and the fused top-k weighted sum with the shared expert.
-
-``ExpertCache`` (one per MoE layer)
-    Device memory holds ``n_slots`` experts (every weight tensor of an expert, e.g. w13 and w2) plus
-    ``stage_slots`` read-through slots; the host backing store holds all ``E`` experts (pinned when CUDA is
-    there, so the device can read it). Each step, :meth:`ExpertCache.prepare` takes the router's ``topk_ids``
-    ``[T, k]`` and:
-
-    1. counts the step's distinct experts; resident ones are hits (their LRU stamp moves to this step);
-    2. if the distinct count is at most ``insert_thresh * n_slots``, every miss is inserted: copied from the
-       host store into the least recently used slots not touched this step (empty slots first, ties by slot
-       index; misses in ascending expert id take those slots in that order); above that, nothing is inserted
-       this step (``steps_over_thresh``), as in the seeds' R9K_LRU_THRESH;
-    3. misses not inserted are read through: the i-th (ascending id) is copied into staging slot
-       ``n_slots + i`` for this step only;
-    4. writes the slot of every (token, j) into one preallocated ``slot_ids`` buffer and returns a view.
-
-    Two implementations of that one policy (identical slot assignments, counters and slot contents):
-
-    * the device path (``device_plan=True``, the default where it can run): two Triton launches per step
-      (one more per further 4 weight tensors) and no host <-> device synchronisation. ``_plan_kernel`` (one
-      program) does the bookkeeping on device-resident state of fixed shapes (``slot_of [E]``,
-      ``expert_of / last_used [n_slots]``, counters): presence of the step's experts by a scatter, hits
-      stamped, free slots ranked by a sort of (stamp, slot), misses ranked by a cumsum, the threshold as a
-      device-side predicate, evictions, the copy list and the slot ids.
-      ``_gather_copy_kernel`` then copies every listed expert, all weight tensors, in one launch of grid
-      ``(min(E, T*k), chunks per expert)``; programs beyond the device-side miss count exit at once. It reads
-      the pinned host store directly (zero-copy over PCIe): Triton's CUDA launcher turns every pointer argument
-      into ``cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_POINTER)`` of its ``data_ptr()``, which for
-      pinned (cudaHostAlloc, hence mapped under UVA) memory is the device-visible address of the same bytes --
-      so the pinned CPU tensor is passed as is; a pageable one is refused there ("cannot be accessed from
-      Triton"), which the constructor probes once and then keeps the host path. Each weight tensor is copied
-      as flat words (int64 / int32 / int16 / uint8: the widest that divides its per-expert bytes and both base
-      addresses), 16 KiB per program, so experts whose byte size is a multiple of 128 move as aligned 16-byte
-      vector loads. Counters live in a device tensor and become :class:`CacheStats` when :attr:`stats` is
-      read (that read syncs, as does :meth:`resident`). Everything is ordered on the current stream: the
-      consumer of step s must be enqueued there before step s + 1's prepare() (which rewrites the slot ids,
-      the staging slots and may evict). The step index (the LRU stamp) lives on the device and the plan kernel
-      advances it, so a device-path prepare() captured in a CUDA graph (``torch.cuda.graph``) replays as a
-      new step each time: run one eager step at that T first (it compiles the kernels and builds the slot-id
-      view), then capture it on the tensor that the router writes (a static ``[T, k]`` buffer) and replay
-      with the same T; every launch argument is fixed for a given T. Host-side counts see only eager calls
-      and the capture, not replays: ``path_steps`` and the bound check on the step count (2**31 - 2);
-      :attr:`stats` reads the device's counters and includes them.
-
-      A step takes the device path when its read-through misses are sure to fit the staging slots:
-      ``min(E, T*k) <= stage_slots``. Any other step (a large prefill with a small staging area) takes the host
-      path below and SYNCS: the device state is read back, the step is planned on the host, the state written
-      back. The device path does not check expert ids on the host: an id outside ``0..E-1`` gets slot ``-1``
-      and is counted in ``CacheStats.invalid_ids`` (the host path raises ValueError).
-    * the host path (``device_plan=False``; the reference): the ids are copied to the host (sync), the
-      bookkeeping runs in Python lists, one ``copy_`` per weight tensor per expert, a blocking copy of the
-      expert -> slot map. When a step's read-through misses exceed ``stage_slots``, it splits the step into
-      token chunks whose misses fit (a token has at most k experts, so ``stage_slots >= k``
-      always progresses) and :meth:`stage` is called before each chunk.
-
-    Every buffer -- the slots, the staging slots, the slot map, the bookkeeping state, the copy list, the
-    slot-id buffer for up to ``max_tokens`` tokens -- is allocated once in the constructor and reused by every
-    step whatever its batch shape (the seeds' leak was one buffer set per batch shape). The slots hold exact
-    copies of the host bytes, so any computation reading ``cache.weights[i][slot_ids]`` is bit-identical to
-    the same computation reading ``host[i][topk_ids]``.
-
-``moe_topk_sum`` / ``moe_topk_sum_ref``
-    ``out[t] = sum_{j=0}^{k-1} w[t, j] * y[t, j] + sigmoid(g[t]) * shared[t]`` in fp32, the top-k terms
-    added in j order, then the shared expert's gated output, rounded once to the output dtype.
-    y ``[T, k, H]`` (the experts' outputs per token and choice), w ``[T, k]`` (router weights), shared
-    ``[T, H]`` (the shared expert's output), g ``[T]`` (the shared-expert gate logit; None: no shared expert).
-"""
+"""``ExpertCache``: a bounded number of experts per MoE layer in device memory over a host backing store (the
+package docstring, kernels/moe/__init__.py, gives the policy and its two implementations)."""
 from __future__ import annotations
 
 import math
@@ -85,7 +18,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-DEFAULT_INSERT_THRESH = 0.99  # the seeds' R9K_LRU_THRESH after v0.2.x (was 0.5); see NOTES_II.md (knob)
+DEFAULT_INSERT_THRESH = 0.99  # the seeds' R9K_LRU_THRESH after v0.2.x (was 0.5); see docs/kernels/moe.md (knob)
 
 COPY_BLOCK_BYTES = 16384  # bytes per gather-copy program (per thread at 4 warps: 128 B = 8 x 16-B loads)
 _MAX_STEP = 2**31 - 2     # the device LRU key packs (stamp + 1) into bits 32..62
@@ -674,84 +607,3 @@ class ExpertCache:
         if chunk == len(plan.chunks) - 1:
             self._topk = None  # hold nothing of the step's shape past its last chunk
         return plan.slot_ids[t0:t1]
-
-
-# ============================================================================================================
-# the fused top-k weighted sum with the shared expert
-# ============================================================================================================
-def moe_topk_sum_ref(y: torch.Tensor, w: torch.Tensor, shared: torch.Tensor | None = None,
-                     gate: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """fp32 reference of :func:`moe_topk_sum`, in the kernel's order (pass float64 inputs for the exact sum)."""
-    acc_t = torch.float64 if y.dtype == torch.float64 else torch.float32
-    T, k, H = y.shape
-    acc = torch.zeros(T, H, dtype=acc_t, device=y.device)
-    for j in range(k):
-        acc = acc + w[:, j, None].to(acc_t) * y[:, j].to(acc_t)
-    if shared is not None:
-        g = gate.to(acc_t) if gate is not None else torch.zeros(T, dtype=acc_t, device=y.device)
-        acc = acc + shared.to(acc_t) * (1.0 / (1.0 + torch.exp(-g)))[:, None]  # the kernel's sigmoid
-    return acc.to(out_dtype or y.dtype)
-
-
-if triton is not None:
-
-    @triton.jit
-    def _topk_sum_kernel(y, w, shared, gate, out, H, syt, syk, swt, sst, sot,
-                         K: tl.constexpr, BH: tl.constexpr, HAS_SHARED: tl.constexpr, HAS_GATE: tl.constexpr,
-                         RNE_FIX: tl.constexpr):
-        # grid: (T, cdiv(H, BH))
-        t = tl.program_id(0).to(tl.int64)
-        offs = tl.program_id(1) * BH + tl.arange(0, BH)
-        hm = offs < H
-        acc = tl.zeros((BH,), dtype=tl.float32)
-        for j in tl.static_range(K):
-            wj = tl.load(w + t * swt + j).to(tl.float32)
-            yj = tl.load(y + t * syt + j * syk + offs, mask=hm, other=0.0).to(tl.float32)
-            acc += wj * yj
-        if HAS_SHARED:
-            sv = tl.load(shared + t * sst + offs, mask=hm, other=0.0).to(tl.float32)
-            if HAS_GATE:
-                g = tl.load(gate + t).to(tl.float32)
-                sv = sv * (1.0 / (1.0 + tl.exp(-g)))
-            else:
-                sv = sv * 0.5
-            acc += sv
-        if RNE_FIX:  # Triton 3.9's interpreter truncates fp32 -> bf16: round to nearest even on the bits
-            if out.dtype.element_ty == tl.bfloat16:
-                bits = acc.to(tl.uint32, bitcast=True)
-                acc = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
-        tl.store(out + t * sot + offs, acc.to(out.dtype.element_ty), mask=hm)
-
-
-def moe_topk_sum(y: torch.Tensor, w: torch.Tensor, shared: torch.Tensor | None = None,
-                 gate: torch.Tensor | None = None, out: torch.Tensor | None = None, BH: int | None = None):
-    """The fused top-k weighted sum plus the sigmoid-gated shared expert, one launch (see the module doc).
-
-    Args:
-        y: ``[T, k, H]`` experts' outputs (bf16/fp16/fp32), last dim contiguous.
-        w: ``[T, k]`` router weights (any float dtype).
-        shared: optional ``[T, H]`` shared expert output; gate: optional ``[T]`` or ``[T, 1]`` gate logits
-            (sigmoid applied here; without a gate the shared term is weighted sigmoid(0) = 0.5).
-        out: optional ``[T, H]``; default a new tensor in y's dtype.
-    """
-    T, k, H = y.shape
-    if w.shape != (T, k):
-        raise ValueError(f"w must be [{T}, {k}], got {tuple(w.shape)}")
-    if y.stride(-1) != 1:
-        raise ValueError("y must have a contiguous last dim")
-    w = w.contiguous()
-    if shared is not None and (shared.shape != (T, H) or shared.stride(-1) != 1):
-        raise ValueError(f"shared must be [{T}, {H}] with a contiguous last dim")
-    if gate is not None:
-        gate = gate.reshape(T).contiguous()
-    if out is None:
-        out = torch.empty(T, H, dtype=y.dtype, device=y.device)
-    if T == 0:
-        return out
-    BH = BH or min(1024 if not _interpreting() else 128, triton.next_power_of_2(H))
-    _topk_sum_kernel[(T, triton.cdiv(H, BH))](
-        y, w, shared if shared is not None else y, gate if gate is not None else w, out, H,
-        y.stride(0), y.stride(1), w.stride(0), shared.stride(0) if shared is not None else 0, out.stride(0),
-        K=k, BH=BH, HAS_SHARED=shared is not None, HAS_GATE=gate is not None, RNE_FIX=_interpreting(), num_warps=4,
-    )
-    return out
