@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from kernels import allreduce as A
+import kernels.allreduce.one_shot as A
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_interp = pytest.mark.skipif(not INTERP or A.triton is None, reason="runs the kernel in Triton's interpreter")
