@@ -116,7 +116,7 @@ if triton is not None:
         two are bit-identical (tests/kernels/test_fp8_tma.py).
         Why: the pointer-based tile kernel spends registers and issue slots on [BM, 128] pointer blocks, and
         its loads are not TMA. On the H200 this kernel reaches ~0.65 of _scaled_mm's throughput at 4096^3
-        against the tile kernel's ~0.42 in the same sweep (kernels/NOTES_II.md)."""
+        against the tile kernel's ~0.42 in the same sweep (2026-12-01; docs/kernels/fp8.md)."""
         num_m = tl.cdiv(M, BM)
         num_n = tl.cdiv(N, BN)
         for tile in tl.range(tl.program_id(0), num_m * num_n, programs, flatten=True):

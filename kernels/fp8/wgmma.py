@@ -538,7 +538,7 @@ if HAVE_GLUON:
         """sum_sp p[sp MN] over sp = 0..SPLIT_K-1, added in that order (deterministic), read through L2 (.cg:
         other programs wrote them; not a stale L1). Why four at a time: one load at a time, each add waiting for
         its load, put SPLIT_K - 1 dependent L2 reads after the last weight block; four at a time saved 0.26-0.44
-        us of the default at 1-16 x 4096^2 and 16 x 8192^2 (session 7, runs 2 and 3)."""
+        us of the default at 1-16 x 4096^2 and 16 x 8192^2 (H200, 2026-12-01)."""
         v0 = gl.load(p, mask=omask, other=0.0, cache_modifier=".cg")
         v1 = gl.load(p + MN, mask=omask & (SPLIT_K > 1), other=0.0, cache_modifier=".cg")
         v2 = gl.load(p + 2 * MN, mask=omask & (SPLIT_K > 2), other=0.0, cache_modifier=".cg")
@@ -565,9 +565,9 @@ if HAVE_GLUON:
         counted on lock[pid_n] (acq_rel); the last split to arrive sums the partials in split order
         (:func:`_sum_partials`) into ``out`` (pointers, cast to their dtype) and resets the counter. (An acquire
         read first, letting a program that finds every other split counted skip its store and release, was
-        slower: 7.65 against 7.30 us at 1 x 4096^2, run 7; so was a counter-free reduce, the grid's last split
-        polling the others' slots for a sentinel, 7.46 against 7.26 at M = 1 and 1.1-3.2x at M >= 16, run 8:
-        session 7, commit f23ad72.)"""
+        slower: 7.65 against 7.30 us at 1 x 4096^2; so was a counter-free reduce, the grid's last split polling
+        the others' slots for a sentinel, 7.46 against 7.26 at M = 1 and 1.1-3.2x at M >= 16: H200, 2026-12-01;
+        the code is in commit f23ad72.)"""
         gl.store(ws + pid_k * MN + tile, acc, mask=omask)
         gl.thread_barrier()  # every thread's partial is issued before the (one-thread) release below
         prev = gl.atomic_add(lock + pid_n, 1, sem="acq_rel", scope="gpu")
