@@ -97,7 +97,7 @@ def in_force(environ: dict[str, str] | None = None) -> dict[str, Any]:
         except ValueError:
             out[name] = f"invalid:{raw}"
     for name in sorted(env):
-        if name.startswith("R9K_") and name not in KNOBS:
+        if name.startswith("R9K_") and name not in KNOBS and name not in ENGINE_VARIABLES:
             out["?" + name] = env[name]
     return out
 
@@ -132,8 +132,17 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _family(dispatch: str) -> str:
+    """The dispatch family of a dispatch name: ``gdn_seq`` and ``gdn_conv`` are both ``gdn``."""
+    return dispatch.split("_", 1)[0]
+
+
 def expected_dispatch(env: dict[str, str]) -> dict[str, str]:
-    """{dispatch name: the knob asking for it} for the knobs ``env`` sets to a non-stock value.
+    """{dispatch name: the knob asking for it} that a server of a configuration with ``env`` must install.
+
+    A knob ``env`` sets to a non-stock value asks for its dispatch; and once a configuration asks for one dispatch
+    of a family, every other knob of that family whose value in force (set, or its default) is non-stock asks for
+    its own too (a GDN configuration that sets the prefill bound also runs the conv at its default, r9k).
 
     Raises:
         ValueError: a value its knob rejects (check with :func:`check_env` first).
@@ -143,7 +152,17 @@ def expected_dispatch(env: dict[str, str]) -> dict[str, str]:
         knob = KNOBS.get(name)
         if knob is not None and knob.dispatch and knob.parse(raw) != knob.stock:
             out.setdefault(knob.dispatch, f"{name}={raw}")
+    families = {_family(d) for d in out}
+    for name, knob in sorted(KNOBS.items()):
+        if knob.dispatch and _family(knob.dispatch) in families and knob.dispatch not in out:
+            value = knob.parse(env[name]) if name in env else knob.default
+            if value != knob.stock:
+                out[knob.dispatch] = f"{name}={value} ({'set' if name in env else 'its default'})"
     return out
+
+
+#: Variables of the validation engine, not of the plugin: never knobs, never "misspelt".
+ENGINE_VARIABLES = frozenset({"R9K_DATA_DIR", "R9K_ROOT", "R9K_MODEL_CACHE", "R9K_SERVER_TAG"})
 
 
 def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tuple[str, ...] | None = None,

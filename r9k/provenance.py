@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PREFIX = "R9K-PROVENANCE"
-_LINE_RE = re.compile(PREFIX + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d+)"
-                      r"(?: pid=(?P<pid>\d+))?(?: dispatch=(?P<dispatch>\S+))?(?: failed=(?P<failed>\S+))?")
+# A whole line: the plugin prints it alone on its line, at most behind vLLM's "(EngineCore pid=42) " prefix (whose
+# pid must then be the line's). Text elsewhere in a line (a logged request, a prompt) never counts.
+_LINE_RE = re.compile(r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?" + PREFIX
+                      + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d+)"
+                      r"(?: pid=(?P<pid>\d+))?(?: dispatch=(?P<dispatch>[\w,-]+))?(?: failed=(?P<failed>[\w,-]+))?\s*$")
 # Packages whose sources define what the plugin does on a server.
 HASHED_PACKAGES = ("r9k", "kernels")
 HASH_HEX_CHARS = 16
@@ -102,14 +105,15 @@ class Provenance:
 
 
 def parse(text: str) -> list[Provenance]:
-    """Every provenance line in ``text`` (a server log), in order of appearance."""
+    """Every provenance line in ``text`` (a server log), in order of appearance: whole lines only (see _LINE_RE),
+    and where vLLM's process prefix names a pid, the line's own pid must be that one."""
     out = []
     for raw_line in text.splitlines():
-        m = _LINE_RE.search(raw_line)
-        if m:
+        m = _LINE_RE.match(raw_line)
+        if m and not (m["ppid"] and m["pid"] and m["ppid"] != m["pid"]):
             names = {k: None if m[k] is None else tuple(x for x in m[k].split(",") if x and x != "-")
                      for k in ("dispatch", "failed")}
-            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[m.start():].strip(), **names))
+            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[raw_line.index(PREFIX):].strip(), **names))
     return out
 
 

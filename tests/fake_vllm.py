@@ -20,7 +20,8 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
 - ``garbage``: like ok, but every answer is replacement characters (U+FFFD), alone and under load.
 
 ``FAKE_VLLM_DISPATCH`` / ``FAKE_VLLM_DISPATCH_FAILED`` (comma-separated names) fill the provenance line's
-``dispatch=`` / ``failed=`` fields, as the plugin prints them.
+``dispatch=`` / ``failed=`` fields, as the plugin prints them; it prints one line for itself and one for a
+notional engine core (``FAKE_VLLM_PROCESSES``, default 2, lines in all).
 
 With ``FAKE_VLLM_SETSID_CHILD=1`` it also starts a worker process in a session of its own (as some engines'
 workers do), which outlives the server unless the launcher finds it.
@@ -177,6 +178,9 @@ def main() -> None:
         if MODE == "wrong-tree":
             line = re.sub(r"source_hash=\w+", "source_hash=0123456789abcdef", line)
         print(line, flush=True)
+        # as vLLM's engine core would (a server has at least tp + 1 processes); FAKE_VLLM_PROCESSES=1: only one
+        for k in range(1, int(os.environ.get("FAKE_VLLM_PROCESSES", "2"))):
+            print(re.sub(r" pid=\d+", f" pid={os.getpid() + 100000 * k}", line), flush=True)
     print("INFO [kv_cache_utils.py] GPU KV cache size: 12,345 tokens", flush=True)
     srv = _Server((args.host, args.port), Handler)
     print(f"Starting fake vLLM server on http://{args.host}:{args.port}", flush=True)

@@ -109,6 +109,14 @@ def load_config(path: Path) -> ServeConfig:
     if cfg.name != path.stem:
         raise InputError(f"{path}: name: {cfg.name!r} differs from the file name {path.stem!r}")
     problems = check_env(cfg.env)
+    if not problems and not cfg.expects_plugin:
+        from r9k.knobs import expected_dispatch
+
+        for knob_setting in expected_dispatch({k: v for k, v in cfg.env.items() if k.startswith("R9K_")}).values():
+            name = knob_setting.split("=")[0]
+            if name in cfg.env:
+                problems[name] = ("asks for an r9k dispatch, but expects_plugin is false (nothing would check that "
+                                  "the server runs it): set expects_plugin: true or drop the knob")
     if problems:
         lines = []
         for key, why in problems.items():

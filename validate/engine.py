@@ -137,19 +137,34 @@ def engine_hash(root: Path, tree: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, launched: bool) -> tuple[bool | None, str | None]:
-    """(ok, reason). ok None = could not be checked (external server without a log)."""
+def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, launched: bool,
+                     has_log: bool | None = None, serving_pid: int | None = None) -> tuple[bool | None, str | None]:
+    """(ok, reason) of a server's provenance lines against the tree under validation.
+
+    ``has_log``: a log was read (a launched server's, or ``--server-log``; default: ``launched``). With a log and
+    no line, the plugin did not load: False. ``serving_pid``: the process listening for the server (known when it
+    runs on this machine): its own line must be among them, so lines of another (earlier) process in the same log
+    cannot vouch for it. ok None: could not be checked (an external server and no log).
+    """
+    has_log = launched if has_log is None else has_log
     parsed = prov.parse("\n".join(lines))
     if not cfg.expects_plugin:
         return True, None
     if not parsed:
-        if not launched:
+        if not has_log:
             return None, "provenance not checked: external server and no --server-log"
         return False, "the server log has no R9K-PROVENANCE line but the configuration expects the plugin"
     wrong = sorted({p.source_hash for p in parsed if p.source_hash != expected_hash})
     if wrong:
         return False, f"server runs plugin source {', '.join(wrong)}, the tree under validation is {expected_hash}"
+    if serving_pid is not None and not launched and str(serving_pid) not in {_pid(p.raw) for p in parsed}:
+        return False, (f"no provenance line in the log comes from the process serving the requests (pid {serving_pid}): "
+                       "the lines are another process's")
     return True, None
+
+
+def _pid(raw: str) -> str:
+    return raw.split(" pid=")[1].split()[0] if " pid=" in raw else "?"
 
 
 def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
@@ -162,6 +177,12 @@ def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
     parsed = prov.parse("\n".join(lines))
     if not parsed:
         return None
+    # vLLM runs an API server and at least one process per tensor-parallel rank (the engine core holds the rank
+    # when tp is 1): fewer lines means some process, maybe one running the kernels, never loaded the plugin
+    least = cfg.server.tensor_parallel_size + 1
+    if len({_pid(p.raw) for p in parsed}) < least:
+        return (f"only {len({_pid(p.raw) for p in parsed})} server process(es) printed a provenance line; a server of "
+                f"tensor_parallel_size {cfg.server.tensor_parallel_size} has at least {least}")
     failed = [p for p in parsed if p.failed]
     if failed:
         return "op dispatch failed to install in the server: " + "; ".join(
@@ -279,7 +300,9 @@ class Engine:
                                   log=server.log_path.name if server.log_path else None,
                                   startup_s=server.startup_s, kv_cache_tokens=server.kv_cache_tokens)
                 info.dispatch = dispatch_by_pid(server.provenance)
-                ok, why = check_provenance(cfg, server.provenance, self.tree.source_hash, server.launched)
+                ok, why = check_provenance(cfg, server.provenance, self.tree.source_hash, server.launched,
+                                           has_log=server.launched or self.o.server_log is not None,
+                                           serving_pid=None if server.launched else server.pid)
                 info.provenance_ok = ok
                 if ok is False:
                     self.say(f"[red]{cfg.name}: wrong tree: {why}[/red]")
@@ -355,7 +378,8 @@ class Engine:
             if self.o.server_log:
                 if not self.o.server_log.is_file():
                     raise InputError(f"--server-log {self.o.server_log}: not a readable file")
-                text = self.o.server_log.read_text(errors="replace")
+                # an appended log of this engine's launcher: only its last launch speaks for the server now
+                text = srvmod.last_launch(self.o.server_log)
                 server.provenance = [p.raw for p in prov.parse(text)]
                 server.kv_cache_tokens = srvmod.kv_cache_tokens(text)
             return server

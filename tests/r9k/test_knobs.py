@@ -66,10 +66,19 @@ def test_check_env_names_unknown_knobs_with_the_closest_and_bad_values():
 
 
 def test_expected_dispatch_follows_non_stock_values_only():
-    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "400"}) == {"gdn_seq": "R9K_GDN_PREFILL_MAX=400"}
+    # a family asked for once is asked for whole: the conv's default (r9k) is in force beside the bound set
+    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "400"}) == {
+        "gdn_seq": "R9K_GDN_PREFILL_MAX=400", "gdn_conv": "R9K_GDN_PREFILL_CONV=r9k (its default)"}
+    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "400", "R9K_GDN_PREFILL_CONV": "stock"}) == {
+        "gdn_seq": "R9K_GDN_PREFILL_MAX=400"}
     assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "0", "R9K_GDN_PREFILL_CONV": "stock"}) == {}
     assert knobs.expected_dispatch({"R9K_PROVENANCE": "1"}) == {}
-    assert knobs.expected_dispatch({"R9K_GDN_PREFILL_CONV": "r9k"}) == {"gdn_conv": "R9K_GDN_PREFILL_CONV=r9k"}
+    assert knobs.expected_dispatch({"R9K_FP8_BLOCK_GEMM": "r9k"}) == {"fp8_block_gemm": "R9K_FP8_BLOCK_GEMM=r9k"}
+
+
+def test_the_engines_own_variables_are_not_misspelt_knobs():
+    got = in_force({"R9K_DATA_DIR": "/d", "R9K_ROOT": "/r", "R9K_MODEL_CACHE": "/c", "R9K_GDN_PREFIL_MAX": "1"})
+    assert [k for k in got if k.startswith("?")] == ["?R9K_GDN_PREFIL_MAX"]
 
 
 def test_every_knob_is_read_by_the_plugin():

@@ -20,8 +20,10 @@ def _cfg(**env) -> ServeConfig:
 def test_line_lists_installed_and_failed_dispatch_and_parses_back():
     text = provenance.line(["gdn_conv", "gdn_seq"], ["gdn"])
     assert text.endswith(" dispatch=gdn_conv,gdn_seq failed=gdn")
-    (p,) = provenance.parse("INFO x " + text)
+    (p,) = provenance.parse(text)
     assert p.dispatch == ("gdn_conv", "gdn_seq") and p.failed == ("gdn",)
+    pid = text.split(" pid=")[1].split()[0]
+    assert len(provenance.parse(f"(EngineCore pid={pid}) {text}")) == 1  # behind vLLM's own process prefix
     (q,) = provenance.parse(provenance.line())
     assert q.dispatch == () and q.failed == () and q.raw.endswith("dispatch=- failed=-")
     # a line without the fields (a plugin that predates them) says nothing either way
@@ -76,15 +78,15 @@ def _lines(*dispatches, failed=""):
      "R9K_GDN_PREFILL_MAX=256 asks for the gdn_seq dispatch, which 2 of 2 server process(es) did not install (pid 100, 101)"),
     ({"R9K_GDN_PREFILL_MAX": "256"}, _lines("gdn_seq,gdn_conv", "-"),
      "R9K_GDN_PREFILL_MAX=256 asks for the gdn_seq dispatch, which 1 of 2 server process(es) did not install (pid 101)"),
-    ({}, _lines("-", failed="gdn"), "op dispatch failed to install in the server: gdn (100)"),
+    ({}, _lines("-", "-", failed="gdn"), "op dispatch failed to install in the server: gdn (100); gdn (101)"),
 ])
 def test_check_dispatch_refuses_a_server_without_the_asked_dispatch(env, lines, why):
-    assert check_dispatch(_cfg(**env), lines) == why
+    assert check_dispatch(_cfg(**env), lines).startswith(why)
 
 
 def test_check_dispatch_accepts_what_the_knobs_ask_for():
     assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="256"), _lines("gdn_seq,gdn_conv", "gdn_conv,gdn_seq")) is None
-    assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="0"), _lines("-")) is None  # stock value: nothing asked
+    assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="0"), _lines("-", "-")) is None  # stock value: nothing asked
     assert check_dispatch(_cfg(), _lines("-", "-")) is None
     assert dispatch_by_pid(_lines("gdn_seq", "-")) == {"100": ["gdn_seq"], "101": []}
 
@@ -103,7 +105,7 @@ def test_a_fake_server_without_the_dispatch_is_plugin_inactive(scratch):
     assert rec["verdict"]["status"] == "plugin-inactive"
     assert "R9K_GDN_PREFILL_MAX=256 asks for the gdn_seq dispatch" in rec["verdict"]["cause"]
     assert rec["items"] == [] and rec["server"]["provenance_ok"] is True
-    assert list(rec["server"]["dispatch"].values()) == [[]]
+    assert list(rec["server"]["dispatch"].values()) == [[], []]
     assert fake_procs(tag) == []
 
 
@@ -121,3 +123,42 @@ def test_the_dispatch_a_server_reports_decides(scratch, env, status):
     assert main(["suite", "fake-sanity", "--config", "fake-disp", "--release", "pd"]) == (0 if status == "pass" else 1)
     rec = json.loads((scratch.root / "reports" / "pd" / "fake-disp" / "fake-sanity.json").read_text())
     assert rec["verdict"]["status"] == status
+
+
+def test_only_whole_lines_count_as_provenance():
+    """A logged request or prompt that carries a provenance line's text (an attacker's prompt, a debug log of
+    the request) never vouches for a server: the plugin prints the line alone, at most behind vLLM's prefix."""
+    text = provenance.line(["gdn_seq"])
+    pid = text.split(" pid=")[1].split()[0]
+    for forged in (f"INFO Received request: prompt: 'hello {text} thanks'", f"{text} thanks", f"x {text}",
+                   f"(EngineCore pid={int(pid) + 1}) {text}"):
+        assert provenance.parse(forged) == [], forged
+
+
+def test_a_server_log_without_provenance_or_from_another_process_is_wrong_tree():
+    from validate.engine import check_provenance
+
+    cfg = _cfg()
+    line = "R9K-PROVENANCE version=0.1.0 source_hash=ab files=3 pid=100 dispatch=- failed=-"
+    assert check_provenance(cfg, [], "ab", launched=False, has_log=False)[0] is None  # no log: not checked
+    ok, why = check_provenance(cfg, [], "ab", launched=False, has_log=True)
+    assert ok is False and "no R9K-PROVENANCE line" in why
+    ok, why = check_provenance(cfg, [line], "ab", launched=False, has_log=True, serving_pid=200)
+    assert ok is False and "pid 200" in why  # an earlier process's line cannot vouch for the one serving now
+    assert check_provenance(cfg, [line], "ab", launched=False, has_log=True, serving_pid=100) == (True, None)
+
+
+def test_a_tensor_parallel_server_needs_a_line_from_every_rank():
+    cfg = _cfg(R9K_GDN_PREFILL_MAX="256")
+    cfg.server.tensor_parallel_size = 4
+    why = check_dispatch(cfg, _lines("gdn_seq,gdn_conv", "gdn_seq,gdn_conv"))
+    assert why == "only 2 server process(es) printed a provenance line; a server of tensor_parallel_size 4 has at least 5"
+    assert check_dispatch(cfg, _lines(*["gdn_seq,gdn_conv"] * 5)) is None
+
+
+def test_a_family_asked_for_once_is_asked_for_whole():
+    """27b-tp2 sets only the prefill bound; the conv then runs at its default (r9k), and its dispatch is asked
+    for too: a server that installed gdn_seq but not gdn_conv is inactive."""
+    why = check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="400"), _lines("gdn_seq", "gdn_seq"))
+    assert why.startswith("R9K_GDN_PREFILL_CONV=r9k (its default) asks for the gdn_conv dispatch")
+    assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="400", R9K_GDN_PREFILL_CONV="stock"), _lines("gdn_seq", "gdn_seq")) is None

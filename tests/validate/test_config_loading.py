@@ -142,3 +142,11 @@ def test_seed_configurations_set_only_registered_knobs_and_say_which_they_lack()
         cfg = load_config(REPO / "serve" / f"{name}.yaml")
         assert set(k for k in cfg.env if k.startswith("R9K_")) <= set(KNOBS)
         assert lacking in (REPO / "serve" / f"{name}.yaml").read_text()  # named in the comment
+
+
+def test_a_dispatch_knob_with_expects_plugin_false_is_refused(tmp_path):
+    """Nothing would check that such a server runs the dispatch the knob asks for."""
+    p = write(tmp_path, "fp8.yaml", "name: fp8\nmodel: {path: m, served_name: m}\n"
+              "server: {max_num_seqs: 4, max_model_len: 4096}\nenv: {R9K_FP8_BLOCK_GEMM: r9k}\nexpects_plugin: false\n")
+    with pytest.raises(InputError, match=r"fp8.yaml:4: env.R9K_FP8_BLOCK_GEMM: asks for an r9k dispatch, but expects_plugin is false"):
+        load_config(p)

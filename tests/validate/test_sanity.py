@@ -56,3 +56,35 @@ def test_garbage_alone_is_bad(scratch):
     solo = [i for i in rec["items"] if i["condition"] == "solo"]
     assert [i["bad"] for i in solo] == ["replacement character in answer"] * 3
     assert rec["metrics"]["solo_bad"] == 3 and rec["metrics"]["bad"] == 3 + 8  # and every answer under load
+
+
+def test_an_answer_listing_every_answer_is_not_right():
+    """A server answering every prompt with every expected answer ("Paris Tokyo ... Mars.") said each right word,
+    and passed strict sanity; an answer must not also say the other prompts' answers."""
+    from tests.conftest import REPO
+    from validate.runners.sanity import distractors, is_right, load_prompts
+
+    prompts = load_prompts(REPO / "suites" / "data" / "sanity_prompts.yaml")
+    others = distractors(prompts)
+    shotgun = "Paris Tokyo Pacific 8 7 cold Rome 4 12 Mars."
+    assert not any(is_right(shotgun, q["expect"], others[q["id"]]) for q in prompts)
+    # SmolLM2-135M's real solo answers (cpu-smol) stay right: 11 of 12 (it says 10 minus 3 is 2)
+    real = {"capital-france": "The capital of France is Paris.", "legs-spider": "The answer to this question is 8. "
+            "A spider has 8 legs.", "add-3-5": "Tom has 3 apples and 5 more apples, so he has 3 + 5 = 8 apples.",
+            "months-year": "There are 12 months in a year.", "sub-10-3": "10 minus 3 is 2."}
+    by_id = {q["id"]: q for q in prompts}
+    assert [is_right(t, by_id[i]["expect"], others[i]) for i, t in real.items()] == [True, True, True, True, False]
+    assert others["legs-spider"] == others["add-3-5"]  # both expect 8: neither is the other's distractor
+    assert "8" not in others["legs-spider"] and "Paris" in others["legs-spider"]
+
+
+def test_a_looping_answer_is_garbage():
+    from validate.client import RequestResult
+    from validate.runners.sanity import garbage_reason
+
+    def why(text):
+        return garbage_reason(RequestResult(ok=True, text=text, token_ids=[1, 2]), 12)
+
+    assert why("Paris. Paris. Paris. Paris.") == "the phrase 'Paris' repeated 4 or more times in a row"
+    assert why("the cat the cat the cat the cat") == "the phrase 'the cat' repeated 4 or more times in a row"
+    assert why("Paris. Paris. Paris.") is None and why("Tom has 3 apples and 5 more, so 3 + 5 = 8.") is None

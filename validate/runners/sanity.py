@@ -60,9 +60,27 @@ def load_prompts(path: Path) -> list[dict]:
     return data
 
 
-def is_right(text: str, expect: str) -> bool:
-    """``expect`` appears as a whole word, not as part of a longer number ("0" does not match "0.0001")."""
-    return re.search(r"(?<![\w.])" + re.escape(str(expect)) + r"(?!\w|\.\d)", text, re.IGNORECASE) is not None
+def _says(text: str, word: str) -> bool:
+    """``word`` appears as a whole word, not as part of a longer number ("0" does not match "0.0001")."""
+    return re.search(r"(?<![\w.])" + re.escape(str(word)) + r"(?!\w|\.\d)", text, re.IGNORECASE) is not None
+
+
+def is_right(text: str, expect: str, others: set[str] | frozenset[str] = frozenset()) -> bool:
+    """The answer says ``expect`` (a whole word) and none of ``others``, the expected answers of the other prompts
+    that differ from this one's: an answer that lists every answer of the set ("Paris Tokyo Pacific 8 7 ...")
+    says the right word without answering the question."""
+    return _says(text, expect) and not any(_says(text, o) for o in others)
+
+
+def distractors(prompts: list[dict]) -> dict[str, frozenset[str]]:
+    """For each prompt id, the other prompts' expected answers that differ from its own (case-insensitively)."""
+    expects = {str(q["expect"]).lower(): str(q["expect"]) for q in prompts}
+    return {q["id"]: frozenset(v for k, v in expects.items() if k != str(q["expect"]).lower()) for q in prompts}
+
+
+#: A phrase of 1-6 words said this many times in a row is a loop ("Paris. Paris. Paris. Paris."), not an answer.
+LOOP_REPEATS = 4
+_LOOP_RE = re.compile(r"\b(\w+(?:\W+\w+){0,5}?)(?:\W+\1\b){%d,}" % (LOOP_REPEATS - 1), re.IGNORECASE)
 
 
 def garbage_reason(res: RequestResult, repeat: int) -> str | None:
@@ -73,6 +91,9 @@ def garbage_reason(res: RequestResult, repeat: int) -> str | None:
         return "replacement character in answer"
     if any(ord(c) < 32 and c not in "\n\r\t" for c in res.text):
         return "control character in answer"
+    loop = _LOOP_RE.search(res.text)
+    if loop:
+        return f"the phrase {loop.group(1)!r} repeated {LOOP_REPEATS} or more times in a row"
     ids = res.token_ids or []
     run = 1
     for a, b in zip(ids, ids[1:]):
@@ -155,7 +176,8 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     if solo_errors:
         out.errors += solo_errors
         return out
-    solo_right = {q["id"]: is_right(solo[q["id"]].text, q["expect"]) for q in prompts}
+    others = distractors(prompts)
+    solo_right = {q["id"]: is_right(solo[q["id"]].text, q["expect"], others[q["id"]]) for q in prompts}
     bad = 0
     for q in prompts:
         r = solo[q["id"]]
@@ -208,7 +230,7 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
                 errors += 1
                 out.items.append(item)
                 continue
-            item.correct = is_right(r.text, q["expect"])
+            item.correct = is_right(r.text, q["expect"], others[q["id"]])
             item.identical_to_solo = r.token_ids == ref.token_ids and r.text == ref.text
             if not item.identical_to_solo:
                 item.first_divergent_token = first_divergence(r.token_ids, ref.token_ids)
