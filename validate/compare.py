@@ -215,6 +215,11 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
     """
     from validate.suite import paired_eval_kinds
 
+    if (candidate == baseline and not against_config
+            and (reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve())):
+        raise InputError(f"{candidate} against itself: a release is never its own baseline (to compare two "
+                         "configurations of one release, name the baseline's with --against-config)")
+
     kinds = paired_eval_kinds()
     cand = [r for r in release_records(reports, candidate) if r.suite_kind in kinds]
     base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline)

@@ -132,7 +132,9 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
 
 
 def _passes(records: list[Record], figure: str) -> list[float]:
-    return [row[figure] for r in records for row in r.metrics.get("per_pass", []) if row.get(figure) is not None]
+    """The finite per-pass values of ``figure`` (NaN or infinity is no measurement)."""
+    return [float(row[figure]) for r in records for row in r.metrics.get("per_pass", [])
+            if isinstance(row.get(figure), (int, float)) and math.isfinite(row[figure])]
 
 
 @dataclass
@@ -144,10 +146,16 @@ class PerfComparison:
 
 
 def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
-    """``rec`` and the earlier runs of it kept in history made by the same tree with the same parameters."""
+    """``rec`` and the earlier runs of it kept in history that measured the same thing the same way: the same
+    plugin and engine source, configuration, suite (kind, params, gate) and metrics formula version."""
     runs = record_history(reports, rec.release, rec.config, rec.suite)
-    return [r for r in runs if r.tree.source_hash == rec.tree.source_hash and r.params_hash == rec.params_hash
-            and r.verdict.status in ("pass", "fail")] or [rec]
+    same = lambda r: (r.tree.source_hash, r.tree.engine_hash, r.config_hash, r.suite_hash, r.params_hash,  # noqa: E731
+                      r.metrics_formula_version)
+    return [r for r in runs if same(r) == same(rec) and r.verdict.status in ("pass", "fail")] or [rec]
+
+
+#: Server settings that change what a BetterBench figure means (combined decode averages up to max_num_seqs).
+MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size")
 
 
 def specs_of(root: Path) -> dict[str, PerfGateSpec]:
@@ -177,6 +185,8 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         InputError: the candidate has no BetterBench record.
     """
     specs = specs or {}
+    if candidate == baseline and (reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()):
+        raise InputError(f"{candidate} against itself: a release is never its own baseline")
     breports = reports_baseline or reports
     cand = [r for r in release_records(reports, candidate) if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
     base = {(r.config, r.suite): r for r in release_records(breports, baseline) if r.suite_kind == BENCH_KIND}
@@ -198,6 +208,11 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         diff = [k for k in MEASURING_PARAMS if b.params.get(k) != c.params.get(k)]
         if diff:
             bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}" for k in diff) + ")")
+        sb, sc = b.config_snapshot.get("server", {}), c.config_snapshot.get("server", {})
+        moved = [k for k in MEASURING_SERVER if sb.get(k) != sc.get(k)]
+        if moved:
+            bad.append("the server settings that define the figures differ (" + ", ".join(
+                f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
         if b.metrics_formula_version != c.metrics_formula_version:
             bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
         if bad:
@@ -208,8 +223,12 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         names = sorted({k for r in (b, c) for row in r.metrics["per_pass"] for k in row if k != "pass"})
         for name in names:
             t = spec.threshold(name)
-            bv, cv = _passes(bruns, name), _passes(cruns, name)
-            if t is None or not bv or not cv:
+            if t is None:
                 continue
-            out.figures.append(judge(c.config, name, bv, cv, t, spec.alpha))
+            bv, cv = _passes(bruns, name), _passes(cruns, name)
+            if bv and not cv:  # a gated figure the candidate lost is never a silent pass
+                out.unpaired.append(f"{where}: {name} is gated and measured in the baseline but missing from the "
+                                    "candidate (every pass failed it, or it was not measured)")
+            elif bv and cv:
+                out.figures.append(judge(c.config, name, bv, cv, t, spec.alpha))
     return out

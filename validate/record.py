@@ -233,12 +233,40 @@ def record_history(reports: Path, release: str, config: str, suite: str) -> list
     kept = [(int(m.group(1)), p) for p in (cur.parent / HISTORY).glob(f"{suite}.*.json")
             if (m := re.fullmatch(re.escape(suite) + r"\.(\d+)\.json", p.name))]
     paths = ([cur] if cur.exists() else []) + [p for _, p in sorted(kept)]
-    return [read_record(p) for p in paths]
+    out = [read_record(p) for p in paths]
+    for p, r in zip(paths, out):
+        if (r.release, r.config, r.suite) != (release, config, suite):
+            raise InputError(f"{p}: the record says {r.release}/{r.config}/{r.suite}, not {release}/{config}/{suite}")
+    return out
+
+
+def check_place(path: Path, rec: Record, release: str) -> None:
+    """A record must lie where it says it belongs: ``<release>/<config>/<suite>.json``.
+
+    Raises:
+        InputError: it names another release, configuration or suite than its path (a copied or planted file would
+            otherwise stand in for, or collide with, the real record of that configuration and suite).
+    """
+    want = (release, path.parent.name, path.stem)
+    have = (rec.release, rec.config, rec.suite)
+    if want != have:
+        raise InputError(f"{path}: the record says release {rec.release!r}, configuration {rec.config!r}, suite "
+                         f"{rec.suite!r}, but lies at {release}/{path.parent.name}/{path.name}: it is not this "
+                         "release's record of that suite (moved or copied by hand?)")
 
 
 def release_records(reports: Path, release: str) -> list[Record]:
-    """Every record of ``release`` under ``reports``, sorted by configuration then suite."""
+    """Every record of ``release`` under ``reports``, sorted by configuration then suite.
+
+    Raises:
+        InputError: a file is not a record, or a record lies elsewhere than it says (:func:`check_place`).
+    """
     base = reports / release
     if not base.is_dir():
         return []
-    return [read_record(p) for p in sorted(base.glob("*/*.json"))]
+    out = []
+    for p in sorted(base.glob("*/*.json")):
+        rec = read_record(p)
+        check_place(p, rec, release)
+        out.append(rec)
+    return out

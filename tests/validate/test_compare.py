@@ -162,3 +162,23 @@ def test_a_large_eval_states_its_minimum_detectable_regression():
     assert t.mdr == pytest.approx(min_detectable_regression(N, 30 / N, 0.025, 0.8))
     assert 0 < t.mdr < 30 / N and t.verdict_text == "no significant regression"
     assert t.sensitivity.startswith(f"detects a drop of {100 * t.mdr:.1f} points with 80% power")
+
+
+def test_a_copied_record_cannot_stand_in_for_another(tmp_path, capsys):
+    """A copy of a record in another configuration's folder collided with the real one in Holm and hid a
+    regression; a copy of the baseline's folder passed as the candidate. Records must lie where they say."""
+    import shutil
+
+    base, cand = eval_record("v1", set(range(100))), eval_record("v2", set(range(70)))  # 30 lost, none gained
+    save(tmp_path, base, cand)
+    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 1
+    planted = tmp_path / "v2" / "backup" / "gsm8k.json"
+    planted.parent.mkdir()
+    shutil.copy(record_path(tmp_path, "v1", "cpu-smol", "gsm8k"), planted)
+    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert "lies at v2/backup/gsm8k.json: it is not this release's record" in capsys.readouterr().out.replace("\n", " ")
+    shutil.rmtree(planted.parent)
+    shutil.copytree(tmp_path / "v1", tmp_path / "v3")
+    assert main(["gate", "v3", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "v1", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert "a release is never its own baseline" in capsys.readouterr().out.replace("\n", " ")

@@ -82,3 +82,32 @@ def test_gate_perf_exit_status_follows_the_eval_gate(tmp_path, capsys):
     write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), other)
     assert main(["gate", "v4", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 2  # cannot compare
     assert "decode_tokens: 128 vs 512" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_history_of_another_configuration_or_engine_never_widens_a_band(tmp_path):
+    """Runs kept in history that measured something else (another configuration, engine or formula) made a 10%
+    slower decode step read as within the band."""
+    base = _bench("v1", 38.0, 1)
+    wide = _bench("v1", 45.0, 9)
+    wide.config_hash = "another-configuration"
+    write_record(record_path(tmp_path, "v1", "cpu-smol", "betterbench"), wide)
+    write_record(record_path(tmp_path, "v1", "cpu-smol", "betterbench"), base)  # wide moves to history
+    write_record(record_path(tmp_path, "v3", "cpu-smol", "betterbench"), _bench("v3", 41.8, 3))
+    step = next(f for f in compare_perf(tmp_path, "v3", "v1").figures if f.figure == "decode_step_ms")
+    assert len(step.base) == 8 and step.regression
+
+
+def test_a_lost_figure_a_nan_or_other_server_settings_are_never_a_pass(tmp_path):
+    write_record(record_path(tmp_path, "v1", "cpu-smol", "betterbench"), _bench("v1", 38.0, 1))
+    lost = _bench("v2", 38.0, 2)
+    for row in lost.metrics["per_pass"]:
+        row["decode_step_ms"] = float("nan")
+    write_record(record_path(tmp_path, "v2", "cpu-smol", "betterbench"), lost)
+    cmp = compare_perf(tmp_path, "v2", "v1")
+    assert "decode_step_ms" not in {f.figure for f in cmp.figures}
+    assert any("decode_step_ms is gated and measured in the baseline but missing from the candidate" in u for u in cmp.unpaired)
+    moved = _bench("v4", 38.0, 4)
+    moved.config_snapshot = {"server": {"max_num_seqs": 4}}
+    write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), moved)
+    (u,) = compare_perf(tmp_path, "v4", "v1").unpaired
+    assert "the server settings that define the figures differ (max_num_seqs: None vs 4)" in u
