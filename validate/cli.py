@@ -224,11 +224,21 @@ def cmd_release(args) -> int:
         plan = [(c, [s for s in suites if s in args.suite]) for c, suites in plan]
     outcome = _run(plan, args.release, args)
     opts = _opts(args)
-    out = _render(root, opts.reports, args.release, checklist, args.baseline)
-    _summary(opts.reports, args.release)
-    gate, cmp, perf = _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan])
-    console.print(f"release notes: {out}")
-    why = outcome.explain() + ("; a gate against the baseline found a regression" if gate == 1 else "")
+    why_more = ""
+    try:  # whatever the records written hold, the run ends with its exit line and the CI reports
+        out = _render(root, opts.reports, args.release, checklist, args.baseline)
+        _summary(opts.reports, args.release)
+        console.print(f"release notes: {out}")
+    except InputError as e:
+        console.print(f"[red]error: the release notes could not be rendered: {e}[/red]", soft_wrap=True)
+        outcome.launch_failures.setdefault("(notes)", str(e))
+        why_more = "; the release notes could not be rendered"
+    try:
+        gate, cmp, perf = _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan])
+    except InputError as e:
+        console.print(f"[yellow]gates against the baseline skipped: {e}[/yellow]", soft_wrap=True)
+        gate, cmp, perf = 0, None, None
+    why = outcome.explain() + why_more + ("; a gate against the baseline found a regression" if gate == 1 else "")
     if cmp is not None:  # in a release an unpairable task is "Not checked", not an error (see _release_gate)
         cmp = dataclasses.replace(cmp, unpaired=[])
     code = _ci_reports(args, outcome.records, cmp, perf, combine_exit(outcome.exit_code(), gate), why)

@@ -479,6 +479,11 @@ class Engine:
         died = result.server_died
         if server is not None and not died and (not server.alive() or (result.errors and server.died())):
             died = f"the server process exited with status {server.proc.returncode if server.proc else '?'}"
+        if result.findings:
+            # what the suite saw before it could not go on is still a finding: never hidden behind the error
+            extra = ([f"{SERVER_DIED}: {died}"] if died else []) + result.errors
+            return Verdict(status="fail", cause=result.findings[0],
+                           reasons=result.findings + s.spec.gate.check(result.metrics) * (not extra) + extra)
         if died:
             evidence = srvmod.death_evidence(server.log_path if server is not None else None, log_from)
             return Verdict(status="error", cause=f"{SERVER_DIED}: {died}",

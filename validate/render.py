@@ -12,6 +12,7 @@ from typing import Any
 
 import jinja2
 
+from validate.errors import InputError
 from validate.record import Record, release_records
 from validate.suite import Checklist
 
@@ -72,6 +73,7 @@ class ReleaseView:
     paired_note: str = ""  # why there is no paired table
     perf: Any = None  # validate.perfgate.PerfComparison against the baseline, when both have BetterBench records
     perf_note: str = ""  # why there is no performance gate
+    baseline_note: str = ""  # why the baseline named or found is not compared with
     plots: list = field(default_factory=list)  # validate.plots.PlotFile, written beside RELEASE.md
     baseline: str | None = None
     first_started: str = "–"
@@ -176,6 +178,12 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
     from validate.compare import previous_release
 
     view.baseline = baseline or previous_release(reports, release)
+    if view.baseline:
+        try:  # the baseline's records must read before anything is compared with them
+            release_records(reports, view.baseline)
+        except InputError as e:
+            view.baseline_note = f"the baseline {view.baseline}'s records cannot be read: {e}"
+            view.baseline = None
     attach_numbers(view, reports)
     view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
     view.headline = headline(view)

@@ -245,3 +245,14 @@ def test_probe_with_timed_chunks_has_every_figure(tmp_path):
     assert not out.errors, out.errors
     m = out.metrics
     assert m["decode_tok_s"] > 0 and m["prefill_tok_s"] > 0 and all(x > 0 for x in m["decode_tok_s_runs"])
+
+
+def test_betterbench_a_level_without_tpot_leaves_combined_decode_undefined(tmp_path):
+    """Decode timed alone but every answer under load in one chunk: the level's TPOT is undefined; leaving the
+    level out made combined decode equal the single-stream rate (and read faster)."""
+    def decode(body):
+        return TIMED(body) if body["max_tokens"] == 8 else ONE_CHUNK(body)  # 8: the single-stream decode
+
+    out = run_runner("betterbench", {**BB, "concurrency": [1, 2]}, Scripted(decode=decode, prefill=TIMED), tmp_path)
+    assert any("no TPOT at concurrency 1, 2" in e for e in out.errors), out.errors
+    assert out.metrics["per_pass"][0]["combined_decode_tok_s"] is None and out.metrics["combined_decode_tok_s"] is None

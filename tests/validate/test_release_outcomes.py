@@ -244,3 +244,31 @@ def test_release_junit_and_step_summary_read_back(scratch, tmp_path, monkeypatch
     assert isinstance(err, Error) and "model.path: /models/seed-a-placeholder does not exist" in err.message
     text = summary.read_text()
     assert "exit status 1" in text and "**FAIL**" in text and "**ERROR**" in text
+
+
+def test_a_finding_inside_a_suite_outranks_its_errors():
+    """Garbage answers beside one failed request were an "error" (exit 2), hiding the finding."""
+    from validate.engine import Engine, RunOptions
+    from validate.runners.base import SuiteResult
+    from validate.suite import find_suite
+    from tests.conftest import REPO
+
+    engine = Engine(RunOptions(root=REPO, reports=REPO / "reports"))
+    s = find_suite(REPO, "sanity", "quick")
+    v = engine._verdict(s, SuiteResult(metrics={"bad": 3, "n": 16}, errors=["1 of 16 requests under load failed"],
+                                       findings=["bad answer x (solo): replacement character in answer"]), None)
+    assert v.status == "fail" and v.cause.startswith("bad answer x")
+    assert "1 of 16 requests under load failed" in v.reasons
+    assert engine._verdict(s, SuiteResult(metrics={"bad": 0}, errors=["boom"]), None).status == "error"
+
+
+def test_an_unreadable_baseline_never_ends_the_release_without_notes(scratch, capsys):
+    """A stray non-record JSON in the baseline's folder made release exit 2 with no exit line and no notes."""
+    scratch.config("fake-ok")
+    junk = scratch.root / "reports" / "v0.0.1" / "fake-ok" / "notes.json"
+    junk.parent.mkdir(parents=True)
+    junk.write_text('{"not": "a record"}')
+    assert main(["release", "v0.0.2"]) == 0
+    notes = (scratch.root / "reports" / "v0.0.2" / "RELEASE.md").read_text()
+    assert "Not compared with a baseline: the baseline v0.0.1's records cannot be read:" in notes
+    assert "exit status 0" in capsys.readouterr().out

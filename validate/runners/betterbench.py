@@ -211,7 +211,14 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
             row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
             row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
             row[f"c{c}_tpot_ms_p50"] = m.tpot_ms_p50
-        row["combined_decode_tok_s"] = combined_decode({c: row.get(f"c{c}_tpot_ms_p50") for c in levels}, s.max_num_seqs)
+        undefined = [c for c in levels if c <= s.max_num_seqs and row.get(f"c{c}_tpot_ms_p50") is None]
+        if undefined:  # leaving a level out would make combined decode read as another figure (and faster)
+            failed.append(f"pass {n}: no TPOT at concurrency {', '.join(map(str, undefined))} (every token of an answer "
+                          "in one chunk, or no request succeeded): combined decode undefined")
+            row["combined_decode_tok_s"] = None
+        else:
+            row["combined_decode_tok_s"] = combined_decode({c: row.get(f"c{c}_tpot_ms_p50") for c in levels},
+                                                           s.max_num_seqs)
         passes.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
     out = SuiteResult()
     if failed:
