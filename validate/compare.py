@@ -73,6 +73,9 @@ class PairedTask:
         k = self.min_flaggable_drop
         if k > self.n:
             return f"no regression could have been flagged: {self.n} questions are too few at this alpha"
+        if k > self.correct_baseline:  # a loss is of questions the baseline got right: there are too few to lose
+            return (f"no regression could have been flagged: the baseline got {self.correct_baseline} of {self.n} "
+                    f"right, fewer than the {k} a loss must reach to be flagged")
         floor = f"a loss of at least {k} questions ({100 * k / self.n:.1f} points) with none gained is the least it can flag"
         if self.mdr is None:
             return f"no discordant questions, so no power estimate; {floor}"
@@ -86,7 +89,8 @@ class PairedTask:
     def verdict_text(self) -> str:
         if self.regression:
             return "regression"
-        if self.min_flaggable_drop is not None and (self.min_flaggable_drop > self.n or self.mdr == float("inf")):
+        k = self.min_flaggable_drop
+        if k is not None and (k > min(self.n, self.correct_baseline) or self.mdr == float("inf")):
             return "not significant; too few questions to detect a regression"
         return "no significant regression"
 

@@ -182,3 +182,18 @@ def test_a_copied_record_cannot_stand_in_for_another(tmp_path, capsys):
     assert main(["gate", "v3", "--against", "v1", "--reports", str(tmp_path)]) == 2
     assert main(["gate", "v1", "--against", "v1", "--reports", str(tmp_path)]) == 2
     assert "a release is never its own baseline" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_a_baseline_with_fewer_right_answers_than_a_flaggable_loss_detects_nothing():
+    """make demo's case: HumanEval 3 of 20 right on both sides, no discordant question, and at least 5 must be
+    lost to be flagged: no regression could ever have been flagged, and the verdict must say so."""
+    from validate.compare import attach_sensitivity
+
+    base, cand = eval_record("v1", {0, 1, 2}, subset=True), eval_record("v2", {0, 1, 2}, subset=True)
+    base.items, cand.items = base.items[:20], cand.items[:20]
+    t = pair(base, cand)
+    attach_sensitivity([t], 0.05)
+    assert (t.b, t.c, t.min_flaggable_drop, t.mdr) == (0, 0, 5, None)
+    assert t.verdict_text == "not significant; too few questions to detect a regression"
+    assert t.sensitivity == ("no regression could have been flagged: the baseline got 3 of 20 right, fewer than "
+                             "the 5 a loss must reach to be flagged")
