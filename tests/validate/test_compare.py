@@ -135,15 +135,15 @@ def test_a_small_eval_says_it_could_not_have_detected_a_regression(tmp_path):
     from validate.stats import paired_diff_ci
 
     n = 40
-    base = eval_record("v1", {0, 1, 2, 3}, subset=True)
-    cand = eval_record("v2", {2, 3, 4}, subset=True)
+    base = eval_record("v1", set(range(10)), subset=True)
+    cand = eval_record("v2", set(range(2, 11)), subset=True)
     base.items, cand.items = base.items[:n], cand.items[:n]
     t = pair(base, cand)
     attach_sensitivity([t], 0.05)
     assert (t.b, t.c, t.n) == (2, 1, n) and not t.regression
     assert t.min_flaggable_drop == 5  # 0.5^5 = 0.031 <= 0.05 < 0.5^4
     assert t.mdr == float("inf")      # 3 discordant of 40: even all of them lost would not reach 80% power
-    ci = paired_diff_ci(2, 2, 1, 35)
+    ci = paired_diff_ci(8, 2, 1, 29)
     assert t.diff_ci == (ci.lower, ci.upper) and ci.lower < -0.1 < 0.05 < ci.upper
     assert t.verdict_text == "not significant; too few questions to detect a regression"
     assert t.sensitivity == ("could not have detected a regression with 80% power at the observed discordant rate "
