@@ -99,16 +99,22 @@ class OpenAIClient:
     Args:
         base_url: e.g. ``http://127.0.0.1:8000`` (without ``/v1``).
         model: the served model name sent as ``model``.
-        timeout_s: per-request read timeout, seconds.
+        timeout_s: the most a streamed request may take, seconds, silent or not (its read timeout too). After
+            :attr:`MAX_TIMEOUTS_IN_ROW` requests in a row end by it, later ones fail at once: a server that stalls
+            every request would otherwise cost that much for each question of a suite.
         max_connections: connection pool size (set it >= the highest concurrency you will use).
         transport: an httpx transport to use instead of the network (tests).
     """
+
+    MAX_TIMEOUTS_IN_ROW = 3
 
     def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, max_connections: int = 256,
                  transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.tally = Tally()
+        self.timeout_s = timeout_s
+        self._timeouts_in_row = 0
         self._http = httpx.AsyncClient(
             base_url=self.base_url, transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
@@ -187,23 +193,44 @@ class OpenAIClient:
             body.update(extra)
         res = RequestResult(token_ids=[])
         res.t_sent = time.perf_counter()
-        events = _Events()
+        if self._timeouts_in_row >= self.MAX_TIMEOUTS_IN_ROW:
+            res.error = (f"not sent: the server's last {self._timeouts_in_row} requests timed out "
+                         f"({self.timeout_s:g} s each); it is not serving")
+            res.t_done = res.t_sent
+            self.tally.add(res)
+            return res
+        # a token per event, plus the role, finish, usage and [DONE] events and empty keep-alive chunks
+        events = _Events(limit=2 * max_tokens + 64)
         try:
             if self._raw is not None:
-                status, detail, cut = await self._raw.post_sse(path, body, res, events)
+                send = self._raw.post_sse(path, body, res, events)
             else:
-                status, detail, cut = await self._httpx_sse(path, body, events)
+                send = self._httpx_sse(path, body, events)
+            try:  # the whole request is bounded, not only its silences: a trickling server ends too
+                status, detail, cut = await asyncio.wait_for(send, self.timeout_s)
+            except asyncio.TimeoutError:
+                raise asyncio.TimeoutError(f"the request took more than {self.timeout_s:g} s") from None
             if status != 200:
                 res.error = f"HTTP {status}: {detail}"
                 return res
+            if events.overflow:
+                res.error = f"the server streamed more than max_tokens={max_tokens} tokens"
+                return res
             await self._take_events(res, events, cut)
-        except (httpx.HTTPError, OSError, asyncio.TimeoutError) as e:
+        except asyncio.TimeoutError as e:
+            self._timeouts_in_row += 1
+            res.error = f"TimeoutError: {e}" if str(e) else "TimeoutError"
+        except (httpx.HTTPError, OSError) as e:
+            if isinstance(e, httpx.TimeoutException):
+                self._timeouts_in_row += 1
             res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON and Unicode errors are ValueErrors
             res.error = f"malformed stream chunk: {type(e).__name__}: {e}"
         finally:
             if not res.t_done:
                 res.t_done = time.perf_counter()
+            if res.ok:
+                self._timeouts_in_row = 0
             self.tally.add(res)
         return res
 
@@ -361,11 +388,13 @@ class _Events:
     """Stamped SSE events as two parallel lists (floats and bytes are not tracked by the garbage collector,
     tuples are: a tuple per chunk would feed the collector's full passes, long pauses in a large heap)."""
 
-    __slots__ = ("times", "datas")
+    __slots__ = ("times", "datas", "limit", "overflow")
 
-    def __init__(self):
+    def __init__(self, limit: int | None = None):
         self.times: list[float] = []
         self.datas: list[bytes] = []
+        self.limit = limit  # most events a request may bring (its max_tokens and the framing events); None: any
+        self.overflow = False
 
 
 class _SSE:
@@ -395,6 +424,9 @@ class _SSE:
             self.events.datas.append(d)
             if d == b"[DONE]":
                 self.done = True
+                return True
+            if self.events.limit is not None and len(self.events.datas) > self.events.limit:
+                self.events.overflow = True  # a server streaming past max_tokens: stop reading, never buffer on
                 return True
         return False
 

@@ -267,7 +267,12 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     srv._log_fh = fh
     srv.tag = tag
     try:
-        asyncio.run(_wait_ready(srv, cfg.launch_timeout_s, t0, progress, expected_hash))
+        try:  # every await inside is bounded by what is left of the launch timeout (a trickling server too)
+            asyncio.run(asyncio.wait_for(_wait_ready(srv, cfg.launch_timeout_s, t0, progress, expected_hash),
+                                         cfg.launch_timeout_s + 1))
+        except asyncio.TimeoutError:
+            raise LaunchError(f"server not ready after {cfg.launch_timeout_s:.0f} s (launch_timeout_s)",
+                              srv.log_tail()) from None
     except BaseException:
         srv.stop()
         raise
