@@ -1,14 +1,23 @@
 #!/bin/bash
-# One device call: the GPU gates of the vLLM dispatch (GDN in vLLM's real layer, the block-fp8 linear layer, the fp8
-# kernels' gates), the GDN crossover table and the fp8 linear table (r9k against vLLM's Triton kernel and torch's
-# block-scaled _scaled_mm). Logs and JSON under OUTDIR. From the repository root on the GPU machine, with
-# .vllm_src (vLLM 0.32.0's Python sources) and .whl (the pure-Python packages vLLM imports) carried:
-#   bash benchmarks/device_run.sh OUTDIR [gates|gdn32|gdn8|fp8|fp8host ...]     (default: gates gdn32 fp8)
-# On a fresh H200 (kernels compiled cold): gates ~3-4 min, gdn32 (16 key : 32 value heads) ~3 min, gdn8 (4 : 8,
-# the seeds' TP4 shapes) ~3 min, fp8 ~1.5 min, fp8host ~20 s; a device call may run 10 minutes, so give it at
-# most three of them.
+# One device call: GPU gates and kernel benchmarks, each step a command of the runner (python -m benchmarks.kernels)
+# or of pytest, with its own time limit so that one slow step cannot eat the others' time; logs and JSON under
+# OUTDIR. From the repository root on the GPU machine, with .vllm_src (vLLM 0.32.0's Python sources) and .whl (the
+# pure-Python packages vLLM imports; fla-core for the gdn step) carried:
+#   bash benchmarks/device_run.sh OUTDIR [STEP ...]          (default: gates gdn32 fp8)
+# Steps (a fresh H200 compiles every kernel cold; a device call may run 10 minutes, so give it three or four):
+#   gates      the vLLM dispatch gates and the Gluon fp8 gates (~3-4 min)
+#   gates_all  every GPU kernel gate (~4-5 min; with 2+ GPUs also the all-reduce's)
+#   gdn32      the GDN prefill crossover at 16 : 32 heads, r9k's dispatch against vLLM's chunked core (~3 min)
+#   gdn8       the same at 4 : 8 heads (the seeds' TP 4 rank, ~3 min)
+#   gdn        gdn_seq against fla's recurrent and chunked cores, gdn_conv against vLLM's (needs fla-core, ~2 min)
+#   fp8        the fp8 GEMM and linear against vLLM's Triton kernel and torch's block-scaled _scaled_mm (~1.5 min)
+#   fp8host    the host's time a call of the fp8 pieces, and the prefill tile at M = 128-256 (~30 s)
+#   fp8decode  decode GEMMs by kernel time against per-tensor _scaled_mm, both flushes (~1.5 min)
+#   fp8prefill prefill GEMMs against per-tensor _scaled_mm, nine rounds (~1.5 min)
+#   moe        the expert cache's insert rate and the fused top-k sum (~2 min)
+#   allreduce  the one-shot all-reduce against NCCL (2+ GPUs, ~1.5 min)
 set -u
-OUT=${1:?usage: device_run.sh OUTDIR [gates|gdn32|gdn8|fp8|fp8host ...]}
+OUT=${1:?usage: device_run.sh OUTDIR [STEP ...]}
 shift
 STEPS=${*:-gates gdn32 fp8}
 mkdir -p "$OUT"
@@ -21,16 +30,46 @@ run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status a
   echo "== $name rc=$rc ($(date +%T))"; grep -v "^INFO\|^DEBUG\|^WARNING" "$OUT/$name.log" | tail -n 6
   [ "$rc" -eq 0 ] || FAILED=1
 }
+K="python3 -m benchmarks.kernels"
+NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+GRID="N=1|2|4|8|16|32|64,L=16|32|64|128|256|512"
+LINEAR="M=1|16|32|64|128|256,N=4096,K=4096;M=1|16,N=8192,K=8192;M=4096,N=4096,K=4096;M=8192,N=8192,K=8192"
+DECODE="M=1|16|32|64,N=4096,K=4096;M=16,N=8192,K=8192"
 for step in $STEPS; do
   case $step in
     gates) run gates 280 python3 -m pytest -q -n 4 -rfs --tb=short -m gpu -p no:cacheprovider \
-             tests/kernels/test_gdn_vllm.py tests/kernels/test_fp8_dispatch.py tests/kernels/test_fp8_wgmma.py ;;
-    gdn32) run gdn_crossover_hv32 240 python3 -m benchmarks.gdn_crossover --heads 16:32 \
-             --json "$OUT/gdn_crossover_hv32.json" ;;
-    gdn8) run gdn_crossover_hv8 240 python3 -m benchmarks.gdn_crossover --heads 4:8 \
-             --json "$OUT/gdn_crossover_hv8.json" ;;
-    fp8) run fp8_linear 180 python3 -m benchmarks.fp8_linear --json "$OUT/fp8_linear.json" ;;
-    fp8host) run fp8_host 100 python3 -m benchmarks.fp8_host ;;
+             tests/kernels/gdn/test_vllm_layer.py tests/kernels/fp8/test_linear_dispatch.py \
+             tests/kernels/fp8/test_wgmma.py ;;
+    gates_all) run gates_all 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
+                 --ignore=tests/kernels/allreduce
+               if [ "$NGPU" -ge 2 ]; then run gates_allreduce 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                 tests/kernels/allreduce; fi ;;
+    gdn32) run gdn_prefill_hv32 240 $K --op gdn_prefill --peer vllm_chunk --mode loop --mode graph \
+             --shapes "H=16,HV=32,$GRID" --json "$OUT/gdn_prefill_hv32.json" ;;
+    gdn8) run gdn_prefill_hv8 240 $K --op gdn_prefill --peer vllm_chunk --mode loop --mode graph \
+            --shapes "H=4,HV=8,$GRID" --json "$OUT/gdn_prefill_hv8.json" ;;
+    gdn) run gdn_seq 150 $K --op gdn_seq --mode kernel --mode graph --mode eager --json "$OUT/gdn_seq.json"
+         run gdn_conv 60 $K --op gdn_conv --mode kernel --mode graph --json "$OUT/gdn_conv.json" ;;
+    fp8) run fp8_linear 180 $K --op fp8_gemm --op fp8_linear --peer vllm --peer torch_block --peer torch \
+           --mode loop --mode eager --mode graph --mode host --shapes "$LINEAR" --json "$OUT/fp8_linear.json" ;;
+    fp8host) run fp8_host_launch 60 $K --op launch --mode host --json "$OUT/fp8_host_launch.json"
+             run fp8_host_calls 60 $K --op fp8_linear --op fp8_gemm --peer torch --peer torch_block --mode host --profile \
+               --shapes "M=16,N=4096,K=4096" --json "$OUT/fp8_host_calls.json"
+             run fp8_host_quant 60 $K --op fp8_quant --no-peers --mode host --shapes "M=16,K=4096" \
+               --json "$OUT/fp8_host_quant.json"
+             run fp8_host_tiles 100 $K --op fp8_gemm --peer torch_block --variant ws2_bn64 --variant ws2_bn32 \
+               --mode graph --shapes "M=128|256,N=4096,K=4096;M=128|256,N=8192,K=8192" \
+               --json "$OUT/fp8_host_tiles.json" ;;
+    fp8decode) run fp8_decode_zero 90 $K --op fp8_gemm --peer scaled_mm --variant tile_decode --variant small_m \
+                 --mode kernel --flush zero --shapes "$DECODE" --json "$OUT/fp8_decode_zero.json"
+               run fp8_decode_read 90 $K --op fp8_gemm --peer scaled_mm --variant tile_decode --variant small_m \
+                 --mode kernel --flush read --shapes "$DECODE" --json "$OUT/fp8_decode_read.json" ;;
+    fp8prefill) run fp8_prefill 120 $K --op fp8_gemm --peer scaled_mm --variant tma --mode eager --repeat 9 \
+                  --shapes "M=4096,N=4096,K=4096;M=8192,N=8192,K=8192" --json "$OUT/fp8_prefill.json" ;;
+    moe) run expert_cache 150 $K --op expert_cache --mode loop --mode graph --json "$OUT/expert_cache.json"
+         run moe_topk_sum 60 $K --op moe_topk_sum --mode eager --json "$OUT/moe_topk_sum.json" ;;
+    allreduce) if [ "$NGPU" -ge 2 ]; then run allreduce 120 $K --op allreduce --mode loop --mode graph \
+                 --json "$OUT/allreduce.json"; else echo "== allreduce skipped: $NGPU GPU(s)"; fi ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -36,16 +36,14 @@ def package_root() -> Path:
 
 
 def source_files(root: Path) -> list[Path]:
-    """The ``.py`` files of the hashed packages under ``root``, sorted, excluding caches and benchmarks.
-
-    Benchmarks (``kernels/bench``) do not run on a server, so editing them does not change the hash.
-    """
+    """The ``.py`` files of the hashed packages under ``root``, sorted, excluding caches. (The benchmarks live
+    outside these packages, in ``benchmarks/``: editing them does not change the hash.)"""
     files: list[Path] = []
     for pkg in HASHED_PACKAGES:
         base = root / pkg
         for p in base.rglob("*.py"):
             rel = p.relative_to(root)
-            if "__pycache__" in rel.parts or rel.parts[:2] == ("kernels", "bench"):
+            if "__pycache__" in rel.parts:
                 continue
             files.append(p)
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())

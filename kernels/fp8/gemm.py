@@ -395,7 +395,7 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
         if tma:
             if triton.cdiv(M, 128) * triton.cdiv(N, 128) <= 64:
                 # at most 64 tiles of 128 x 128 leave half the 132 SMs idle: 64-column tiles, the same sums
-                # (bit-identical). H200, graph replay (docs/kernels/fp8.md, `python -m benchmarks.fp8_host`):
+                # (bit-identical). H200, graph replay (docs/kernels/fp8.md; the runner's fp8_gemm, variant ws2_bn64):
                 # 13.09 / 13.38 us at M = 128 / 256 x 4096^2 against 16.96 / 16.74 (torch's block-scaled
                 # _scaled_mm 14.72 / 14.87), 27.25 against 31.60 at 128 x 8192^2; at 256 x 8192^2 (128 tiles)
                 # BN 64 was slower, 45.60 against 33.23

@@ -55,17 +55,16 @@ CORE_PARAMS = ("q", "k", "v", "g", "beta", "initial_state", "output_final_state"
 #: are taken from the call where given (named or through ``**kwargs``), else the function's default
 CONV_PARAMS = ("x", "weight", "bias", "conv_states", "query_start_loc")
 
-# The crossover (docs/kernels/gdn.md; `python -m benchmarks.gdn_crossover`, H200, eager: host included, fla's
-# chunked core called the way vLLM calls it, chunk indices prepared ahead). fla's chunked core costs a near-flat
-# 340-750 us a call eager (its host path; the two leases' hosts differed twofold) whatever the step; gdn_seq
-# costs max(its host path, its GPU time), and its GPU time follows the step's token-heads T * HV once the GPU is
-# full (~0.33 us a token at HV = 32 whatever N: issue-bound, see the doc) and the longest sequence's length
-# when it is not (~0.37 us a token). Rows of (most sequence-heads N * HV, most tokens a sequence on average
-# T / N): the staircase T * HV <= 16384 with T / N <= 512, where gdn_seq's GPU time stays under ~190 us, at
-# most 0.55 of fla's eager time on the faster host (measured at HV = 32: r9k/stock 0.22-0.27 in every such
-# shape). A step is routed when it lies within a row and has at most R9K_GDN_PREFILL_MAX tokens (default 1024:
-# a step's longest sequence is not known without reading the offsets back, and 1024 tokens bound it to
-# ~380 us of gdn_seq however the tokens are split).
+# The crossover (docs/kernels/gdn.md; `python -m benchmarks.kernels --op gdn_prefill`, H200, loop mode: calls back to
+# back, host included, fla's chunked core called the way vLLM calls it, chunk indices prepared ahead). fla's chunked
+# core costs a near-flat 340-750 us a call eager (its host path; the two leases' hosts differed twofold) whatever the
+# step; gdn_seq costs max(its host path, its GPU time), and its GPU time follows the step's token-heads T * HV once the
+# GPU is full (~0.33 us a token at HV = 32 whatever N: issue-bound, see the doc) and the longest sequence's length when
+# it is not (~0.37 us a token). Rows of (most sequence-heads N * HV, most tokens a sequence on average T / N): the
+# staircase T * HV <= 16384 with T / N <= 512, where gdn_seq's GPU time stays under ~190 us, at most 0.55 of fla's eager
+# time on the faster host (measured at HV = 32: r9k/stock 0.22-0.27 in every such shape). A step is routed when it lies
+# within a row and has at most R9K_GDN_PREFILL_MAX tokens (default 1024: a step's longest sequence is not known without
+# reading the offsets back, and 1024 tokens bound it to ~380 us of gdn_seq however the tokens are split).
 CROSSOVER: tuple[tuple[int, int], ...] = ((32, 512), (64, 256), (128, 128), (256, 64), (512, 32), (1024, 16))
 
 

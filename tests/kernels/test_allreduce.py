@@ -8,7 +8,7 @@ seeds' bug) outputs must go wrong, or the test cannot see the race it exists for
 
 World sizes come from R9K_AR_WORLD_SIZES (default "2,4"); iterations from R9K_AR_ITERS (default 2000).
 On CUDA the Triton kernel runs the same protocol: on 2+ GPUs of one host, one process per GPU over peer memory
-(kernels/bench/allreduce_multigpu.py, eager and under CUDA graph replay); on one GPU only as W streams, which
+(tests/kernels/allreduce/multigpu_race.py, eager and under CUDA graph replay); on one GPU only as W streams, which
 the GPU does not run concurrently enough for spinning kernels (xfail, kept as a record).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_race_in_step_single_rank_and_bad_args():
                     reason="needs a CUDA GPU")
 @pytest.mark.xfail(strict=False, reason="W ranks as W streams of ONE GPU: flag waits time out (the GPU does not "
                    "run the streams' spinning kernels concurrently); the kernel itself passes the race test on two "
-                   "H200s (test_cuda_race_on_several_gpus, kernels/NOTES_II.md)")
+                   "H200s (test_cuda_race_on_several_gpus, docs/kernels/allreduce.md)")
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_cuda_kernel_protocol_simulated_ranks(world_size):
     from kernels.allreduce import simulate_ranks_cuda
@@ -76,9 +76,10 @@ def test_cuda_race_on_several_gpus(tmp_path):
     import sys
 
     out = tmp_path / "race.json"
-    cmd = [sys.executable, "-m", "kernels.bench.allreduce_multigpu", "--skip-latency", "--iters-blocks", "30",
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    cmd = [sys.executable, "-m", "tests.kernels.allreduce.multigpu_race", "--iters-blocks", "30",
            "--graph-replays", "30", "--json", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=repo)
     print(p.stdout[-4000:], p.stderr[-4000:])
     assert p.returncode == 0
     res = json.loads(out.read_text())

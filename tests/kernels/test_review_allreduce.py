@@ -114,7 +114,7 @@ def test_unknown_peer_memory_is_refused(monkeypatch):
 
 
 def test_bench_refuses_one_gpu(monkeypatch, capsys):
-    from kernels.bench import allreduce_multigpu as B
+    from tests.kernels.allreduce import multigpu_race as B
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert B.main(["--world-size", "1"]) == 2
@@ -124,7 +124,7 @@ def test_bench_refuses_one_gpu(monkeypatch, capsys):
 def test_bench_refuses_more_ranks_than_gpus(monkeypatch):
     import torch.multiprocessing as mp
 
-    from kernels.bench import allreduce_multigpu as B
+    from tests.kernels.allreduce import multigpu_race as B
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     spawned = []

@@ -282,41 +282,6 @@ def test_token_path_handles_what_the_chunked_kernel_does_not(mode, device, case)
         assert rel(st, s_ref) <= BOUND
 
 
-def test_defect_bench_bv_k_configs_run_the_bv_k_kernel(monkeypatch):
-    """kernels/bench/gdn_bench.py: SWEEP / SWEEP_SHORT entries without KC (e.g. dict(BV=4, U=8, num_warps=1),
-    named "gdn_seq_bv4_u8_w1", the [BV, K] kernel) resolved KC=None to the new GPU default KC=4, so a re-run
-    would have timed the [KC, BV, K/KC] kernel under a [BV, K] name. They now carry KC=0."""
-    from kernels.bench import gdn_bench as GB
-
-    launched = []
-    monkeypatch.setattr(G, "_interpreting", lambda: False)          # the GPU's default config
-    monkeypatch.setattr(G, "_launch", lambda kern, grid, args, **kw: launched.append(kern))
-    H, HV, K, V, T = 16, 32, 128, 128, 16                             # the bench's shapes
-    q = torch.zeros(1, T, H, K)
-    v = torch.zeros(1, T, HV, V)
-    g = torch.zeros(1, T, HV)
-    st = torch.zeros(1, HV, V, K)
-    idx = torch.zeros(1, dtype=torch.int32)
-    wrong = []
-    for cfg in GB.SWEEP + GB.SWEEP_SHORT:
-        name = GB.cfg_name(cfg)
-        if cfg.get("chunk") or "_kc" in name or cfg.get("lookahead"):
-            continue
-        launched.clear()
-        gdn_seq(q, q, v, g, g, st, idx, **cfg)
-        if launched[-1] is not G._gdn_seq_kernel:
-            wrong.append(name)
-    assert not wrong, f"labelled as the [BV, K] kernel but launch the [KC, BV, K/KC] kernel: {wrong}"
-
-
-def test_bench_config_names_are_unique():
-    from kernels.bench import gdn_bench as GB
-
-    for lst in (GB.SWEEP, GB.SWEEP_KC, GB.SWEEP_CHUNK, GB.SWEEP_SHORT):
-        names = [GB.cfg_name(c) for c in lst]
-        assert len(set(names)) == len(names)
-
-
 @pytest.mark.parametrize("kw", [dict(chunk=8), dict(chunk=-1), dict(KC=3), dict(chunk=16, BV=4)],
                          ids=["chunk8", "chunk-1", "KC3", "chunk16_BV4"])
 def test_defect_tuning_arguments_checked_for_an_empty_batch(device, kw):
@@ -478,12 +443,3 @@ def test_defect_stage_on_a_ready_one_chunk_host_plan(mode, device):
 # ============================================================================================================
 # bench CLIs
 # ============================================================================================================
-def test_defect_fp8_bench_kernel_time_without_decode_tiles_refused():
-    """fp8_bench --kernel-time is documented "with --decode-tiles"; alone it was silently ignored (the full sweep
-    ran without kernel times). argparse refuses it now (exit status 2). (--budget 0 would make the sweep skip
-    every shape, so this runs without a GPU, and in seconds on one.)"""
-    env = dict(os.environ, PYTHONPATH=REPO)
-    env.pop("TRITON_INTERPRET", None)
-    r = subprocess.run([sys.executable, "-m", "kernels.bench.fp8_bench", "--kernel-time", "--budget", "0"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "decode-tiles" in r.stderr, (r.returncode, r.stdout[-500:], r.stderr[-500:])

@@ -55,29 +55,6 @@ def test_rotate_must_be_a_bool(rot):
         F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, ROTATE=rot))
 
 
-@pytest.mark.parametrize("rounds", ["0", "-1"])
-def test_prefill_repeat_rejects_non_positive(monkeypatch, rounds):
-    """--prefill-repeat 0 exits 0 having run nothing; -1 runs prefill_repeat, which builds 8192^3 operands on
-    the GPU and then fails in statistics.median([]) (StatisticsError)."""
-    import kernels.bench.fp8_wgmma_bench as B
-
-    called = []
-    monkeypatch.setattr(B, "prefill_repeat", lambda res, r: called.append(r))
-    with pytest.raises(SystemExit) as e:
-        B.main(["--prefill-repeat", rounds])
-    assert e.value.code == 2 and not called
-
-
-@pytest.mark.parametrize("n", [0, -3])
-def test_bench_kernels_validates_n_before_the_gpu(n):
-    """flush_by is checked before any CUDA call; n is not: n <= 0 reaches per_call[n // 2] on an empty list
-    (IndexError) after a profiled run on the GPU, and on the CPU fails in torch.cuda (AssertionError)."""
-    from kernels.bench.gdn_bench import bench_kernels
-
-    with pytest.raises(ValueError, match="n"):
-        bench_kernels(lambda: None, n=n)
-
-
 @pytest.mark.parametrize("kernel", ["wgmma", "wgmma_small_m"])
 def test_missing_scales_raise_a_named_error(kernel):
     """sa=None / sb=None reach ``t.dtype`` / ``sb.shape``: AttributeError instead of an error naming sa / sb."""

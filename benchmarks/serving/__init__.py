@@ -1,0 +1,2 @@
+"""Serving benchmarks: how far the validation engine's client and its BetterBench figures can be trusted
+(benchmarks/README.md)."""
