@@ -206,13 +206,17 @@ def dispatch_by_pid(lines: list[str]) -> dict[str, list[str]]:
     return out
 
 
-def tree_mismatch(rec: Record, tree: Tree, expects_plugin: bool) -> str | None:
+def tree_mismatch(rec: Record, tree: Tree, expects_plugin: bool, config_hash: str | None = None) -> str | None:
     """Why ``rec`` (made elsewhere, e.g. on a Ray node) was not made by the tree under validation, or None.
 
-    The node's own checkout must hash like the driver's (plugin and kernels, engine and suites), and where the
-    configuration expects the plugin, every provenance line its server printed must carry the driver's hash.
+    The node's own checkout must hash like the driver's (plugin and kernels, engine and suites, and the
+    configuration: ``config_hash``, the driver's), and where the configuration expects the plugin, every
+    provenance line its server printed must carry the driver's hash.
     """
     why = []
+    if config_hash is not None and rec.config_hash != config_hash:
+        why.append(f"the node ran configuration {rec.config} with hash {rec.config_hash}, the driver's is {config_hash} "
+                   "(its serve/ file differs)")
     if rec.tree.source_hash != tree.source_hash:
         why.append(f"the node's checkout has plugin source {rec.tree.source_hash}, the tree under validation "
                    f"is {tree.source_hash}")
@@ -367,6 +371,16 @@ class Engine:
         same = (rec.verdict.status in ("pass", "fail") and rec.tree.source_hash == self.tree.source_hash
                 and rec.tree.engine_hash == self.tree.engine_hash and rec.suite_hash == s.spec_hash()
                 and rec.params_hash == s.params_hash() and rec.config_hash == cfg.digest() and rec.profile == s.profile)
+        if same and s.spec.needs_server:
+            # a record of a server this run would not have checked the same way is not this run's result
+            same = rec.server.launched == (self.o.url is None) and (
+                rec.server.provenance_ok is True or not cfg.expects_plugin)
+        runner = get_runner(s.spec.kind)
+        if same and runner.dataset_hash is not None and rec.dataset is not None:
+            try:  # the data the record answered must be the data a run now would read
+                same = runner.dataset_hash(s.params, self.o.root, self.o.data_dir) == rec.dataset.sha256
+            except InputError:
+                same = False
         return rec if same else None
 
     def _start(self, cfg: ServeConfig, folder: Path) -> srvmod.Server:

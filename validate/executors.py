@@ -148,7 +148,7 @@ def _collect(engine: Engine, outcome: Outcome, release: str, cfg: ServeConfig, r
     for text in res["records"]:
         rec = Record.model_validate(json.loads(text))
         # The node hashed its own checkout and may run other engine code: the driver decides what counts.
-        why = tree_mismatch(rec, engine.tree, cfg.expects_plugin)
+        why = tree_mismatch(rec, engine.tree, cfg.expects_plugin, cfg.digest())
         if why:
             was = f"recorded on the node as {rec.verdict.status}" + (f" ({rec.verdict.cause})" if rec.verdict.cause else "")
             rec.verdict = Verdict(status="wrong-tree", cause=f"not the tree under validation: {why}", reasons=[was])

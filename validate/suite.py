@@ -89,6 +89,8 @@ class Runner:
         summary: ``summary(record) -> str``: its key figures in the CLI's verdict table.
         paired_eval: its records are per-question evals that ``compare`` and ``gate`` pair.
         order: where its tables, figures and phrases come in the notes (lower first; ties by kind).
+        dataset_hash: ``dataset_hash(params, root, data_dir) -> str``: the sha256 its records' ``dataset`` would
+            carry now (``--resume`` keeps a record only when its data is still the same).
     """
 
     kind: str
@@ -102,6 +104,7 @@ class Runner:
     summary: Callable[[Any], str] | None = None
     paired_eval: bool = False
     order: int = 100
+    dataset_hash: Callable[..., str] | None = None
 
 
 RUNNERS: dict[str, Runner] = {}

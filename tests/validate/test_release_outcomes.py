@@ -272,3 +272,34 @@ def test_an_unreadable_baseline_never_ends_the_release_without_notes(scratch, ca
     notes = (scratch.root / "reports" / "v0.0.2" / "RELEASE.md").read_text()
     assert "Not compared with a baseline: the baseline v0.0.1's records cannot be read:" in notes
     assert "exit status 0" in capsys.readouterr().out
+
+
+def test_resume_runs_again_on_other_data_or_after_an_unverified_external_run(scratch, external_server, tmp_path,
+                                                                            capsys, monkeypatch):
+    from tests.conftest import tiny_gsm8k
+
+    url, tag, port = external_server
+    scratch.config("fake-ok")
+    # a suite run against someone else's server, recorded under fake-ok: its provenance was never checked
+    assert main(["suite", "fake-sanity", "--config", "fake-ok", "--url", url, "--model", tag, "--release", "rs"]) == 0
+    assert main(["release", "rs", "--config", "fake-ok", "--resume", "--baseline", "none"]) == 0
+    assert "not run again" not in capsys.readouterr().out  # launched this time, checked this time
+    # gsm8k on other data: the record answered other questions and is not reused
+    cl = scratch.root / "suites" / "release.yaml"
+    cl.write_text(cl.read_text().replace("- suite: fake-sanity", "- suite: fake-sanity\n- suite: gsm8k"))
+    monkeypatch.setenv("R9K_DATA_DIR", str(tiny_gsm8k(tmp_path / "data2")))
+    args = ["release", "rs", "--config", "fake-ok", "--suite", "gsm8k", "--profile", "quick", "--baseline", "none"]
+    main(args)
+    main(args + ["--resume"])
+    assert "gsm8k: complete record found" in capsys.readouterr().out
+    test = tmp_path / "data2" / "gsm8k" / "test.jsonl"
+    test.write_text(test.read_text().replace("cows", "goats"))
+    main(args + ["--resume"])
+    assert "gsm8k: complete record found" not in capsys.readouterr().out
+
+
+def test_a_ray_record_of_another_configuration_is_wrong_tree():
+    r = rec("c", "sanity", tree="aaaa")
+    r.tree.engine_hash = "e1"
+    why = tree_mismatch(r, Tree(source_hash="aaaa", engine_hash="e1"), True, config_hash="d")
+    assert why == "the node ran configuration c with hash c, the driver's is d (its serve/ file differs)"

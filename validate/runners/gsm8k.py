@@ -80,8 +80,13 @@ def summary(rec) -> str:
     return f"{m['correct']} of {m['n']} ({100 * m['accuracy']:.2f}%)"
 
 
+def dataset_hash(p: GSM8KParams, root, data_dir) -> str:
+    """The sha256 a record's dataset would carry now: the test set's file."""
+    return sha256_file(require_file(data_dir, "gsm8k/test.jsonl"))
+
+
 @register_runner("gsm8k", GSM8KParams, preflight=preflight, metrics_model=GSM8KMetrics, figures=figures,
-                 headline=headline, summary=summary, paired_eval=True, order=30)
+                 headline=headline, summary=summary, paired_eval=True, order=30, dataset_hash=dataset_hash)
 async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
     test_path = require_file(ctx.data_dir, "gsm8k/test.jsonl")
     questions = g.load_split(test_path, "test")

@@ -91,8 +91,13 @@ def summary(rec) -> str:
     return f"{m['passed']} of {m['n']} passed, {m['timeout']} timeouts, sandbox {m.get('sandbox', '?')}"
 
 
+def dataset_hash(p: HumanEvalParams, root, data_dir) -> str:
+    """The sha256 a record's dataset would carry now: the problems' content."""
+    return he.load_problems(p.data_file).sha256
+
+
 @register_runner("humaneval", HumanEvalParams, preflight=preflight, metrics_model=HumanEvalMetrics, figures=figures,
-                 headline=headline, summary=summary, paired_eval=True, order=40)
+                 headline=headline, summary=summary, paired_eval=True, order=40, dataset_hash=dataset_hash)
 async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     problems = he.load_problems(p.data_file)
     backend, sandbox_detail = await asyncio.to_thread(he.check_sandbox, p.allow_unsandboxed)  # probes once
