@@ -293,6 +293,9 @@ class OpenAIClient:
             res.prompt_tokens = usage.get("prompt_tokens")
             res.output_tokens = usage.get("completion_tokens")
         for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:  # one answer was asked for (n = 1): another is not this one's text
+                res.error = f"the server sent choice index {choice.get('index')!r}; one choice (index 0) was asked for"
+                return
             delta = choice.get("delta")
             content = delta.get("content") if delta is not None else choice.get("text")
             reasoning = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning")

@@ -50,6 +50,8 @@ def read_yaml(path: Path) -> Any:
         raise InputError(f"{path}: is a directory, not a file") from None
     try:
         return yaml.load(text, Loader=_LineLoader)
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a configuration or suite file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

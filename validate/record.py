@@ -222,6 +222,8 @@ def read_record(path: Path) -> Record:
         raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to be a record") from None
     except ValidationError as e:
         first = e.errors()[0]
         raise InputError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

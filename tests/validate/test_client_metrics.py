@@ -256,3 +256,12 @@ def test_betterbench_a_level_without_tpot_leaves_combined_decode_undefined(tmp_p
     out = run_runner("betterbench", {**BB, "concurrency": [1, 2]}, Scripted(decode=decode, prefill=TIMED), tmp_path)
     assert any("no TPOT at concurrency 1, 2" in e for e in out.errors), out.errors
     assert out.metrics["per_pass"][0]["combined_decode_tok_s"] is None and out.metrics["combined_decode_tok_s"] is None
+
+
+def test_a_second_choice_is_an_error_not_part_of_the_answer():
+    from validate.client import OpenAIClient, RequestResult
+
+    r = RequestResult(token_ids=[])
+    OpenAIClient._take_chunk(r, {"choices": [{"index": 0, "text": "4", "token_ids": [9]}]}, 0.1)
+    OpenAIClient._take_chunk(r, {"choices": [{"index": 1, "text": " and 5", "token_ids": [7]}]}, 0.2)
+    assert r.text == "4" and r.error == "the server sent choice index 1; one choice (index 0) was asked for"

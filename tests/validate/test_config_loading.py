@@ -150,3 +150,15 @@ def test_a_dispatch_knob_with_expects_plugin_false_is_refused(tmp_path):
               "server: {max_num_seqs: 4, max_model_len: 4096}\nenv: {R9K_FP8_BLOCK_GEMM: r9k}\nexpects_plugin: false\n")
     with pytest.raises(InputError, match=r"fp8.yaml:4: env.R9K_FP8_BLOCK_GEMM: asks for an r9k dispatch, but expects_plugin is false"):
         load_config(p)
+
+
+def test_deep_nesting_is_a_clear_error_not_a_traceback(tmp_path):
+    from validate.record import read_record
+
+    p = write(tmp_path, "deep.yaml", "name: deep\nkind: soak\nparams: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(InputError, match="nested too deeply"):
+        load_suite(p)
+    r = tmp_path / "rec.json"
+    r.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(InputError, match="nested too deeply"):
+        read_record(r)
