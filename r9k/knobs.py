@@ -174,7 +174,7 @@ def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tu
 # ---- the knobs -------------------------------------------------------------------------------------------
 # Kernel dispatch knobs are declared here, not beside their kernels, so the registry is complete on import.
 # What vLLM runs of r9k (r9k/ops): the GDN prefill core and conv (r9k/ops/gdn.py) and the block-scaled fp8 linear
-# op (r9k/ops/fp8.py). The expert cache (kernels/moe.py) and the all-reduce (kernels/allreduce.py) are library
+# op (r9k/ops/fp8.py). The expert cache (kernels/moe/) and the all-reduce (kernels/allreduce/) are library
 # code that no serving path calls, and have no knob.
 GDN_PREFILL_MAX = _k(
     "R9K_GDN_PREFILL_MAX", int, 1024, 0,

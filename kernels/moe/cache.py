@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-DEFAULT_INSERT_THRESH = 0.99  # the seeds' R9K_LRU_THRESH after v0.2.x (was 0.5); see docs/kernels/moe.md (knob)
+DEFAULT_INSERT_THRESH = 0.99  # the seeds' R9K_LRU_THRESH after v0.2.x (was 0.5); docs/kernels/moe.md
 
 COPY_BLOCK_BYTES = 16384  # bytes per gather-copy program (per thread at 4 warps: 128 B = 8 x 16-B loads)
 _MAX_STEP = 2**31 - 2     # the device LRU key packs (stamp + 1) into bits 32..62

@@ -2,8 +2,8 @@
 
 What vLLM runs of r9k: the GDN prefill core and conv of the Qwen3-Next / Qwen3.5 / Olmo GDN layers
 (:mod:`r9k.ops.gdn`: ``gdn_seq``, ``gdn_conv``) and the block-scaled fp8 linear op of its Triton block kernel
-(:mod:`r9k.ops.fp8`: ``fp8_block_gemm``). The expert cache (kernels/moe.py) and the all-reduce
-(kernels/allreduce.py) are library code: no serving path calls them.
+(:mod:`r9k.ops.fp8`: ``fp8_block_gemm``). The expert cache (kernels/moe/) and the all-reduce
+(kernels/allreduce/) are library code: no serving path calls them.
 
 A dispatch is named by the r9k kernel it routes to; the provenance line of every process lists the names
 installed there and the families whose install failed, so a server where the plugin is loaded but inactive cannot

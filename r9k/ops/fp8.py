@@ -1,4 +1,4 @@
-"""Dispatch of vLLM's block-scaled fp8 linear op to r9k's activation quant and block GEMM (kernels/fp8.py).
+"""Dispatch of vLLM's block-scaled fp8 linear op to r9k's activation quant and block GEMM (kernels/fp8/).
 
 vLLM 0.32 runs a block-quantised fp8 checkpoint (128x128 weight blocks, dynamic 1x128 activation groups:
 DeepSeek-V3, Qwen3 fp8) through the ``Fp8BlockScaledMMLinearKernel`` it selects per platform

@@ -1,4 +1,4 @@
-"""Dispatch of GDN prefill steps to r9k's kernels (kernels/gdn.py: gdn_conv + gdn_seq), inside vLLM's own layer.
+"""Dispatch of GDN prefill steps to r9k's kernels (kernels/gdn/: gdn_conv + gdn_seq), inside vLLM's own layer.
 
 Where vLLM has a Gated DeltaNet layer, a prefill step runs the chunked core (fla's ``chunk_gated_delta_rule``:
 several Triton kernels and glue per layer, whatever the prompt length) after ``causal_conv1d_fn``. For a step
