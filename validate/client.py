@@ -217,6 +217,10 @@ class OpenAIClient:
                 res.error = f"the server streamed more than max_tokens={max_tokens} tokens"
                 return res
             await self._take_events(res, events, cut)
+            if res.ok and res.output_tokens > max_tokens:
+                # usage is the count of record, but never beyond what was asked for: such a count inflates rates
+                res.ok = False
+                res.error = f"usage says {res.output_tokens} output tokens, more than max_tokens={max_tokens}"
         except asyncio.TimeoutError as e:
             self._timeouts_in_row += 1
             res.error = f"TimeoutError: {e}" if str(e) else "TimeoutError"

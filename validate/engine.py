@@ -456,6 +456,9 @@ class Engine:
             if not server.alive():
                 return f"the server process exited with status {server.proc.returncode if server.proc else '?'}"
             if not await client.health():
+                # a process that is exiting refuses connections a moment before it can be reaped: name the exit
+                if server.proc is not None and await asyncio.to_thread(server.died, 2.0):
+                    return f"the server process exited with status {server.proc.returncode}"
                 return "the server no longer answers GET /health with 200 (its engine is dead)"
             return None
 

@@ -265,3 +265,20 @@ def test_a_second_choice_is_an_error_not_part_of_the_answer():
     OpenAIClient._take_chunk(r, {"choices": [{"index": 0, "text": "4", "token_ids": [9]}]}, 0.1)
     OpenAIClient._take_chunk(r, {"choices": [{"index": 1, "text": " and 5", "token_ids": [7]}]}, 0.2)
     assert r.text == "4" and r.error == "the server sent choice index 1; one choice (index 0) was asked for"
+
+
+def test_usage_beyond_max_tokens_is_not_believed():
+    import httpx
+
+    from validate.client import OpenAIClient
+
+    body = (b'data: {"choices": [{"index": 0, "text": "w", "token_ids": [5], "finish_reason": "length"}]}\n\n'
+            b'data: {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 300}}\n\ndata: [DONE]\n\n')
+
+    async def go():
+        t = httpx.MockTransport(lambda r: httpx.Response(200, content=body))
+        async with OpenAIClient("http://x", "m", transport=t) as c:
+            return await c.completion("hi", max_tokens=4)
+
+    r = asyncio.run(go())
+    assert not r.ok and r.error == "usage says 300 output tokens, more than max_tokens=4"
