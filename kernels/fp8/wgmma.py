@@ -4,7 +4,7 @@ Prefill (``kernels.fp8`` kernel="wgmma", the default there for M > 64 with a pre
 output). Each 128-wide K-block's product is a fresh zero-initialised fp32 wgmma folded into the accumulator
 with the block's scales, ``acc = acc + d * (sa[m, kb] * HALF * sb[n / 128, kb])`` (the per-128 "promotion" to
 CUDA cores of DeepSeek-V3, arXiv:2412.19437 section 3.3.2), the tile kernel's sums in the same order: the
-output is bit-identical to ``fp8_block_gemm(..., config=dict(kernel="tile"))`` (tests/kernels/test_fp8_wgmma.py
+output is bit-identical to ``fp8_block_gemm(..., config=dict(kernel="tile"))`` (tests/kernels/fp8/test_wgmma.py
 on the H200). Three schedules (config key WS), measured on the H200 (2026-12-01; docs/kernels/fp8.md):
 
 * WS=0, :func:`_block_gemm_wgmma_kernel`: one partition issues its own TMA loads and wgmmas. MODE 0 overlaps a

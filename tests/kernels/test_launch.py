@@ -7,7 +7,7 @@ compiled kernel) or through the cached compiled kernel (``compiled[grid](*args)`
   int becoming 1 or a multiple of 16 or leaving int32, a bool for an int, the launch options) goes through the
   JIT again, never through a kernel compiled for other arguments;
 * under the interpreter, or with FAST off, every call goes through the JIT.
-On a GPU, test_gdn.py::test_cached_launch_equals_jit_launch checks that both paths give bit-identical results.
+On a GPU, gdn/test_seq.py::test_cached_launch_equals_jit_launch checks that both paths give bit-identical results.
 """
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 import torch
 
 import kernels._launch as L
+import kernels.moe.cache as moe
+from kernels._launch import launcher
 from tests.kernels.fake_jit import FakeKernel as _Fake
 
 
@@ -90,3 +92,12 @@ def test_wrong_argument_count_is_refused(fast):
     lau = L.Launcher(FakeKernel())
     with pytest.raises(TypeError, match="4 arguments for 5 parameters"):
         lau((1,), (torch.zeros(8), 16, 1.0, False))
+
+
+def test_positional_refuses_unknown_meta():
+    lau = launcher(moe._plan_kernel)
+    meta = dict(E=8, NS=4, K=2, NC=8, BE=16, NSP=16, BT=16, NCP=16, ONE_TILE=True, num_warps=4)
+    args, opts = lau.positional([None] * 15, meta)
+    assert len(args) == len(lau.names) and opts == {"num_warps": 4}
+    with pytest.raises(TypeError):
+        lau.positional([None] * 15, dict(meta, num_ctas=2))

@@ -1,5 +1,5 @@
 """vLLM's own GDN layer code and metadata, set up for a prefill step without a model: the helpers of
-test_gdn_vllm.py (and of the gdn_prefill kernel benchmark, benchmarks/kernels/gdn.py).
+test_vllm_layer.py (and of the gdn_prefill kernel benchmark, benchmarks/kernels/gdn.py).
 
 ``QwenGatedDeltaNetAttention._forward_core`` (vLLM's code, unchanged) runs on a layer object that holds what
 that method reads (the conv weight, A_log, dt_bias, the head counts, the KV cache of conv and recurrent states,

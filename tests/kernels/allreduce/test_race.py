@@ -1,4 +1,4 @@
-"""Unit gates for kernels/allreduce.py: the one-shot all-reduce's protocol under ranks out of step.
+"""Unit gates for kernels/allreduce/: the one-shot all-reduce's protocol under ranks out of step.
 
 The CPU model (one process per rank over shared memory, the grid as a fixed number of blocks that each copy
 their slice and signal per block) runs thousands of calls with message sizes alternating small / large and
@@ -20,7 +20,10 @@ import torch
 
 from kernels.allreduce import RaceResult, race_test
 
+
 WORLD_SIZES = [int(w) for w in os.environ.get("R9K_AR_WORLD_SIZES", "2,4").split(",") if w.strip()]
+
+
 ITERS = int(os.environ.get("R9K_AR_ITERS", "2000"))
 
 
@@ -90,3 +93,23 @@ def test_cuda_race_on_several_gpus(tmp_path):
         assert fixed["wrong_outputs_all_ranks"] == 0 and fixed["mismatched_calls"] == 0
         assert fixed["flag_wait_timeouts"] == 0
         assert follow["wrong_outputs_all_ranks"] > 0, f"the racy grid showed no race (graph={graph})"
+
+
+def test_multigpu_race_refuses_one_gpu(monkeypatch, capsys):
+    from tests.kernels.allreduce import multigpu_race as B
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert B.main(["--world-size", "1"]) == 2
+    assert B.main([]) == 2
+
+
+def test_multigpu_race_refuses_more_ranks_than_gpus(monkeypatch):
+    import torch.multiprocessing as mp
+
+    from tests.kernels.allreduce import multigpu_race as B
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    spawned = []
+    monkeypatch.setattr(mp, "spawn", lambda *a, **k: spawned.append((a, k)))
+    assert B.main(["--world-size", "3"]) == 2
+    assert spawned == []

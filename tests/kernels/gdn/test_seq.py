@@ -1,16 +1,10 @@
-"""Unit gates for kernels/gdn.py: gdn_seq and gdn_conv against their float64 references.
+"""gdn_seq (kernels/gdn/seq.py) against its float64 reference: every kernel variant (the [BV, K] kernel, the
+lookahead, the [KC, BV, K/KC] kernel's plain step and scaled state, the chunked kernel) in fp32 and bf16, varlen
+batches with pad slots and sequences without an initial state, one call against token-by-token calls, a fault
+in one sequence kept out of the others, the GPU's default tile, and the cached launch path against Triton's JIT.
 
-Every test draws fresh random inputs (the seed is printed), poisons the outputs with NaN before the run and
-checks that every element was written, and never runs on zeros.
-
-Error bounds, ||out - ref|| / ||ref|| against float64:
-* fp32 inputs and state: 1e-5. The kernel's arithmetic is fp32 (unit roundoff 6e-8); a few hundred dependent
-  steps of a contracting recurrence stay well under 1e-6, seen ~1e-7.
-* bf16 inputs: the reference reads the same bf16 values, so the only extra error is the final rounding of o to
-  bf16, at most 2^-9 = 1.95e-3 of each element under round-to-nearest: bound 3e-3 for o; the fp32 state keeps
-  1e-5. A bf16 state is rounded once when stored: 3e-3.
-gdn_conv in fp32 must equal ``gdn_conv_ref(dtype=float32)`` bit for bit (same operations in the same order),
-and in bf16 its fp32 result rounded once to bf16.
+Every test draws fresh random inputs (the seed is printed) or seeded ones, poisons the outputs with NaN before
+the run where it checks that every element was written, and never runs on zeros.
 """
 from __future__ import annotations
 
@@ -19,22 +13,13 @@ import os
 import pytest
 import torch
 
-from kernels.gdn import gdn_conv, gdn_conv_ref, gdn_seq, gdn_seq_ref
+import kernels.gdn.seq as G
+from kernels._util import pow2
+from kernels.gdn import gdn_seq, gdn_seq_ref
+from tests.kernels.cases import gdn_fixed_inputs, gdn_gen_inputs, rel
+
 
 BOUND = {torch.float32: 1e-5, torch.bfloat16: 3e-3}
-
-
-def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return ((out - ref).norm() / ref.norm()).item()
-
-
-def randn(gen, shape, device, dtype=torch.float32, scale=1.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
-
-
-def rand(gen, shape, device, dtype=torch.float32):
-    return torch.rand(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
 def seq_shapes(mode: str) -> list[dict]:
@@ -51,6 +36,14 @@ def seq_shapes(mode: str) -> list[dict]:
         dict(H=5, HV=15, K=128, V=128, lens=[33, 1, 77]),
         dict(H=3, HV=9, K=96, V=80, lens=[19, 5]),
     ]
+
+
+def randn(gen, shape, device, dtype=torch.float32, scale=1.0):
+    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+def rand(gen, shape, device, dtype=torch.float32):
+    return torch.rand(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
 
 
 def make_seq_inputs(gen, device, c, dtype, state_dtype=torch.float32, l2norm_in_kernel=True, slots=None):
@@ -169,102 +162,110 @@ def test_seq_null_slots_and_initial_state(mode, device, gen, variant):
     assert torch.equal(state[untouched], before[untouched])
 
 
-@pytest.mark.parametrize("chunk", [16, 32])
-def test_seq_chunked_repeated_keys(mode, device, gen, chunk):
-    """The chunked kernel's triangular inverse on the worst case for it: one key repeated at every token, beta
-    ~ 1 and no decay, so L's entries are all ~1. A Neumann-series inverse (I - L)(I + L^2)(I + L^4)... fails
-    this gate (its terms grow as binomial coefficients and cancel); the block-doubling inverse keeps the fp32
-    bound."""
-    H, HV, K, V, T = 1, 2, 32, 32, 2 * chunk
-    base = randn(gen, (1, 1, H, K), device)
-    k = base.expand(1, T, H, K).clone()
-    q = randn(gen, (1, T, H, K), device)
-    v = randn(gen, (1, T, HV, V), device)
-    g = torch.full((1, T, HV), -1e-4, device=device)
-    beta = torch.full((1, T, HV), 0.999, device=device)
-    state = randn(gen, (1, HV, V, K), device)
-    idx = torch.zeros(1, dtype=torch.int32, device=device)
-    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, state, idx, use_qk_l2norm=True)
-    out = gdn_seq(q, k, v, g, beta, state, idx, use_qk_l2norm=True, chunk=chunk, BV=16, num_warps=8)
-    e_o, e_s = rel(out, o_ref), rel(state, s_ref)
-    print(f"repeated key, chunk {chunk}: rel err o {e_o:.2e} state {e_s:.2e}")
-    assert e_o <= 1e-5 and e_s <= 1e-5
+VARIANT_CASES = [
+    ("kc4_K12", dict(KC=4), dict(K=12)),
+    ("kc16_K12", dict(KC=16), dict(K=12)),          # KC = padded K: one K element per chunk
+    ("kc1", dict(KC=1), dict()),
+    ("kc2_V3_BV8", dict(KC=2, BV=8), dict(V=3)),
+    ("kc2_V5_BV4", dict(KC=2, BV=4), dict(V=5)),
+    ("kc2_U3", dict(KC=2, U=3), dict(lens=(5, 7))),
+    ("kc2_groups", dict(KC=2), dict(H=2, HV=4)),
+    ("kc2_empty", dict(KC=2), dict(lens=(0, 0, 4))),
+    ("la_K12", dict(lookahead=True), dict(K=12)),
+    ("la_V5_BV4", dict(lookahead=True, BV=4), dict(V=5)),
+    ("la_U1", dict(lookahead=True, U=1), dict(lens=(5,))),
+    ("la_U3", dict(lookahead=True, U=3), dict(lens=(5, 1))),
+    ("la_empty", dict(lookahead=True), dict(lens=(0, 4, 0))),
+]
 
 
-def test_seq_chunk_arguments(device):
-    """Bad chunked-kernel arguments are refused with a message naming the argument (on the CPU and the GPU)."""
-    q = torch.zeros(1, 4, 1, 16, device=device)
-    v = torch.zeros(1, 4, 1, 16, device=device)
-    g = torch.zeros(1, 4, 1, device=device)
-    st = torch.zeros(1, 1, 16, 16, device=device)
-    idx = torch.zeros(1, dtype=torch.int32, device=device)
-    for kw, msg in ((dict(chunk=8), "must be 16 or 32"), (dict(chunk=24), "must be 16 or 32"),
-                    (dict(chunk=64), "must be 16 or 32"),
-                    (dict(chunk=True), "non-negative int"), (dict(chunk=16, BV=8), "BV >= 16"),
-                    (dict(chunk=16, KC=4), "not combined"), (dict(chunk=16, lookahead=True), "not combined"),
-                    (dict(chunk=16, chunk_precision="tf32"), "chunk_precision"),
-                    (dict(chunk=16, num_stages=-1), "num_stages")):
-        with pytest.raises(ValueError, match=msg):
-            gdn_seq(q, q, v, g, g, st, idx, **kw)
-
-
-# ---- gdn_conv ----------------------------------------------------------------------------------------------
-def conv_case(mode):
-    if mode == "interp":
-        return dict(dim=160, lens=[1, 2, 9, 0, 40, 3, 0], BD=128)  # index 6: empty, live slot
-    return dict(dim=8192, lens=[1, 2, 45, 128, 0, 256, 3, 77], BD=128)  # index 4: empty, live slot
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("act", ["silu", None], ids=["silu", "noact"])
-@pytest.mark.parametrize("layout", ["channel_last", "contiguous"])
-@pytest.mark.parametrize("state_len", [3, 5], ids=["state3", "state5"])
-def test_conv_exact(mode, device, gen, dtype, act, layout, state_len):
-    c = conv_case(mode)
-    dim, lens, W = c["dim"], c["lens"], 4
-    T, N = sum(lens), len(lens)
-    if layout == "channel_last":  # vLLM: the transpose of a [tokens, dim] tensor
-        x = randn(gen, (T, dim), device, dtype).t()
-    else:
-        x = randn(gen, (dim, T), device, dtype)
-    w = randn(gen, (dim, W), device, dtype, scale=0.5)
-    b = randn(gen, (dim,), device, dtype, scale=0.1)
-    slots = N + 4
-    cs = randn(gen, (slots, dim, state_len), device, dtype)
-    idx = torch.randperm(slots - 1, generator=gen)[:N].add(1).to(device=device, dtype=torch.int32)
-    idx[3] = -1                                       # pad slot (also an empty sequence)
-    idx[0] = 0                                        # vLLM's null block 0
-    has_init = (torch.rand(N, generator=gen) < 0.7).to(device)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
-    ref32, ref_states = gdn_conv_ref(x, w, b, cs, cu, idx, has_init, act, null_block_id=0, dtype=torch.float32)
-    ref64, _ = gdn_conv_ref(x, w, b, cs, cu, idx, has_init, act, null_block_id=0)
-    states = cs.clone()
-    out = torch.full_like(x, float("nan"))
-    gdn_conv(x, w, b, states, cu, idx, has_init, act, null_block_id=0, out=out, BD=c["BD"])
+@pytest.mark.parametrize("name,kw,shape", VARIANT_CASES, ids=[c[0] for c in VARIANT_CASES])
+def test_variant_edges_match_reference(mode, device, gen, name, kw, shape):
+    q, k, v, g, b, state, idx, cu = gdn_gen_inputs(gen, device, **shape)
+    idx_pad = idx.clone()
+    has_init = torch.ones(len(idx), dtype=torch.bool, device=device)
+    if len(idx) > 1:
+        idx_pad[-1] = -1                      # a pad slot: untouched, zero outputs
+        has_init[0] = False                   # a sequence (maybe empty) starting from zero
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, b, state, idx_pad, cu, use_qk_l2norm=True, has_initial_state=has_init)
+    st = state.clone()
+    out = torch.full_like(v, float("nan"))
+    gdn_seq(q, k, v, g, b, st, idx_pad, cu_seqlens=cu, use_qk_l2norm=True, has_initial_state=has_init, out=out,
+            **kw)
     assert torch.isfinite(out).all(), "an output element was not written"
-    assert torch.equal(out, ref32.to(dtype)), f"max diff {(out.float() - ref32).abs().max().item()}"
-    assert torch.equal(states, ref_states), "conv state differs (new columns, extra columns or other slots)"
-    live = torch.ones(T, dtype=torch.bool)
-    assert rel(out[:, live], ref64[:, live]) <= BOUND[dtype]
-    bos = int(cu[0])
-    assert (out[:, bos:bos + lens[0]] == 0).all()  # the null-block sequence
+    assert (out.double() - o_ref).abs().max() < 1e-5
+    assert (st.double() - s_ref).abs().max() < 1e-5
 
 
-def test_conv_split_calls_equal_one_call(mode, device, gen):
-    """Prefill in two pieces (state carried through conv_states) equals one call: the carried state is right."""
-    dim, W = (64, 4) if mode == "interp" else (8192, 4)
-    L1, L2 = (2, 11) if mode == "interp" else (2, 200)
-    x = randn(gen, (L1 + L2, dim), device).t()
-    w, b = randn(gen, (dim, W), device), randn(gen, (dim,), device)
-    cs0 = randn(gen, (2, dim, W - 1), device)
-    one, two = cs0.clone(), cs0.clone()
+CHUNKS = pytest.mark.parametrize("chunk", [0, 16, 32], ids=["token", "chunk16", "chunk32"])
+
+
+@CHUNKS
+def test_non_finite_input_does_not_leak_into_other_sequences_or_slots(mode, device, chunk):
+    """A NaN in one sequence's key: that sequence's later outputs and its own slot go NaN (as in the reference);
+    every other sequence's outputs and every other slot are bit-identical to the clean run."""
+    q, k, v, g, beta, st = gdn_fixed_inputs(seed=5, T=40, slots=5, device=device)
+    cu = torch.tensor([0, 12, 30, 40], dtype=torch.int32, device=device)
+    idx = torch.tensor([3, 0, 1], dtype=torch.int32, device=device)
+    s_clean, s_bad = st.clone(), st.clone()
+    o_clean = gdn_seq(q, k, v, g, beta, s_clean, idx, cu_seqlens=cu, use_qk_l2norm=True, chunk=chunk)
+    kb = k.clone()
+    kb[0, 20, 0, 3] = float("nan")                          # sequence 1 (slot 0), token 8 of 18
+    o_bad = gdn_seq(q, kb, v, g, beta, s_bad, idx, cu_seqlens=cu, use_qk_l2norm=True, chunk=chunk)
+    assert torch.equal(o_bad[:, :12], o_clean[:, :12]) and torch.equal(o_bad[:, 30:], o_clean[:, 30:])
+    assert torch.isnan(o_bad[:, 20:30]).all(-1).all(-1).all()
+    assert torch.isnan(s_bad[0]).any()
+    for slot in (1, 2, 3, 4):
+        assert torch.equal(s_bad[slot], s_clean[slot]), slot
+
+
+FP32_BOUND = 1e-5  # the project's fp32 bound against float64 (tests/kernels/gdn/test_seq.py)
+
+
+@pytest.mark.parametrize("case", ["g=-3000", "g=-inf", "nan_k"])
+def test_token_path_handles_what_the_chunked_kernel_does_not(mode, device, case):
+    """The controls of the three chunked cases above: the token-by-token path (chunk=0) on the same inputs stays
+    at the fp32 bound for a large gate, finite for g = -inf, and causal for a NaN key."""
+    q, k, v, g, beta, st = gdn_fixed_inputs(seed=0, T=32, device=device)
+    if case == "g=-3000":
+        g[:, 2] = -3000.0
+    elif case == "g=-inf":
+        g[:, 3] = float("-inf")
+    else:
+        k[0, 12, 0, 0] = float("nan")
     idx = torch.tensor([1], dtype=torch.int32, device=device)
-    init = torch.tensor([True], device=device)
-    y1 = gdn_conv(x, w, b, one, torch.tensor([0, L1 + L2], dtype=torch.int32, device=device), idx, init)
-    ya = gdn_conv(x[:, :L1], w, b, two, torch.tensor([0, L1], dtype=torch.int32, device=device), idx, init)
-    yb = gdn_conv(x[:, L1:], w, b, two, torch.tensor([0, L2], dtype=torch.int32, device=device), idx, init)
-    assert torch.equal(torch.cat([ya, yb], 1), y1)
-    assert torch.equal(one, two)
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, use_qk_l2norm=True)
+    out = gdn_seq(q, k, v, g, beta, st, idx, use_qk_l2norm=True, chunk=0)
+    n = 12 if case == "nan_k" else 32
+    assert torch.isfinite(out[:, :n]).all() and rel(out[:, :n], o_ref[:, :n]) <= FP32_BOUND
+    if case != "nan_k":
+        assert rel(st, s_ref) <= FP32_BOUND
+
+
+def test_gpu_default_config_is_exact_on_small_heads(mode, device, monkeypatch):
+    """The GPU default ([KC, BV, K/KC] kernel at G.GPU_SEQ_CONFIG, KC capped at the padded K) run under the
+    interpreter on K < KC, odd K and V, T not a multiple of U."""
+    bv, w, u, kc = G.GPU_SEQ_CONFIG
+    monkeypatch.setattr(G, "_default_seq_config", lambda V: (min(bv, pow2(V)), w, u, kc))
+    for K, V, T in ((1, 1, 5), (3, 5, 9), (24, 40, 3)):
+        q, k, v, g, beta, st = gdn_fixed_inputs(seed=6, T=T, K=K, V=V, device=device)
+        idx = torch.tensor([2], dtype=torch.int32, device=device)
+        o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, use_qk_l2norm=True)
+        out = gdn_seq(q, k, v, g, beta, st, idx, use_qk_l2norm=True)
+        assert rel(out, o_ref) <= FP32_BOUND and rel(st, s_ref) <= FP32_BOUND, (K, V, T)
+
+
+def test_reference_on_an_empty_fixed_length_batch():
+    """gdn_seq handles B sequences of T = 0 tokens (returns an empty o; a sequence without an initial state gets
+    a zero state); gdn_seq_ref raised RuntimeError("step must be nonzero") from torch.arange(0, (B+1)*T, T)
+    in _cu_seqlens."""
+    q, k, v, g, beta, st = gdn_fixed_inputs(T=0, B=2)
+    idx = torch.tensor([0, 1], dtype=torch.int32)
+    hi = torch.tensor([True, False])
+    o_ref, s_ref = gdn_seq_ref(q, k, v, g, beta, st, idx, has_initial_state=hi)
+    s = st.clone()
+    out = gdn_seq(q, k, v, g, beta, s, idx, has_initial_state=hi)
+    assert o_ref.shape == out.shape and torch.equal(s_ref.float(), s)
 
 
 @pytest.mark.gpu

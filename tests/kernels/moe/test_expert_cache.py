@@ -1,24 +1,17 @@
-"""Unit gates for kernels/moe.py: the expert cache under a random routing trace whose batch shape changes every
-step, and the fused top-k weighted sum with the sigmoid-gated shared expert.
-
-The cache must be bit-identical to reading every expert from the host backing store (the same compute on the
-same token chunks, weights gathered by slot vs by expert id), keep its counters consistent, and own one buffer
-set per layer: after warm-up the set of device tensors (count, bytes, data pointers) never changes, and on CUDA
-the allocated memory returns to the same level after every step.
-
-moe_topk_sum: the interpreter runs the reference's fp32 operations in the same order (bit-identical to
-moe_topk_sum_ref in fp32; bf16 output: the same rounding); against float64, fp32 accumulation of k + 1 terms
-bounds the error at ~(k + 1) 2^-24 relative (1e-6), plus the output rounding: 2^-9 per element for bf16.
-With a gate the exp of numpy (interpreter) and torch may differ by an ulp;
-on the GPU the compiler may fuse multiply-adds and exp differs by an ulp, so the bound, not identity, is checked.
-"""
+"""ExpertCache (kernels/moe/cache.py) under random routing traces whose batch shape changes every step: bit-identical
+to reading every expert from the host backing store (the same compute on the slots' copies), one buffer set
+whatever the batch shape, the LRU order and the insert threshold; the device path (plan kernel + gather-copy
+kernel, the step index on the device) against the host path after every step (slot ids, chunks, slot bytes,
+stamps, counters) at edge settings, with host steps on the device state in between, mixed-dtype weight tensors,
+strided and invalid ids, the step index near its bound; on a GPU without a host sync and replayed from a CUDA
+graph."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import kernels.moe.cache as moe
-from kernels.moe import ExpertCache, moe_topk_sum, moe_topk_sum_ref
+from kernels.moe import ExpertCache
 
 
 def expert_ffn(x, w13, w2):
@@ -206,25 +199,129 @@ def test_cache_device_path_layouts(mode, device, gen):
         ref.prepare(bad)
 
 
-@pytest.mark.gpu
-def test_cache_device_path_does_not_sync(mode, device, gen):
-    """On CUDA the device path issues no synchronising torch call (sync debug mode 'error' raises on one)."""
-    if mode != "gpu":
-        pytest.skip("CUDA only")
-    E, k = 64, 8
-    cache = ExpertCache([torch.randn(E, 1024, generator=gen)], n_slots=16, max_tokens=16, top_k=k,
-                        device="cuda", stage_slots=E)
-    assert cache.device_plan
-    steps = [torch.randint(0, E, (T, k), generator=gen).cuda() for T in (1, 2, 16, 1, 5)]
-    cache.prepare(steps[0])  # compiles the plan kernel
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for ids in steps:
-            cache.prepare(ids)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert cache.stats.steps == 1 + len(steps)
+def _steps(gen, E, k, max_tokens, n):
+    """A trace with empty steps, single tokens, full batches, repeated experts and a hot set."""
+    out = []
+    for s in range(n):
+        T = [0, 1, max_tokens, 2][s % 4] if s % 3 else int(torch.randint(0, max_tokens + 1, (1,), generator=gen))
+        logits = torch.randn(T, E, generator=gen)
+        logits[:, (torch.arange(3) + s // 4) % E] += 3.0
+        out.append(torch.topk(logits, k, dim=-1).indices)
+    return out
+
+
+@pytest.mark.parametrize("E,n_slots,k,thresh,stage", [
+    (8, 8, 2, 1.0, 8),      # n_slots == E, every step inserts
+    (8, 8, 2, 0.99, 8),     # n_slots == E, a step with all E distinct goes over the threshold
+    (10, 4, 2, 0.0, 10),    # thresh 0: nothing is ever inserted, everything reads through
+    (10, 4, 3, 1.0, 3),     # stage_slots == k: most steps take the host path on the device state
+    (12, 1, 1, 1.0, 12),    # one slot, top-1
+], ids=["ns_eq_E_1.0", "ns_eq_E_0.99", "thresh0", "stage_eq_k", "one_slot"])
+def test_device_path_equals_host_path_at_edges(mode, device, gen, E, n_slots, k, thresh, stage):
+    max_tokens = 4
+    w = torch.randn(E, 3, 8, generator=gen)
+    kw = dict(n_slots=n_slots, max_tokens=max_tokens, top_k=k, device=device, insert_thresh=thresh,
+              stage_slots=stage)
+    dev = ExpertCache([w], device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)
+    for step, ids in enumerate(_steps(gen, E, k, max_tokens, 24)):
+        # int32 ids given as a non-contiguous view every other step
+        ids_in = ids.to(torch.int32).t().contiguous().t() if step % 2 else ids
+        ids_in = ids_in.to(device)
+        pd, pr = dev.prepare(ids_in), ref.prepare(ids_in)
+        assert pd.chunks == pr.chunks, step
+        for c, (t0, t1) in enumerate(pd.chunks):
+            sd = dev.stage(pd, c) if len(pd.chunks) > 1 else pd.slot_ids
+            sr = ref.stage(pr, c) if len(pr.chunks) > 1 else pr.slot_ids
+            assert torch.equal(sd.cpu(), sr.cpu()), (step, c)
+            assert torch.equal(dev.weights[0][sd.reshape(-1).long()].cpu(), w[ids[t0:t1].reshape(-1)]), (step, c)
+        if step % 3 == 0:  # stats and resident() read between steps must not disturb the state
+            assert dev.stats == ref.stats, step
+            assert dev.resident() == ref.resident(), step
+    assert dev.stats == ref.stats and dev.resident() == ref.resident()
+    if thresh == 0.0:
+        assert dev.stats.inserts == 0 and dev.resident() == {}
+    dev.reset_stats()
+    ref.reset_stats()
+    assert dev.stats == ref.stats == moe.CacheStats()
+
+
+def _mixed_trace(gen, steps, E, k, sizes):
+    out = []
+    for s in range(steps):
+        T = sizes[s % len(sizes)]
+        hi = 4 if s % 7 == 3 else E                      # some steps all hits on a small hot set
+        out.append(torch.randint(0, hi, (T, k), generator=gen))
+    return out
+
+
+def test_device_and_host_caches_agree_step_by_step_incl_stamps(mode, device, gen):
+    """device_plan=True (device steps for T*k <= stage_slots, host steps on the pulled state otherwise, T = 0
+    steps included) against device_plan=False fed the same trace: after every step the same slot ids, chunks,
+    slot bytes, step index and LRU stamps; resident() and stats read in between (every 3rd step); reset_stats()
+    on both mid-trace."""
+    E, k = 16, 2
+    w = torch.randn(E, 8, generator=gen)
+    kw = dict(n_slots=5, max_tokens=6, top_k=k, device=device, insert_thresh=0.8, stage_slots=3)
+    dev = ExpertCache([w], device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)
+    host = dev.host[0]
+    for s, ids in enumerate(_mixed_trace(gen, 48, E, k, [1, 0, 3, 1, 6, 2])):
+        ids_d = ids.to(device)
+        pd, pr = dev.prepare(ids_d), ref.prepare(ids_d)
+        assert pd.device == (ids.shape[0] * k <= 3) and pd.chunks == pr.chunks, s
+        for c, (t0, t1) in enumerate(pd.chunks):
+            sd = dev.stage(pd, c) if len(pd.chunks) > 1 else pd.slot_ids
+            sr = ref.stage(pr, c) if len(pr.chunks) > 1 else pr.slot_ids
+            assert torch.equal(sd, sr), (s, c)
+            assert torch.equal(dev.weights[0][sd.reshape(-1).long()].cpu(), host[ids[t0:t1].reshape(-1)]), (s, c)
+        assert int(dev._step_d.item()) == ref._step == s + 1, s
+        assert dev._last_used_d.cpu().tolist() == ref._last_used, s
+        if s % 3 == 0:
+            assert dev.resident() == ref.resident() and dev.stats == ref.stats, s
+        if s == 24:
+            dev.reset_stats()
+            ref.reset_stats()
+            assert dev.stats == ref.stats == moe.CacheStats()
+    assert dev.path_steps["device"] > 0 and dev.path_steps["host"] > 0
+    st = dev.stats
+    assert st == ref.stats and st.steps == 23 and st.inserts > 0 and st.hits > 0
+
+
+def test_invalid_ids_on_a_host_step_of_a_device_cache_leave_the_state(mode, device):
+    """A device-plan cache whose step takes the host path (misses over the staging slots) with an invalid id
+    raises, and the device state (read back before, written back after) is unchanged."""
+    w = torch.randn(10, 4)
+    c = ExpertCache([w], n_slots=4, max_tokens=4, top_k=2, device=device, insert_thresh=1.0, stage_slots=2,
+                    device_plan=True)
+    c.prepare(torch.tensor([[1, 2]], device=device))
+    before, st = c.resident(), c.stats
+    with pytest.raises(ValueError):
+        c.prepare(torch.tensor([[0, 1], [2, 10]], device=device))
+    assert c.resident() == before and c.stats == st
+
+
+@pytest.mark.parametrize("device_plan", [True, False], ids=["device", "host"])
+def test_non_integer_ids_are_refused(mode, device, device_plan):
+    c = ExpertCache([torch.randn(8, 4)], n_slots=4, max_tokens=2, top_k=2, device=device, device_plan=device_plan)
+    with pytest.raises(ValueError):
+        c.prepare(torch.tensor([[1.7, 2.2]], device=device))
+    with pytest.raises(ValueError):
+        c.prepare(torch.tensor([[True, False]], device=device))
+
+
+def test_stage_on_a_ready_one_chunk_host_plan(mode, device):
+    """stage(plan, 0) on a one-chunk plan: a device plan returned its slot ids ("A device plan is ready
+    already"), but a host plan raised TypeError ('NoneType' object is not subscriptable: prepare() had staged
+    it and dropped _topk), so a caller that stages every chunk of every plan crashed on the host path."""
+    E, k = 8, 2
+    w = torch.randn(E, 4)
+    cache = ExpertCache([w], n_slots=4, max_tokens=4, top_k=k, device=device, device_plan=False)
+    ids = torch.tensor([[0, 1], [2, 3]], device=device)
+    plan = cache.prepare(ids)
+    assert len(plan.chunks) == 1
+    got = cache.stage(plan, 0)
+    assert torch.equal(got, plan.slot_ids)
 
 
 def test_cache_step_index_on_device(mode, device, gen):
@@ -246,6 +343,61 @@ def test_cache_step_index_on_device(mode, device, gen):
     assert cache.path_steps == {"device": 5, "host": 1} and int(cache._step_d.item()) == 6
     cache.prepare(torch.tensor([[0, 1]], device=device))
     assert int(cache._step_d.item()) == 7 and max(cache._last_used_d.cpu().tolist()) == 6
+
+
+def test_step_index_bound_near_2_31(mode, device):
+    """The eager bound on the device LRU stamp: with the step index moved to 2**31 - 5 (both caches, stamps
+    shifted alike) the device path keeps agreeing with the host path up to the last allowed stamp
+    (2**31 - 3), then raises OverflowError with the state untouched; a host-path step still runs after it."""
+    E, k = 16, 2
+    w = torch.arange(E * 4, dtype=torch.float32).reshape(E, 4)
+    kw = dict(n_slots=4, max_tokens=4, top_k=k, device=device, insert_thresh=1.0, stage_slots=4)
+    dev = ExpertCache([w], device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)
+    for ids in ([[0, 1]], [[2, 3]], [[4, 0]]):
+        dev.prepare(torch.tensor(ids, device=device))
+        ref.prepare(torch.tensor(ids))
+    base = moe._MAX_STEP - 3
+    off = base - ref._step
+    ref._step = base
+    ref._last_used = [x + off if x >= 0 else x for x in ref._last_used]
+    dev._step = base
+    dev._step_d.fill_(base)
+    dev._last_used_d.copy_(torch.tensor(ref._last_used))
+    for ids in ([[5, 6]], [[1, 7]], [[8, 9]]):
+        pd, pr = dev.prepare(torch.tensor(ids, device=device)), ref.prepare(torch.tensor(ids))
+        assert torch.equal(pd.slot_ids.cpu(), pr.slot_ids.cpu()) and dev.resident() == ref.resident()
+        assert dev._last_used_d.cpu().tolist() == ref._last_used
+    assert int(dev._step_d.item()) == moe._MAX_STEP and max(ref._last_used) == moe._MAX_STEP - 1
+    res0, lu0, step0, st0 = dev.resident(), dev._last_used_d.clone(), int(dev._step_d.item()), dev.stats
+    with pytest.raises(OverflowError):
+        dev.prepare(torch.tensor([[2, 10]], device=device))
+    assert (res0, step0, st0) == (dev.resident(), int(dev._step_d.item()), dev.stats)
+    assert torch.equal(lu0, dev._last_used_d)
+    big = torch.tensor([[11, 12], [13, 14], [15, 0]])             # 6 ids > stage_slots: the host path
+    pd, pr = dev.prepare(big.to(device)), ref.prepare(big)
+    assert not pd.device and dev.resident() == ref.resident()
+
+
+@pytest.mark.gpu
+def test_cache_device_path_does_not_sync(mode, device, gen):
+    """On CUDA the device path issues no synchronising torch call (sync debug mode 'error' raises on one)."""
+    if mode != "gpu":
+        pytest.skip("CUDA only")
+    E, k = 64, 8
+    cache = ExpertCache([torch.randn(E, 1024, generator=gen)], n_slots=16, max_tokens=16, top_k=k,
+                        device="cuda", stage_slots=E)
+    assert cache.device_plan
+    steps = [torch.randint(0, E, (T, k), generator=gen).cuda() for T in (1, 2, 16, 1, 5)]
+    cache.prepare(steps[0])  # compiles the plan kernel
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for ids in steps:
+            cache.prepare(ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert cache.stats.steps == 1 + len(steps)
 
 
 @pytest.mark.gpu
@@ -281,25 +433,3 @@ def test_cache_device_path_in_a_cuda_graph(mode, device, gen):
         assert torch.equal(dev.weights[0][pd.slot_ids.reshape(-1).long()].cpu(), host[ids.reshape(-1)]), i
     st = dev.stats
     assert st == ref.stats and st.steps == len(steps) and st.inserts > 0 and st.hits > 0
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("shared", ["gated", "none"])
-def test_topk_sum(mode, device, gen, dtype, shared):
-    shapes = [(5, 4, 48), (1, 1, 16), (0, 2, 8)] if mode == "interp" else [(4096, 8, 2048), (3, 10, 7168)]
-    for T, k, H in shapes:
-        y = torch.randn(T, k, H, generator=gen).to(device=device, dtype=dtype)
-        w = torch.rand(T, k, generator=gen).to(device)
-        sh = torch.randn(T, H, generator=gen).to(device=device, dtype=dtype) if shared == "gated" else None
-        g = torch.randn(T, 1, generator=gen).to(device) * 3 if shared == "gated" else None
-        out = torch.full((T, H), float("nan"), device=device, dtype=dtype)
-        moe_topk_sum(y, w, sh, g, out=out)
-        if T == 0:
-            continue
-        assert not torch.isnan(out).any()
-        ref64 = moe_topk_sum_ref(y.double(), w.double(), None if sh is None else sh.double(),
-                                 None if g is None else g.double().view(-1), torch.float64)
-        e = ((out.double() - ref64).norm() / ref64.norm()).item()
-        assert e < (1e-6 if dtype == torch.float32 else 4e-3), e
-        if mode == "interp" and g is None:  # with a gate, numpy's and torch's fp32 exp may differ by an ulp
-            assert torch.equal(out, moe_topk_sum_ref(y, w, sh, None if g is None else g.view(-1)))

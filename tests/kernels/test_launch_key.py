@@ -1,9 +1,10 @@
-"""Review of kernels/_launch.py (Launcher): can the specialisation key map two argument sets that Triton
-compiles differently to one cached CompiledKernel?
+"""kernels/_launch.py's specialisation key (Launcher.key) against Triton's own: two argument sets that Triton
+compiles differently never map to one cached CompiledKernel.
 
 The property checked against Triton itself (no GPU needed): for two values that get the same Launcher key,
 Triton's own specialisation (``native_specialize_impl``, what the JIT keys its cache on) must be the same.
-Written in review; the defects it found (u64 ints, typed constexprs, the device, callable grids) are fixed.
+Regressions kept here: u64 ints, constexprs of other types with equal values, another current device, callable
+grids (each once merged or accepted).
 """
 from __future__ import annotations
 

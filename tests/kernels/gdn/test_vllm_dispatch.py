@@ -3,7 +3,7 @@ signatures of vLLM's real ones (read from the installed vLLM with inspect.signat
 
 Under TRITON_INTERPRET=1 (set by conftest.py where there is no GPU) the dispatch routes CPU tensors, so the
 routed calls really run gdn_seq / gdn_conv through the interpreter and are checked against the references.
-vLLM's own layer code runs in test_gdn_vllm.py.
+vLLM's own layer code runs in test_vllm_layer.py.
 """
 from __future__ import annotations
 

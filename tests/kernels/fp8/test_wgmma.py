@@ -1,16 +1,9 @@
-"""Gates of the Gluon fp8 kernels (kernels/fp8_wgmma.py, sessions 6 and 7), which run on a Hopper GPU only (Gluon
-has no CPU interpreter; on the CPU these tests check that an explicit request is refused with the reason, the
-config checks and the default table):
-
-* kernel="wgmma" (prefill): the tile kernel's per-K-block sums and scale-FMAs in the same order, its wgmma
-  waits moved so that a block's scale-FMA overlaps the next block's MMA; it must equal the tile kernel bit for
-  bit, persistent loop turning (fewer programs than tiles), odd shapes, fnuz operands;
-* kernel="wgmma_small_m" (decode): swap-AB split-K with num_stages K-blocks in flight, the last-arriving
-  split summing the partials in split order (exactly the in-order fp32 sum of one-split runs), and the kernel
-  without split-K (SWAP_AB=False); within the GEMM's bound of the float64 product, bit-identical from call to
-  call (deterministic reduce) and its counters reset (a second call after a different split); UNROLL 2 / 4
-  bit-identical to UNROLL 1.
-"""
+"""The Gluon fp8 kernels (kernels/fp8/wgmma.py), which run on a Hopper GPU only (Gluon has no CPU interpreter):
+on the GPU the prefill kernels bit-identical to the tile kernel, the decode kernels within the bound and
+deterministic, UNROLL and the split-K reduce giving the same fp32 bits as one block and one split at a time, long
+K, fnuz and fp32 outputs, CUDA-graph capture; on the CPU, that an explicit request is refused with the reason,
+the config checks (stages, registers, WS / MODE / ROTATE / UNROLL types, missing scales), the Triton versions
+Gluon is built for, ROCm excluded, and the default table."""
 from __future__ import annotations
 
 import re
@@ -19,23 +12,15 @@ import pytest
 import torch
 
 import kernels.fp8.gemm as F
+import kernels.fp8.wgmma as W
 from kernels.fp8 import fp8_block_gemm, fp8_block_gemm_qa, fp8_block_gemm_ref
 from kernels.fp8.wgmma import gluon_problem, gluon_supported
+from tests.kernels.cases import fp8_operands
 from tests.kernels.cases import fp8_operands as operands
-
-BOUND = 4e-3  # bf16 output against float64, as tests/kernels/test_fp8.py
-
-
-def rel(out, ref):
-    out, ref = out.double().cpu(), ref.double().cpu()
-    return ((out - ref).norm() / ref.norm()).item()
+from tests.kernels.cases import rel
 
 
-def poison(M, N, device):
-    """NaN into the caching allocator's free blocks of an [M, N] bf16 output and an fp32 workspace, so that an
-    output the kernel did not write (or a partial it did not sum) cannot pass as an earlier call's result."""
-    for shape, dt in (((M, N), torch.bfloat16), ((64, M, N), torch.float32)):
-        torch.full(shape, float("nan"), dtype=dt, device=device)
+BOUND = 4e-3  # bf16 output against float64, as tests/kernels/fp8/test_block_gemm.py
 
 
 def need_hopper(device):
@@ -67,6 +52,13 @@ def test_wgmma_bit_identical_to_tile_kernel(mode, device, fmts):
             assert rel(c_tile, ref) < BOUND
 
 
+def poison(M, N, device):
+    """NaN into the caching allocator's free blocks of an [M, N] bf16 output and an fp32 workspace, so that an
+    output the kernel did not write (or a partial it did not sum) cannot pass as an earlier call's result."""
+    for shape, dt in (((M, N), torch.bfloat16), ((64, M, N), torch.float32)):
+        torch.full(shape, float("nan"), dtype=dt, device=device)
+
+
 @pytest.mark.parametrize("M", [1, 5, 16, 32, 64])
 def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
     if mode == "interp":
@@ -91,8 +83,8 @@ def test_wgmma_small_m_within_bound_and_deterministic(mode, device, M):
 
 def test_unroll_gives_the_same_bits(mode, device):
     """UNROLL 2 / 4 (K-blocks' wgmmas issued back to back into their own accumulators, folded in order) equal
-    UNROLL 1 bit for bit in fp32 (a bf16 output would hide a fold in another order: a fault-injection review
-    found 0-1 of 16384 bf16 elements differing where 11840 fp32 ones did), in both decode kernels. The K-blocks
+    UNROLL 1 bit for bit in fp32 (a bf16 output would hide a fold in another order: 0-1 of 16384 bf16
+    elements differed where 11840 fp32 ones did), in both decode kernels. The K-blocks
     of a program are not a multiple of UNROLL (7, 11, 5 + 6...: tails of 1 to 3 blocks), the ring is as deep
     as UNROLL (2 stages) or shallower (3 stages: UNROLL 4 runs as 2), and ROTATE is on in one case."""
     if mode == "interp":
@@ -113,7 +105,7 @@ def test_unroll_gives_the_same_bits(mode, device):
 
 @pytest.mark.parametrize("M", [17, 32, 33, 64])
 def test_decode_defaults_within_bound(mode, device, M):
-    """The shape's own default (config=None) at M 17-64, N = K = 4096: since session 7 the split kernel with a
+    """The shape's own default (config=None) at M 17-64, N = K = 4096: the split kernel with a
     32-token tile (M 17-32) and the kernel without split-K at BN 64 with UNROLL 4 (M 33-64); within the bound
     of the float64 product and the same bits from call to call."""
     if mode == "interp":
@@ -165,7 +157,7 @@ def test_wgmma_small_m_fnuz_and_fp32_out(mode, device):
 def test_wgmma_small_m_long_k(mode, device):
     """K = 53248 (a 405B down projection): the decode kernels stage every K-block's scales of a program; the
     split kernel now splits K so that they stay within SCALES_MAX and the stages plus scales fit shared memory
-    (OutOfResources before, fault-injection review), and the kernel without split-K refuses K > 16384."""
+    (OutOfResources before that fix), and the kernel without split-K refuses K > 16384."""
     if mode == "interp":
         pytest.skip("Gluon has no interpreter")
     need_hopper(device)
@@ -183,7 +175,7 @@ def test_wgmma_small_m_long_k(mode, device):
 
 def test_default_with_a_one_byte_or_fp32_output(mode, device):
     """The default at M > 64 with an fp8 or fp32 output is not the Gluon prefill kernel (it stores bf16 /
-    fp16 by TMA; an fp8 output raised ValueError there before the fault-injection review's fix)."""
+    fp16 by TMA; an fp8 output raised ValueError there before that was fixed)."""
     if mode == "interp":
         pytest.skip("GPU defaults")
     M, N, K = 256, 512, 1024
@@ -278,6 +270,65 @@ def test_wgmma_config_checks_on_any_device():
     F._check_config(dict(F.WGMMA_DEFAULT, WS=1, MODE=2))
 
 
+def test_wgmma_num_stages_is_bounded():
+    """WS=1 / 2 pass num_stages to STAGES uncapped (only WS=0 is capped at K/128): a static_range of that length
+    and [STAGES, 128, 128] buffers. 10**9 passes _check_config (compile hang / OutOfResources on the GPU)."""
+    with pytest.raises(ValueError, match="num_stages"):
+        F._check_config(dict(F.WGMMA_DEFAULT, num_stages=10**9))
+
+
+@pytest.mark.parametrize("regs", [24, 128, 216])
+def test_consumer_regs_leave_a_valid_budget_for_the_default_partition(regs):
+    """WS=2 runs at maxnreg 168 with 3 warpgroups (default consumer, worker consumer, producer padded to a
+    warpgroup at 24): Triton's AllocateWarpGroups gives the default partition 168 + (168 - regs) + (168 - 24)
+    = 480 - regs, which must be <= 256 (setmaxnreg's range): regs >= 224. _check_config allowed [24, 256]."""
+    assert 480 - regs > 256
+    with pytest.raises(ValueError, match="CONSUMER_REGS"):
+        F._check_config(dict(F.WGMMA_DEFAULT, CONSUMER_REGS=regs))
+
+
+@pytest.mark.parametrize("bad", [dict(WS=2.0), dict(WS=1.0, MODE=2.0), dict(WS=True), dict(MODE=False, WS=0)])
+def test_ws_and_mode_must_be_ints(bad):
+    """num_stages / PROGRAMS / GROUP_M reject floats and bools; WS and MODE accept 2.0, True, False."""
+    with pytest.raises((ValueError, TypeError), match="WS|MODE"):
+        F._check_config(dict(F.WGMMA_DEFAULT, BM=128, num_warps=8, **bad))
+
+
+@pytest.mark.parametrize("rot", ["no", "False", -1, 2.5])
+def test_rotate_must_be_a_bool(rot):
+    """ROTATE is launched as bool(cfg.get("ROTATE")): ROTATE="False" or "no" rotates."""
+    with pytest.raises((ValueError, TypeError), match="ROTATE"):
+        F._check_config(dict(F.WGMMA_SMALL_M_DEFAULT, ROTATE=rot))
+
+
+@pytest.mark.parametrize("kernel", ["wgmma", "wgmma_small_m"])
+def test_missing_scales_raise_a_named_error(kernel):
+    """sa=None / sb=None reach ``t.dtype`` / ``sb.shape``: AttributeError instead of an error naming sa / sb."""
+    _, qa, sa, qb, sb = fp8_operands(1, 8, 256, 256, "cpu")
+    with pytest.raises((ValueError, TypeError), match="sa"):
+        F.fp8_block_gemm(qa, None, qb, sb, config=dict(kernel=kernel))
+    with pytest.raises((ValueError, TypeError), match="sb"):
+        F.fp8_block_gemm(qa, sa, qb, None, config=dict(kernel=kernel))
+
+
+@pytest.mark.parametrize("u", ["2", 2.5, 3, 0, -4, 8, True])
+def test_launch_unroll_refuses_what_the_kernels_cannot_run(u):
+    """_unroll cast UNROLL with int(): "2" and 2.5 became 2, 3 / 0 / -4 / 8 passed to the kernels, whose
+    loop knows 1, 2 and 4 only (3 folded the wrong blocks; 0 built a kernel without a wgmma). A direct
+    launch_small_m_wgmma / launch_rows_wgmma call skips fp8._check_config."""
+    with pytest.raises(ValueError, match="UNROLL"):
+        W._unroll(dict(UNROLL=u), 8)
+
+
+def test_unroll_capped_at_the_stages():
+    """The launch halves UNROLL until the ring holds a group's K-blocks (the refills go to the stages a group
+    read): pure Python, any device."""
+    from kernels.fp8.wgmma import _unroll
+    assert [_unroll(dict(UNROLL=4), s) for s in (1, 2, 3, 4, 8)] == [1, 2, 2, 4, 4]
+    assert [_unroll(dict(UNROLL=2), s) for s in (1, 2)] == [1, 2]
+    assert _unroll({}, 8) == 1
+
+
 @pytest.mark.parametrize("version, ok", [("3.4.0", False), ("3.5.0", True), ("3.6.0", True), ("3.8.1", True),
                                          ("3.9.0", False), ("3.10.0+git1234", False), ("4.0.0", False)])
 def test_gluon_needs_a_triton_with_its_tma_api(monkeypatch, version, ok):
@@ -298,18 +349,22 @@ def test_gluon_needs_a_triton_with_its_tma_api(monkeypatch, version, ok):
         assert f"this is {version}" in W.gluon_problem("cuda:0")
 
 
-def test_unroll_capped_at_the_stages():
-    """The launch halves UNROLL until the ring holds a group's K-blocks (the refills go to the stages a group
-    read): pure Python, any device."""
-    from kernels.fp8.wgmma import _unroll
-    assert [_unroll(dict(UNROLL=4), s) for s in (1, 2, 3, 4, 8)] == [1, 2, 2, 4, 4]
-    assert [_unroll(dict(UNROLL=2), s) for s in (1, 2)] == [1, 2]
-    assert _unroll({}, 8) == 1
+def test_gluon_supported_is_false_on_rocm(monkeypatch):
+    """ROCm reports gfx9xx as compute capability 9.x (MI300X: (9, 4), MI250: (9, 0)); gluon_supported then says
+    True, so _gemm's default (M <= 64, pre-quantised A) picks the Hopper-only wgmma_small_m kernel there.
+    tma_supported excludes ROCm (torch.version.hip); gluon_supported does not."""
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 4))
+    monkeypatch.setattr(W, "HAVE_GLUON", True)
+    monkeypatch.setattr(F, "_interpreting", lambda: False)
+    assert not F.tma_supported("cuda:0")  # the existing rule
+    assert not W.gluon_supported("cuda:0")  # was True on an MI300X
 
 
 def test_default_selection(monkeypatch):
     """Which kernel the shape gets on a Hopper GPU with Gluon (gluon=True: _gemm passes it there), and that
-    without Gluon nothing changes (session 5's choices); every default config passes _check_config. The
+    without Gluon nothing changes (the Triton kernels' table); every default config passes _check_config. The
     GPU's table, also under the interpreter (which otherwise picks its own small tiles)."""
     monkeypatch.setattr(F, "_interpreting", lambda: False)
     want = {1: ("wgmma_small_m", True, 16), 16: ("wgmma_small_m", True, 16), 17: ("wgmma_small_m", True, 32),
