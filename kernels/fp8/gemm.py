@@ -113,7 +113,7 @@ if triton is not None:
         _gemm). A persistent grid of ``programs`` programs walks the GROUP_M-swizzled output tiles; KPI K-blocks
         a turn (2 needs an even K/128: the host passes 1 otherwise). BN divides 128 (one weight scale per tile
         and K-block). The per-K-block sums and scale-FMAs are _block_gemm_kernel's, in the same order, so the
-        two are bit-identical (tests/kernels/test_fp8_tma.py).
+        two are bit-identical (tests/kernels/fp8/test_tma.py).
         Why: the pointer-based tile kernel spends registers and issue slots on [BM, 128] pointer blocks, and
         its loads are not TMA. On the H200 this kernel reaches ~0.65 of _scaled_mm's throughput at 4096^3
         against the tile kernel's ~0.42 in the same sweep (2026-12-01; docs/kernels/fp8.md)."""

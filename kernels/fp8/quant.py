@@ -42,7 +42,7 @@ if triton is not None:
         a few ulps; the residual ax - q0 s is exact in one FMA; one FMA correction by r then gives the correctly
         rounded quotient (Markstein's scheme). Checked bit for bit against IEEE division: every bf16
         significand and every fp16 significand against every one of the 2^23 fp32 scale significands, in both
-        quotient binades, plus 2^31 random and adversarial fp32 pairs (tests/kernels/test_fp8.py keeps a
+        quotient binades, plus 2^31 random and adversarial fp32 pairs (tests/kernels/fp8/test_quant.py keeps a
         sample). Scale invariance carries that to every exponent while the residual stays normal; it does
         whenever the quotient is >= 2^-11 (s >= 1e-10/448 bounds the exponents), and a smaller quotient is
         off by at most a few of its own ulps, so it still rounds to fp8 zero, as the reference's does."""
