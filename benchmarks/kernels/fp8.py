@@ -2,7 +2,7 @@
 layer with its activation quant (``fp8_linear``, what r9k's vLLM dispatch runs), the activation quant alone
 (``fp8_quant``) and the launch path of a Triton kernel (``launch``).
 
-Operands: x ``[M, K]`` fp32 standard normal, quantised per token and group of 128 (e4m3fn, fp32 scales
+Operands: x ``[M, K]`` bf16 (standard normal), quantised per token and group of 128 (e4m3fn, fp32 scales
 ``[M, K/128]``); the weight ``[N, K]`` quantised per 128x128 block (scales ``[ceil(N/128), K/128]``). Where a
 mode calls back to back (loop, graph, host) the weights are cycled over enough copies (2 x 60 MiB) that they
 do not stay in the H200's L2. Peers:

@@ -76,9 +76,6 @@ GDN_BOUND = 1e-5      # fp32 against float64, as tests/kernels/gdn/test_seq.py
 DEFER = pytest.mark.parametrize("defer", [True, False], ids=["scaled", "plain"])
 
 
-# ------------------------------------------------------------------------------------------------------------
-# inputs
-# ------------------------------------------------------------------------------------------------------------
 def gdn_inputs(seed, lens, H=1, HV=2, K=8, V=4, slots=None, device="cpu"):
     """Varlen inputs [1, sum(lens), ...] (tests/kernels/cases.py); unit-norm q and k (well conditioned without
     l2norm); two spare slots by default."""
