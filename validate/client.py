@@ -1,11 +1,11 @@
 """Async OpenAI-compatible client over httpx with SSE streaming and per-chunk timing.
 
-Timing (see DESIGN.md, "Metric definitions"): each request records ``time.perf_counter()`` when it is sent
+Timing (docs/metrics.md): each request records ``time.perf_counter()`` when it is sent
 and when every SSE event arrives. Streaming requests over plain http use a small HTTP/1.1 client on asyncio
 protocols (:class:`_StreamConn`): the send stamp is taken just before the request bytes are written to the
 socket, and each event's stamp when its bytes are handed over by the event loop (``data_received``), before
 any HTTP or JSON parsing; JSON is parsed once the stream has ended, so the receive path costs a few
-microseconds per chunk and no task switch (bench/client_timing.py measures the error against a server's
+microseconds per chunk and no task switch (benchmarks/serving/client_timing.py measures the error against a server's
 ground truth). With an httpx ``transport`` (tests) or https the same events come through httpx.
 
 A chunk is *token-bearing* when its delta carries non-empty ``content`` or ``reasoning_content`` /
