@@ -7,6 +7,7 @@ count too. A change from the baseline is *within the band* when either value lie
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -65,7 +66,8 @@ def figure_specs(records: list[Record]) -> list[FigureSpec]:
     for runner in ordered_kinds():
         mine = [r for r in records if r.suite_kind == runner.kind]
         if mine and runner.figures is not None:
-            specs += runner.figures(mine)
+            # a figure of a kind is read from that kind's records, whatever its spec says
+            specs += [dataclasses.replace(f, kind=runner.kind) for f in runner.figures(mine)]
     return specs + [KV_CACHE]
 
 

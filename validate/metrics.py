@@ -1,6 +1,6 @@
 """Load metrics from raw per-request timings, in one pure function (tested without a server).
 
-Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; README, "Metrics").
+Definitions (formula version :data:`validate.record.METRICS_FORMULA_VERSION`; docs/metrics.md).
 A *token-bearing chunk* carries non-empty text (content or reasoning) or non-empty ``token_ids``
 (:mod:`validate.client`); role-only and empty chunks are not tokens. For one request, with
 

@@ -92,7 +92,7 @@ class Dataset(BaseModel):
 
 
 class Record(BaseModel):
-    """One suite's result on one configuration for one release (README, "How a run goes", lists what it carries)."""
+    """One suite's result on one configuration for one release (docs/records.md says what each field means)."""
 
     schema_version: int = SCHEMA_VERSION
     release: str

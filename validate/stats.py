@@ -1,7 +1,7 @@
 """Statistics of paired evals: exact McNemar, Holm across tasks, the CI of a paired accuracy difference, and
 the smallest regression a paired eval of a given size could detect.
 
-Conventions (README, "Paired evals and the CI gate"): two records are compared question by question. With the 2x2 table
+Conventions (docs/metrics.md, "Statistics"): two records are compared question by question. With the 2x2 table
 
 =================  =====================  ======================
                    candidate right        candidate wrong

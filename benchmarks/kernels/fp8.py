@@ -243,7 +243,7 @@ def quant_floor(s: dict) -> Floor:
 
 
 register(Op(
-    name="fp8_quant", family="fp8",
+    name="fp8_quant", family="fp8", tolerance=0.0,  # bit-identical to its reference
     doc="the per-token-group-128 activation quant (kernels.fp8.fp8_quant_group; bit-identical to its reference) "
         "against vLLM's Triton quant",
     shapes=(dict(M=16, K=4096), dict(M=4096, K=4096), dict(M=8192, K=8192)),
