@@ -90,14 +90,17 @@ class Cli:
         return rc
 
 
+OWN_TAGS = (f"{CFG}-", "fake-next-")  # launch() tags start with the config's name; cpu-smol's shared server is not ours
+
+
 def server_procs() -> list[psutil.Process]:
-    """Live processes of any server the engine launched: those carrying R9K_SERVER_TAG in their environment and
-    their descendants (vLLM's engine core renames itself with setproctitle, which overwrites the environment
-    block that /proc shows)."""
+    """Live processes of a server these tests launched: those whose R9K_SERVER_TAG names one of their
+    configurations (the session's shared cpu-smol server may be up meanwhile), and their descendants (vLLM's
+    engine core renames itself with setproctitle, which overwrites the environment block that /proc shows)."""
     found: dict[int, psutil.Process] = {}
     for p in psutil.process_iter():
         try:
-            if TAG_ENV in p.environ():
+            if p.environ().get(TAG_ENV, "").startswith(OWN_TAGS):
                 for q in [p] + p.children(recursive=True):
                     found[q.pid] = q
         except psutil.Error:
