@@ -106,7 +106,9 @@ def parse(text: str) -> list[Provenance]:
     """Every provenance line in ``text`` (a server log), in order of appearance: whole lines only (see _LINE_RE),
     and where vLLM's process prefix names a pid, the line's own pid must be that one."""
     out = []
-    for raw_line in text.splitlines():
+    # "\n" only: str.splitlines() also breaks at U+2028, U+0085 and others, which vLLM's request logging leaves
+    # raw inside one logged line, so a prompt could make "whole lines" of its own
+    for raw_line in text.replace("\r\n", "\n").split("\n"):
         m = _LINE_RE.match(raw_line)
         if m and not (m["ppid"] and m["pid"] and m["ppid"] != m["pid"]):
             names = {k: None if m[k] is None else tuple(x for x in m[k].split(",") if x and x != "-")

@@ -67,7 +67,7 @@ LAUNCH_MARK = "===== r9k launch"
 def last_launch(log_path: Path) -> str:
     """The part of an appended server log written by its latest launch ('' when there is no log)."""
     try:
-        text = log_path.read_text(errors="replace")
+        text = log_path.read_bytes().decode(errors="replace")  # no newline translation: "\n" ends a line
     except FileNotFoundError:
         return ""
     return text[text.rfind(LAUNCH_MARK):] if LAUNCH_MARK in text else text
