@@ -42,10 +42,12 @@ class Scratch:
             "overload": [2.0], "rounds": 2, "max_tokens": 6}, "gate": {"max": {"bad": 0}}}))
         (root / "suites" / "release.yaml").write_text(yaml.safe_dump({"configs": [], "suites": [{"suite": "fake-sanity"}]}))
 
-    def config(self, name: str, mode: str = "ok", timeout: float = 30, port: int | None = None, **env) -> str:
-        """Write serve/<name>.yaml for the fake server in ``mode``; returns the unique served name (a tag)."""
+    def config(self, name: str, mode: str = "ok", timeout: float = 30, port: int | None = None,
+               entrypoint: str = "tests.fake_vllm", **env) -> str:
+        """Write serve/<name>.yaml for the fake server in ``mode`` (``entrypoint``: tests.hostile_vllm for one that
+        misbehaves by ``HOSTILE_MODE``); returns the unique served name (a tag)."""
         tag = f"fake-{uuid.uuid4().hex[:10]}"
-        server = {"max_num_seqs": 4, "max_model_len": 4096, "entrypoint": "tests.fake_vllm"}
+        server = {"max_num_seqs": 4, "max_model_len": 4096, "entrypoint": entrypoint}
         if port:
             server["port"] = port
         cfg = {

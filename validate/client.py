@@ -93,6 +93,15 @@ class ServerError(Exception):
     """The server answered a non-streaming request with an error."""
 
 
+UTILITY_BOUND_S = 60.0  # the whole of one /tokenize or /detokenize call, seconds
+
+
+def usage_bound(streamed_ids: int) -> int:
+    """The most output tokens usage may claim for a stream that carried ``streamed_ids`` token ids: 5 % and 2
+    tokens of slack for ids a server holds back (a stop string's tokens), never the many-fold of a forged count."""
+    return int(streamed_ids * 1.05) + 2
+
+
 class OpenAIClient:
     """Client of one OpenAI-compatible server.
 
@@ -100,13 +109,13 @@ class OpenAIClient:
         base_url: e.g. ``http://127.0.0.1:8000`` (without ``/v1``).
         model: the served model name sent as ``model``.
         timeout_s: the most a streamed request may take, seconds, silent or not (its read timeout too). After
-            :attr:`MAX_TIMEOUTS_IN_ROW` requests in a row end by it, later ones fail at once: a server that stalls
-            every request would otherwise cost that much for each question of a suite.
+            :attr:`MAX_TIMEOUTS` requests in all end by it, later ones fail at once: a server that stalls every
+            request (or every other one) would otherwise cost that much for each question of a suite.
         max_connections: connection pool size (set it >= the highest concurrency you will use).
         transport: an httpx transport to use instead of the network (tests).
     """
 
-    MAX_TIMEOUTS_IN_ROW = 3
+    MAX_TIMEOUTS = 3  # in the client's life, not in a row: answering every other request must not reset it
 
     def __init__(self, base_url: str, model: str, timeout_s: float = 600.0, max_connections: int = 256,
                  transport: httpx.AsyncBaseTransport | None = None):
@@ -114,7 +123,7 @@ class OpenAIClient:
         self.model = model
         self.tally = Tally()
         self.timeout_s = timeout_s
-        self._timeouts_in_row = 0
+        self._timeouts = 0
         self._http = httpx.AsyncClient(
             base_url=self.base_url, transport=transport,
             timeout=httpx.Timeout(timeout_s, connect=10.0),
@@ -139,29 +148,42 @@ class OpenAIClient:
     async def health(self) -> bool:
         """True when GET /health answers 200."""
         try:
-            r = await self._http.get("/health", timeout=5.0)
+            r = await asyncio.wait_for(self._http.get("/health", timeout=5.0), 10.0)  # bounded whole, not per byte
             return r.status_code == 200
-        except httpx.HTTPError:
+        except (httpx.HTTPError, asyncio.TimeoutError):
             return False
+
+    async def _bounded(self, call, what: str):
+        """``call`` within UTILITY_BOUND_S in all (httpx's timeouts bound each silence only; /tokenize of a 128k-token
+        text takes about a second). Raises ServerError."""
+        bound = min(self.timeout_s, UTILITY_BOUND_S)
+        try:
+            return await asyncio.wait_for(call, bound)
+        except asyncio.TimeoutError:
+            raise ServerError(f"{what}: no whole answer within {bound:g} s") from None
+        except httpx.HTTPError as e:
+            raise ServerError(f"{what}: {type(e).__name__}: {e}") from None
 
     async def version(self) -> str | None:
         """vLLM's version from GET /version, or None when the server has no such endpoint."""
         try:
-            r = await self._http.get("/version", timeout=5.0)
+            r = await asyncio.wait_for(self._http.get("/version", timeout=5.0), 10.0)
             return r.json().get("version") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, asyncio.TimeoutError, AttributeError):
             return None
 
     async def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` (vLLM's POST /tokenize, no special tokens). Raises ServerError."""
-        r = await self._http.post("/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        r = await self._bounded(self._http.post("/tokenize", json={"model": self.model, "prompt": text,
+                                                                   "add_special_tokens": False}), "/tokenize")
         if r.status_code != 200:
             raise ServerError(f"/tokenize: HTTP {r.status_code}: {r.text[:200]}")
         return r.json()["tokens"]
 
     async def detokenize(self, tokens: list[int]) -> str:
         """Text of ``tokens`` (vLLM's POST /detokenize). Raises ServerError."""
-        r = await self._http.post("/detokenize", json={"model": self.model, "tokens": tokens})
+        r = await self._bounded(self._http.post("/detokenize", json={"model": self.model, "tokens": tokens}),
+                                "/detokenize")
         if r.status_code != 200:
             raise ServerError(f"/detokenize: HTTP {r.status_code}: {r.text[:200]}")
         return r.json()["prompt"]
@@ -193,8 +215,8 @@ class OpenAIClient:
             body.update(extra)
         res = RequestResult(token_ids=[])
         res.t_sent = time.perf_counter()
-        if self._timeouts_in_row >= self.MAX_TIMEOUTS_IN_ROW:
-            res.error = (f"not sent: the server's last {self._timeouts_in_row} requests timed out "
+        if self._timeouts >= self.MAX_TIMEOUTS:
+            res.error = (f"not sent: {self._timeouts} of the server's requests timed out "
                          f"({self.timeout_s:g} s each); it is not serving")
             res.t_done = res.t_sent
             self.tally.add(res)
@@ -216,25 +238,31 @@ class OpenAIClient:
             if events.overflow:
                 res.error = f"the server streamed more than max_tokens={max_tokens} tokens"
                 return res
+            if events.oversized:
+                res.error = f"one streamed event grew past {MAX_EVENT_BYTES:,} bytes without ending"
+                return res
             await self._take_events(res, events, cut)
             if res.ok and res.output_tokens > max_tokens:
                 # usage is the count of record, but never beyond what was asked for: such a count inflates rates
                 res.ok = False
                 res.error = f"usage says {res.output_tokens} output tokens, more than max_tokens={max_tokens}"
+            elif res.ok and res.token_ids and res.output_tokens > usage_bound(len(res.token_ids)):
+                # nor beyond the token ids the stream carried (return_token_ids), a little slack aside
+                res.ok = False
+                res.error = (f"usage says {res.output_tokens} output tokens, the stream carried "
+                             f"{len(res.token_ids)} token ids")
         except asyncio.TimeoutError as e:
-            self._timeouts_in_row += 1
+            self._timeouts += 1
             res.error = f"TimeoutError: {e}" if str(e) else "TimeoutError"
         except (httpx.HTTPError, OSError) as e:
             if isinstance(e, httpx.TimeoutException):
-                self._timeouts_in_row += 1
+                self._timeouts += 1
             res.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSON and Unicode errors are ValueErrors
             res.error = f"malformed stream chunk: {type(e).__name__}: {e}"
         finally:
             if not res.t_done:
                 res.t_done = time.perf_counter()
-            if res.ok:
-                self._timeouts_in_row = 0
             self.tally.add(res)
         return res
 
@@ -395,13 +423,18 @@ class _Events:
     """Stamped SSE events as two parallel lists (floats and bytes are not tracked by the garbage collector,
     tuples are: a tuple per chunk would feed the collector's full passes, long pauses in a large heap)."""
 
-    __slots__ = ("times", "datas", "limit", "overflow")
+    __slots__ = ("times", "datas", "limit", "overflow", "oversized")
 
     def __init__(self, limit: int | None = None):
         self.times: list[float] = []
         self.datas: list[bytes] = []
         self.limit = limit  # most events a request may bring (its max_tokens and the framing events); None: any
         self.overflow = False
+        self.oversized = False  # one event grew past MAX_EVENT_BYTES without ending
+
+
+#: The most bytes one SSE event may hold before it ends (a chunk of vLLM's carries a few tokens: well under 1 KiB).
+MAX_EVENT_BYTES = 1 << 20
 
 
 class _SSE:
@@ -420,6 +453,9 @@ class _SSE:
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
         *complete, self.buf = buf.split(b"\n\n")
+        if len(self.buf) > MAX_EVENT_BYTES:  # an event that never ends: stop, never buffer (and re-copy) on
+            self.events.oversized = True
+            return True
         for ev in complete:
             if ev.startswith(b"data:") and b"\ndata:" not in ev:
                 d = ev[5:].strip()

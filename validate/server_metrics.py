@@ -160,8 +160,10 @@ def delta(start: Snapshot, end: Snapshot) -> dict[str, Any]:
 
 async def scrape(http: httpx.AsyncClient, url: str) -> tuple[Snapshot | None, str | None]:
     """(snapshot, None), or (None, why) when ``url``/metrics cannot be read as Prometheus text."""
-    try:
-        r = await http.get(url.rstrip("/") + "/metrics", timeout=10.0)
+    try:  # bounded whole: a server trickling one byte at a time must not hold the suite
+        r = await asyncio.wait_for(http.get(url.rstrip("/") + "/metrics", timeout=10.0), 20.0)
+    except asyncio.TimeoutError:
+        return None, "GET /metrics gave no whole answer within 20 s"
     except httpx.HTTPError as e:
         return None, f"GET /metrics failed: {type(e).__name__}: {e}"
     if r.status_code != 200:

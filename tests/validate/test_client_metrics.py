@@ -56,13 +56,23 @@ def test_role_only_and_empty_chunks_are_not_tokens():
 
 def test_token_ids_with_empty_text_give_a_ttft():
     # a prefill request (max_tokens 1) whose one token has empty text
-    r = run_chat(sse(delta(role="assistant", content=""), delta("", ids=[7], finish="length"), USAGE))
+    one = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 1}}
+    r = run_chat(sse(delta(role="assistant", content=""), delta("", ids=[7], finish="length"), one))
     assert r.ok and r.ttft_s is not None and r.chunk_tokens == [1] and r.text == ""
 
 
 def test_empty_text_without_token_ids_has_no_ttft():
     r = run_chat(sse(delta(role="assistant", content=""), delta("", finish="length"), USAGE))
     assert r.ok and r.ttft_s is None and tpot_s(r) is None
+
+
+def test_usage_beyond_the_streamed_token_ids_is_an_error():
+    # 3 ids streamed, usage claims 8 = max_tokens: every rate would be 2.7 times too high
+    forged = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 8}}
+    r = run_chat(sse(delta("a", [1]), delta("b", [2]), delta("c", [3], finish="length"), forged))
+    assert not r.ok and r.error == "usage says 8 output tokens, the stream carried 3 token ids"
+    held_back = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 5}}  # 3 ids + 2 of slack
+    assert run_chat(sse(delta("a", [1]), delta("b", [2]), delta("c", [3], finish="stop"), held_back)).ok
 
 
 def test_stream_without_usage_is_an_error():
