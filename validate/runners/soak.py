@@ -162,8 +162,9 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     if death:
         out.server_died = (f"{death['cause']}, {death['at'] - t0:.1f} s into the soak; before it {served} requests were "
                            f"served and {errors} failed, {cut} were cut by the death")
-    if errors:
-        out.errors.append(f"{errors} of {served + errors} requests failed; first: {first_errors[0]}")
+    if errors:  # requests the living server failed under load are what a soak exists to find: a finding
+        out.findings.append(f"{errors} of {served + errors} requests failed while the server lived; first: "
+                            f"{first_errors[0]}")
     for name, m in memory.items():
         if not m["flat"]:
             out.findings.append(f"memory not flat: {name} grows {m['slope_mib_per_min']} MiB/min > {p.max_slope_mib_per_min}")
