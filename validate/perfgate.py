@@ -5,15 +5,17 @@ A figure regresses only when all three hold, so that neither noise nor a trivial
 1. practical: the candidate's median is worse than the baseline's by more than the figure's threshold (percent
    of the baseline median; the suite file's ``perf_gate``, default decode step +3 %, combined decode -3 %,
    prefill -5 %);
-2. outside the band: the candidate's median lies beyond the baseline's run-to-run band (its worst pass:
-   the highest decode step, the lowest rate), the passes of the baseline record and of earlier runs of it on the
-   same tree;
+2. outside the band: the candidate's median lies beyond the baseline's run-to-run band (:func:`run_band`: the
+   10th to 90th percentile of its passes where there are five or more, else their min and max), the passes of the
+   baseline record and of earlier runs of it that measured the same thing;
 3. significant: a one-sided Mann-Whitney rank test of the candidate's per-pass values against the baseline's
    (scipy.stats.mannwhitneyu, exact where no values tie) gives p < alpha. With n and m passes the smallest p it
    can give is 1 / C(n + m, n) (1/6 for 2 and 2): a gate on too few passes says that it cannot be significant.
 
-Each figure is marked "slower" or "faster" when its median lies beyond the other side's band in that
-direction, else "within the band". Lower is better for figures in milliseconds (``_ms``), higher for rates.
+Each figure is marked "slower" or "faster" when its median lies beyond the baseline's band in that direction by
+more than the figure's threshold (conditions 1 and 2, either way), else "no clear change": a median just past a
+narrow band is not a move. A "slower" figure is a regression only when the rank test agrees. Lower is better for
+figures in milliseconds (``_ms``), higher for rates.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ class PerfFigure:
     ``base`` / ``cand``: per-pass values (unit of the figure). ``change_pct``: candidate median against the
     baseline's, signed (positive = higher). ``worse_pct``: the same move counted in the bad direction.
     ``p_value``: one-sided Mann-Whitney p for "the candidate is worse"; ``min_p``: the least p these pass counts
-    allow. ``mark``: "slower", "faster" or "within the band". ``regression``: all three conditions hold.
+    allow. ``mark``: "slower", "faster" or "no clear change". ``regression``: all three conditions hold.
     """
 
     config: str
@@ -76,17 +78,22 @@ class PerfFigure:
     p_value: float = 1.0
     min_p: float = 1.0
     outside_band: bool = False
-    mark: str = "within the band"
+    mark: str = "no clear change"
     regression: bool = False
     message: str = ""
+    base_band: tuple[float, float] = (0.0, 0.0)  # run_band of each side
+    cand_band: tuple[float, float] = (0.0, 0.0)
 
 
-def _worst(values: list[float], lower_is_better: bool) -> float:
-    return max(values) if lower_is_better else min(values)
+def run_band(values: list[float]) -> tuple[float, float]:
+    """A figure's run-to-run band: its 10th to 90th percentile over the passes where there are five or more (one
+    slow pass must not widen it over a regression), else their min and max."""
+    import numpy as np
 
-
-def _best(values: list[float], lower_is_better: bool) -> float:
-    return min(values) if lower_is_better else max(values)
+    if len(values) >= 5:
+        lo, hi = np.percentile(np.asarray(values, dtype=float), [10, 90])
+        return float(lo), float(hi)
+    return min(values), max(values)
 
 
 def judge(config: str, figure: str, base: list[float], cand: list[float], threshold_pct: float,
@@ -105,15 +112,17 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     f.base_median, f.cand_median = statistics.median(base), statistics.median(cand)
     f.change_pct = 100.0 * (f.cand_median - f.base_median) / f.base_median if f.base_median else 0.0
     f.worse_pct = f.change_pct if lower else -f.change_pct
-    worst_base, best_base = _worst(base, lower), _best(base, lower)
-    f.outside_band = (f.cand_median > worst_base) if lower else (f.cand_median < worst_base)
-    better_outside = (f.cand_median < best_base) if lower else (f.cand_median > best_base)
+    f.base_band, f.cand_band = run_band(base), run_band(cand)
+    lo, hi = f.base_band
+    f.outside_band = (f.cand_median > hi) if lower else (f.cand_median < lo)
+    better_outside = (f.cand_median < lo) if lower else (f.cand_median > hi)
     # exact where it is valid (no ties) and cheap; else the normal approximation with tie correction
     exact = len(set(base) | set(cand)) == len(base) + len(cand) and len(base) * len(cand) <= 10_000
     f.p_value = float(mannwhitneyu(cand, base, alternative="greater" if lower else "less",
                                    method="exact" if exact else "asymptotic").pvalue)
     f.min_p = 1.0 / math.comb(len(base) + len(cand), len(cand))
-    f.mark = "slower" if f.outside_band else "faster" if better_outside else "within the band"
+    f.mark = ("slower" if f.outside_band and f.worse_pct > threshold_pct else
+              "faster" if better_outside and -f.worse_pct > threshold_pct else "no clear change")
     f.regression = f.worse_pct > threshold_pct and f.outside_band and f.p_value < alpha
     why = []
     if f.regression:
@@ -177,9 +186,11 @@ def specs_of(root: Path) -> dict[str, PerfGateSpec]:
 
 
 def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, PerfGateSpec] | None = None,
-                 configs: list[str] | None = None, reports_baseline: Path | None = None) -> PerfComparison:
+                 configs: list[str] | None = None, reports_baseline: Path | None = None,
+                 skipped: list[str] | None = None) -> PerfComparison:
     """Gate every BetterBench record of ``candidate`` against the baseline's record of the same configuration,
     with the thresholds of its suite (``specs``: suite name -> spec; default thresholds otherwise).
+    ``skipped``: see :func:`validate.record.release_records` (for the baseline's files).
 
     Raises:
         InputError: the candidate has no BetterBench record.
@@ -189,7 +200,7 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         raise InputError(f"{candidate} against itself: a release is never its own baseline")
     breports = reports_baseline or reports
     cand = [r for r in release_records(reports, candidate) if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
-    base = {(r.config, r.suite): r for r in release_records(breports, baseline) if r.suite_kind == BENCH_KIND}
+    base = {(r.config, r.suite): r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND}
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
     out = PerfComparison(candidate, baseline)
