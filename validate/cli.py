@@ -238,7 +238,9 @@ def cmd_release(args) -> int:
     except InputError as e:
         console.print(f"[yellow]gates against the baseline skipped: {e}[/yellow]", soft_wrap=True)
         gate, cmp, perf = 0, None, None
-    why = outcome.explain() + why_more + ("; a gate against the baseline found a regression" if gate == 1 else "")
+    why = outcome.explain() + why_more + {1: "; a gate against the baseline found a regression",
+                                          2: "; a file of the baseline is not a readable record, so what it "
+                                             "held was not compared"}.get(gate, "")
     if cmp is not None:  # in a release an unpairable task is "Not checked", not an error (see _release_gate)
         cmp = dataclasses.replace(cmp, unpaired=[])
     code = _ci_reports(args, outcome.records, cmp, perf, combine_exit(outcome.exit_code(), gate), why)
@@ -266,18 +268,22 @@ def _release_gate(reports: Path, release: str, baseline: str | None, configs: li
     if base is None:
         return 0, None, None
     cmp = perf = None
+    skipped: list[str] = []  # baseline files that are not readable records: what they held was never compared
     try:
-        cmp = compare_releases(reports, release, base, configs=configs)
+        cmp = compare_releases(reports, release, base, configs=configs, skipped=skipped)
         print_comparison(cmp)
     except InputError as e:
         console.print(f"[yellow]paired gate against {base} skipped: {e}[/yellow]")
     try:
-        perf = compare_perf(reports, release, base, specs_of(_root()), configs=configs)
+        perf = compare_perf(reports, release, base, specs_of(_root()), configs=configs, skipped=skipped)
         print_perf(perf)
     except InputError as e:
         console.print(f"[yellow]performance gate against {base} skipped: {e}[/yellow]")
+    for why in dict.fromkeys(skipped):
+        console.print(f"[red]a file of the baseline {base} was not compared: {why}[/red]", soft_wrap=True)
     bad = (cmp is not None and any(x.regression for x in cmp.tasks)) or (perf is not None and any(f.regression for f in perf.figures))
-    return (1 if bad else 0), cmp, perf
+    # a baseline file that cannot be read may hold the record that would regress: never "no regression"
+    return (1 if bad else 2 if skipped else 0), cmp, perf
 
 
 def print_perf(perf) -> None:
@@ -286,8 +292,9 @@ def print_perf(perf) -> None:
     for col in ("configuration", "figure", perf.baseline, perf.candidate, "change", "threshold", "rank-test p", "mark"):
         t.add_column(col)
     for f in perf.figures:
-        band = lambda v: f"{statistics.median(v):,.2f} ({min(v):,.2f}-{max(v):,.2f}, {len(v)})"  # noqa: E731
-        t.add_row(f.config, f.figure, band(f.base), band(f.cand), f"{f.change_pct:+.1f}%", f"{f.threshold_pct:g}%",
+        band = lambda v, b: f"{statistics.median(v):,.2f} ({b[0]:,.2f}-{b[1]:,.2f}, {len(v)})"  # noqa: E731
+        t.add_row(f.config, f.figure, band(f.base, f.base_band), band(f.cand, f.cand_band), f"{f.change_pct:+.1f}%",
+                  f"{f.threshold_pct:g}%",
                   f"{f.p_value:.3g}", "[red]regression[/red]" if f.regression else f.mark)
     console.print(t)
     for f in perf.figures:
@@ -322,9 +329,15 @@ def cmd_suite(args) -> int:
             console.print(f"--url without --config: records go under the configuration {ext.name!r}")
         args.config = ext.name if ext else "cpu-smol"
     outcome = _run([(args.config, [args.name])], args.release, args, external=ext)
-    _summary(_opts(args).reports, args.release, only_suite=args.name, only_config=args.config)
-    code = _ci_reports(args, outcome.records, None, None, outcome.exit_code(), outcome.explain())
-    return _exit(code, outcome.explain())
+    why = outcome.explain()
+    try:
+        _summary(_opts(args).reports, args.release, only_suite=args.name, only_config=args.config)
+    except InputError as e:  # another file of the release folder; this run's verdict still decides
+        console.print(f"[red]error: the verdict table could not be read back: {e}[/red]", soft_wrap=True)
+        outcome.launch_failures.setdefault("(records)", str(e))
+        why += "; the release folder holds a file that is not its record"
+    code = _ci_reports(args, outcome.records, None, None, outcome.exit_code(), why)
+    return _exit(code, why)
 
 
 def cmd_render(args) -> int:

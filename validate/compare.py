@@ -206,12 +206,13 @@ class Comparison:
 
 def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
                      against_config: str | None = None, alpha: float = 0.05, reports_baseline: Path | None = None,
-                     tasks: list[str] | None = None) -> Comparison:
+                     tasks: list[str] | None = None, skipped: list[str] | None = None) -> Comparison:
     """Pair every eval record of ``candidate`` with the baseline's record of the same task.
 
     Args:
         configs: only these configurations of the candidate (default: all with eval records).
         tasks: only these eval suites (default: all).
+        skipped: see :func:`validate.record.release_records` (for the baseline's files).
         against_config: the baseline's configuration (default: the same name), e.g. bf16 against fp32.
         reports_baseline: where the baseline's records are (default: ``reports``).
     Raises:
@@ -226,7 +227,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
 
     kinds = paired_eval_kinds()
     cand = [r for r in release_records(reports, candidate) if r.suite_kind in kinds]
-    base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline)
+    base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline, skipped)
             if r.suite_kind in kinds}
     if configs:
         cand = [r for r in cand if r.config in configs]

@@ -137,19 +137,33 @@ def now_iso() -> str:
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
-def check_release_name(release: str) -> str:
-    """A release name becomes a folder: letters, digits, '.', '_', '+', '-', not starting with a dot.
+def check_name(what: str, name: str, example: str) -> str:
+    """A release, configuration or suite name becomes a folder or a file name: letters, digits, '.', '_', '+',
+    '-', not starting with a dot, no '..'.
 
     Raises:
-        InputError: anything else (empty, '..', a path separator).
+        InputError: anything else (empty, '..', a path separator), naming ``what``.
     """
-    if not _NAME_RE.fullmatch(release or "") or ".." in release:
-        raise InputError(f"release name {release!r}: use letters, digits, '.', '_', '+' and '-' (e.g. v0.3.3)")
-    return release
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
+        raise InputError(f"{what} {name!r}: use letters, digits, '.', '_', '+' and '-' (e.g. {example})")
+    return name
+
+
+def check_release_name(release: str) -> str:
+    """See :func:`check_name`. Raises InputError."""
+    return check_name("release name", release, "v0.3.3")
+
+
+#: Folders of a release that are not configurations.
+RESERVED_CONFIG_NAMES = ("figures",)
 
 
 def record_path(reports: Path, release: str, config: str, suite: str) -> Path:
-    return reports / check_release_name(release) / config / f"{suite}.json"
+    """``reports/<release>/<config>/<suite>.json``; every part checked (:func:`check_name`). Raises InputError."""
+    check_name("configuration name", config, "cpu-smol")
+    if config in RESERVED_CONFIG_NAMES:
+        raise InputError(f"configuration name {config!r}: reserved for the release's {config} folder")
+    return reports / check_release_name(release) / config / f"{check_name('suite name', suite, 'soak')}.json"
 
 
 HISTORY = "history"
@@ -257,9 +271,11 @@ def check_place(path: Path, rec: Record, release: str) -> None:
                          "release's record of that suite (moved or copied by hand?)")
 
 
-def release_records(reports: Path, release: str) -> list[Record]:
+def release_records(reports: Path, release: str, skipped: list[str] | None = None) -> list[Record]:
     """Every record of ``release`` under ``reports``, sorted by configuration then suite.
 
+    ``skipped``: where given, a file that is not a readable record in its place is left out and its error
+    appended here instead of raised (a gate then compares what it can and says what it could not).
     Raises:
         InputError: a file is not a record, or a record lies elsewhere than it says (:func:`check_place`).
     """
@@ -268,7 +284,13 @@ def release_records(reports: Path, release: str) -> list[Record]:
         return []
     out = []
     for p in sorted(base.glob("*/*.json")):
-        rec = read_record(p)
-        check_place(p, rec, release)
+        try:
+            rec = read_record(p)
+            check_place(p, rec, release)
+        except InputError as e:
+            if skipped is None:
+                raise
+            skipped.append(str(e))
+            continue
         out.append(rec)
     return out

@@ -268,10 +268,14 @@ def test_an_unreadable_baseline_never_ends_the_release_without_notes(scratch, ca
     junk = scratch.root / "reports" / "v0.0.1" / "fake-ok" / "notes.json"
     junk.parent.mkdir(parents=True)
     junk.write_text('{"not": "a record"}')
-    assert main(["release", "v0.0.2"]) == 0
+    # nothing could be compared: exit 2, never the "no regression" of 0 (a stray file hid a regression so)
+    assert main(["release", "v0.0.2"]) == 2
     notes = (scratch.root / "reports" / "v0.0.2" / "RELEASE.md").read_text()
     assert "Not compared with a baseline: the baseline v0.0.1's records cannot be read:" in notes
-    assert "exit status 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "a file of the baseline v0.0.1 was not compared:" in out
+    assert ("exit status 2: 1 suite(s), every verdict pass; a file of the baseline is not a readable record, so what "
+            "it held was not compared") in out
 
 
 def test_resume_runs_again_on_other_data_or_after_an_unverified_external_run(scratch, external_server, tmp_path,

@@ -1,0 +1,134 @@
+"""Servers that misbehave where a client seldom looks: endpoints that trickle a byte at a time, requests failed under
+load, stray files beside the records. Each ends in a verdict, on time (tests.hostile_vllm, no vLLM)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, fake_procs
+from validate.cli import main
+
+
+def hostile(scratch, name: str, mode: str, **env) -> str:
+    return scratch.config(name, entrypoint="tests.hostile_vllm", HOSTILE_MODE=mode, **env)
+
+
+def record(scratch, release: str, cfg: str, suite: str = "fake-sanity") -> dict:
+    return json.loads((scratch.root / "reports" / release / cfg / f"{suite}.json").read_text())
+
+
+def cli(args: list[str], wait_s: float) -> tuple[int | None, str]:
+    """``r9k-validate args`` in a subprocess: (exit status, or None when it was still running after ``wait_s``
+    and had to be stopped; output)."""
+    p = subprocess.Popen([sys.executable, "-m", "validate.cli", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        rc = p.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        rc = None
+        p.terminate()
+        try:
+            p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    return rc, p.stdout.read()
+
+
+@pytest.mark.timeout(200)
+def test_a_trickling_metrics_endpoint_ends_the_suite_on_time(scratch):
+    # GET /metrics sends a byte every 2 s: httpx's read timeout never fires; the whole scrape is bounded (20 s)
+    tag = hostile(scratch, "fake-tm", "trickle-metrics")
+    rc, out = cli(["suite", "fake-sanity", "--config", "fake-tm", "--release", "h1"], 90)
+    assert rc is not None, out[-1500:]
+    assert "GET /metrics gave no whole answer within 20 s" in json.dumps(record(scratch, "h1", "fake-tm"))
+    assert fake_procs(tag) == []
+
+
+@pytest.mark.timeout(200)
+def test_a_trickling_health_ends_a_url_run_on_time(scratch):
+    scratch.config("fake-ok")
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env = {**os.environ, "HOSTILE_MODE": "trickle-health", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_vllm", "--port", str(port), "--served-model-name",
+                             "m"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        rc, out = cli(["suite", "fake-sanity", "--config", "fake-ok", "--url", f"http://127.0.0.1:{port}",
+                       "--model", "m", "--release", "h2"], 60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rc == 2, out[-1500:]  # a server that never answers /health is not serving: nothing was checked
+
+
+@pytest.mark.timeout(200)
+def test_a_trickling_tokenize_ends_the_probe_on_time(scratch):
+    tag = hostile(scratch, "fake-tt", "trickle-tokenize")
+    (scratch.root / "suites" / "tiny-probe.yaml").write_text(yaml.safe_dump({
+        "name": "tiny-probe", "kind": "probe", "params": {"decode_tokens": 8, "repeats": 1, "requests_per_client": 1,
+                                                          "agg_tokens": 8, "prefill_depth": 64}}))
+    rc, out = cli(["suite", "tiny-probe", "--config", "fake-tt", "--release", "h3"], 90)
+    assert rc == 2, out[-1500:]
+    assert "/tokenize: no whole answer within 60 s" in record(scratch, "h3", "fake-tt", "tiny-probe")["verdict"]["cause"]
+    assert fake_procs(tag) == []
+
+
+def test_requests_the_living_server_fails_under_load_fail_the_soak(scratch):
+    # every 7th generation answers HTTP 500 while the server lives: the soak's errors gate is what finds it
+    tag = hostile(scratch, "fake-500", "five-hundred-some", HOSTILE_AFTER=1)
+    (scratch.root / "suites" / "tiny-soak.yaml").write_text(yaml.safe_dump({
+        "name": "tiny-soak", "kind": "soak", "params": {"clients": 2, "duration_s": 4, "prompt_tokens_min": 20,
+        "prompt_tokens_max": 60, "max_tokens": 4, "max_slope_mib_per_min": 100000}, "gate": {"max": {"errors": 0}}}))
+    assert main(["suite", "tiny-soak", "--config", "fake-500", "--release", "v1"]) == 1
+    rec = record(scratch, "v1", "fake-500", "tiny-soak")
+    assert fake_procs(tag) == []
+    assert rec["metrics"]["errors"] > 0 and rec["verdict"]["status"] == "fail"
+    assert "requests failed while the server lived; first: HTTP 500" in rec["verdict"]["cause"]
+
+
+def _forge_better_baseline(scratch, cand_rel: str, base_rel: str, cfg: str = "fake-ok", suite: str = "gsm8k"):
+    """The baseline: the candidate's own record with every question right (a release the candidate regressed from)."""
+    rec = json.loads((scratch.root / "reports" / cand_rel / cfg / f"{suite}.json").read_text())
+    rec["release"] = base_rel
+    for it in rec["items"]:
+        it["correct"] = True
+    dst = scratch.root / "reports" / base_rel / cfg / f"{suite}.json"
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text(json.dumps(rec))
+
+
+def test_a_stray_json_in_the_baseline_folder_never_hides_a_regression(scratch, capsys):
+    scratch.config("fake-ok")
+    (scratch.root / "suites" / "release.yaml").write_text(yaml.safe_dump(
+        {"configs": ["fake-ok"], "suites": [{"suite": "gsm8k"}]}))
+    assert main(["release", "v0.2", "--baseline", "none"]) == 0
+    _forge_better_baseline(scratch, "v0.2", "v0.1")
+    assert main(["release", "v0.2"]) == 1
+    (scratch.root / "reports" / "v0.1" / "fake-ok" / "notes.json").write_text('{"comment": "not a record"}')
+    capsys.readouterr()
+    assert main(["release", "v0.2"]) == 1  # the readable record is still compared, and regresses
+    out = capsys.readouterr().out
+    assert "a file of the baseline v0.1 was not compared:" in out and "notes.json" in out
+
+
+def test_a_stray_json_in_the_release_folder_keeps_the_suites_verdict(scratch, tmp_path, capsys):
+    tag = scratch.config("fake-g", mode="garbage")
+    stray = scratch.root / "reports" / "dev" / "old-copy"
+    stray.mkdir(parents=True)
+    (stray / "notes.json").write_text('{"comment": "not a record"}')
+    junit = tmp_path / "junit.xml"
+    assert main(["suite", "fake-sanity", "--config", "fake-g", "--junit-xml", str(junit)]) == 1
+    assert record(scratch, "dev", "fake-g")["verdict"]["status"] == "fail" and junit.exists()
+    assert "the release folder holds a file that is not its record" in capsys.readouterr().out
+    assert fake_procs(tag) == []
