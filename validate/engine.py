@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import math
 import os
 import platform
 import shutil
@@ -167,6 +168,27 @@ def _pid(raw: str) -> str:
     return raw.split(" pid=")[1].split()[0] if " pid=" in raw else "?"
 
 
+_PARALLEL_FLAGS = {"pipeline_parallel_size": ("--pipeline-parallel-size", "-pp"),
+                   "data_parallel_size": ("--data-parallel-size", "-dp")}
+
+
+def parallel_sizes(cfg: ServeConfig) -> dict[str, int]:
+    """{tensor_parallel_size, pipeline_parallel_size, data_parallel_size} of ``cfg``: the first from its field,
+    the others from vLLM's flags in ``server.extra_args`` (``--pipeline-parallel-size 4``, ``-pp=4``; 1 where absent
+    or not a positive integer, which vLLM itself refuses at launch)."""
+    out = {"tensor_parallel_size": cfg.server.tensor_parallel_size}
+    args = list(cfg.server.extra_args)
+    for key, flags in _PARALLEL_FLAGS.items():
+        out[key] = 1
+        for i, a in enumerate(args):
+            flag, eq, val = a.partition("=")
+            if flag in flags:
+                raw = val if eq else (args[i + 1] if i + 1 < len(args) else "")
+                if raw.isdigit() and int(raw) >= 1:
+                    out[key] = int(raw)
+    return out
+
+
 def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
     """Why a server whose provenance ``lines`` are these is "plugin-inactive" for ``cfg``, or None.
 
@@ -177,12 +199,15 @@ def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
     parsed = prov.parse("\n".join(lines))
     if not parsed:
         return None
-    # vLLM runs an API server and at least one process per tensor-parallel rank (the engine core holds the rank
-    # when tp is 1): fewer lines means some process, maybe one running the kernels, never loaded the plugin
-    least = cfg.server.tensor_parallel_size + 1
+    # vLLM runs an API server and at least one process per rank, tensor x pipeline x data parallel (the engine
+    # core holds the rank when there is one): fewer lines means some process, maybe one running the kernels,
+    # never loaded the plugin
+    sizes = parallel_sizes(cfg)
+    least = math.prod(sizes.values()) + 1
     if len({_pid(p.raw) for p in parsed}) < least:
+        shape = " x ".join(f"{k} {v}" for k, v in sizes.items())
         return (f"only {len({_pid(p.raw) for p in parsed})} server process(es) printed a provenance line; a server of "
-                f"tensor_parallel_size {cfg.server.tensor_parallel_size} has at least {least}")
+                f"{shape} has at least {least}")
     failed = [p for p in parsed if p.failed]
     if failed:
         return "op dispatch failed to install in the server: " + "; ".join(

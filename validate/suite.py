@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from validate.errors import InputError
 from validate.loader import format_validation_error, load_model, read_yaml
+from validate.record import check_name
 
 Profile = Literal["quick", "full"]
 
@@ -31,20 +33,18 @@ class Gate(_Strict):
     min: dict[str, float] = Field(default_factory=dict)
 
     def check(self, metrics: dict[str, Any]) -> list[str]:
-        """Reasons the gate fails (empty = holds). A gated metric that is missing is a failure."""
+        """Reasons the gate fails (empty = holds). A gated metric that is missing, not a number, or not finite
+        (NaN compares false with every bound; a record would store it as null) is a failure."""
         reasons = []
-        for name, bound in self.max.items():
-            v = metrics.get(name)
-            if v is None:
-                reasons.append(f"gate: metric {name} missing")
-            elif v > bound:
-                reasons.append(f"gate: {name} = {v} > {bound}")
-        for name, bound in self.min.items():
-            v = metrics.get(name)
-            if v is None:
-                reasons.append(f"gate: metric {name} missing")
-            elif v < bound:
-                reasons.append(f"gate: {name} = {v} < {bound}")
+        for bounds, worse, sign in ((self.max, lambda v, b: v > b, ">"), (self.min, lambda v, b: v < b, "<")):
+            for name, bound in bounds.items():
+                v = metrics.get(name)
+                if v is None:
+                    reasons.append(f"gate: metric {name} missing")
+                elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                    reasons.append(f"gate: metric {name} = {v!r} is not a finite number")
+                elif worse(v, bound):
+                    reasons.append(f"gate: {name} = {v} {sign} {bound}")
         return reasons
 
 
@@ -218,6 +218,10 @@ def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
     spec = load_model(path, SuiteSpec, data)
     if spec.name != path.stem:
         raise InputError(f"{path}: name: {spec.name!r} differs from the file name {path.stem!r}")
+    try:  # the name is a record's file name
+        check_name("name", spec.name, "soak")
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
     try:
         runner = get_runner(spec.kind)
     except KeyError:

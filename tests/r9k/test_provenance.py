@@ -152,8 +152,23 @@ def test_a_tensor_parallel_server_needs_a_line_from_every_rank():
     cfg = _cfg(R9K_GDN_PREFILL_MAX="256")
     cfg.server.tensor_parallel_size = 4
     why = check_dispatch(cfg, _lines("gdn_seq,gdn_conv", "gdn_seq,gdn_conv"))
-    assert why == "only 2 server process(es) printed a provenance line; a server of tensor_parallel_size 4 has at least 5"
+    assert why == ("only 2 server process(es) printed a provenance line; a server of tensor_parallel_size 4 x "
+                   "pipeline_parallel_size 1 x data_parallel_size 1 has at least 5")
     assert check_dispatch(cfg, _lines(*["gdn_seq,gdn_conv"] * 5)) is None
+
+
+def test_pipeline_and_data_parallel_ranks_need_their_lines_too():
+    from validate.engine import parallel_sizes
+
+    cfg = _cfg(R9K_GDN_PREFILL_MAX="256")
+    cfg.server.tensor_parallel_size = 2
+    cfg.server.extra_args = ["--pipeline-parallel-size", "2", "-dp=3", "--enforce-eager"]
+    assert parallel_sizes(cfg) == {"tensor_parallel_size": 2, "pipeline_parallel_size": 2, "data_parallel_size": 3}
+    why = check_dispatch(cfg, _lines(*["gdn_seq,gdn_conv"] * 12))  # 12 ranks and the API server: 13
+    assert why.startswith("only 12 server process(es)") and why.endswith("has at least 13")
+    assert check_dispatch(cfg, _lines(*["gdn_seq,gdn_conv"] * 13)) is None
+    cfg.server.extra_args = ["-pp", "x"]  # vLLM refuses it at launch; the count does not guess
+    assert parallel_sizes(cfg)["pipeline_parallel_size"] == 1
 
 
 def test_a_family_asked_for_once_is_asked_for_whole():

@@ -113,3 +113,15 @@ def test_the_registry_knows_every_kind_without_a_list():
     assert [r.kind for r in suite_mod.ordered_kinds()][:3] == ["strict-sanity", "betterbench", "gsm8k"]
     with pytest.raises(ValueError, match="unknown field"):
         suite_mod.register_runner("x", object, colour="red")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "3", True])
+def test_a_gated_metric_that_is_not_a_finite_number_fails_every_bound(bad):
+    # NaN compares false with every bound, and a record stores it as null: it must never read as inside them
+    from validate.suite import Gate
+
+    g = Gate(max={"bad": 0}, min={"answered": 3})
+    assert g.check({"bad": bad, "answered": 5}) == [f"gate: metric bad = {bad!r} is not a finite number"]
+    assert g.check({"bad": 0, "answered": bad}) == [f"gate: metric answered = {bad!r} is not a finite number"]
+    assert g.check({"bad": 0, "answered": 5}) == [] and g.check({"bad": 1, "answered": 2}) == [
+        "gate: bad = 1 > 0.0", "gate: answered = 2 < 3.0"]
