@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from validate.errors import InputError
 from validate.loader import line_of, load_model, read_yaml
+from validate.record import RESERVED_CONFIG_NAMES, check_name
 
 
 class _Strict(BaseModel):
@@ -108,6 +109,12 @@ def load_config(path: Path) -> ServeConfig:
     cfg = load_model(path, ServeConfig, data)
     if cfg.name != path.stem:
         raise InputError(f"{path}: name: {cfg.name!r} differs from the file name {path.stem!r}")
+    try:  # the name is a folder of every release
+        check_name("name", cfg.name, "cpu-smol")
+        if cfg.name in RESERVED_CONFIG_NAMES:
+            raise InputError(f"name {cfg.name!r} is reserved (a release's {cfg.name} folder)")
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
     problems = check_env(cfg.env)
     if not problems and not cfg.expects_plugin:
         from r9k.knobs import expected_dispatch

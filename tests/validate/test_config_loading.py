@@ -4,8 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
+from validate.cli import main
 from validate.config import all_configs, load_config
 from validate.errors import InputError
 from validate.suite import find_suite, load_checklist, load_suite
@@ -162,3 +164,24 @@ def test_deep_nesting_is_a_clear_error_not_a_traceback(tmp_path):
     r.write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(InputError, match="nested too deeply"):
         read_record(r)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "figures", ".hidden", "a..b"])
+def test_a_configuration_name_that_is_no_safe_folder_is_refused_at_load(scratch, capsys, name):
+    # serve/...yaml has the stem '..': its records would land at reports/<suite>.json, outside every release
+    scratch.config("fake-ok")
+    d = yaml.safe_load((scratch.root / "serve" / "fake-ok.yaml").read_text())
+    d["name"] = name
+    (scratch.root / "serve" / f"{name}.yaml").write_text(yaml.safe_dump(d))
+    (scratch.root / "suites" / "release.yaml").write_text(yaml.safe_dump(
+        {"configs": [name], "suites": [{"suite": "fake-sanity"}]}))
+    assert main(["release", "v1", "--baseline", "none"]) == 2
+    assert f"serve/{name}.yaml: name {name!r}" in capsys.readouterr().out.replace("\n", "")
+    assert sorted(p.name for p in (scratch.root / "reports").iterdir()) == []
+
+
+def test_a_suite_name_that_is_no_safe_file_name_is_refused_at_load(scratch, capsys):
+    (scratch.root / "suites" / "..x.yaml").write_text(yaml.safe_dump({"name": "..x", "kind": "strict-sanity"}))
+    scratch.config("fake-ok")
+    assert main(["suite", "..x", "--config", "fake-ok"]) == 2
+    assert "suites/..x.yaml: name '..x'" in capsys.readouterr().out.replace("\n", "")
