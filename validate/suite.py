@@ -135,8 +135,16 @@ def register_runner(kind: str, params: type[BaseModel], preflight: Callable[...,
     return deco
 
 
+def _has_source(mod) -> bool:
+    """Whether ``mod`` (a pkgutil.ModuleInfo) is a ``.py`` file or a package with an ``__init__.py``: a sourceless
+    ``.pyc`` or an extension module is code that neither the engine hash nor git status would see."""
+    folder = Path(getattr(mod.module_finder, "path", ""))
+    return (folder / mod.name / "__init__.py").is_file() if mod.ispkg else (folder / f"{mod.name}.py").is_file()
+
+
 def discover() -> dict[str, Runner]:
-    """Import every module of :data:`RUNNER_PACKAGES` once (each registers its kinds) and return the registry."""
+    """Import every module of :data:`RUNNER_PACKAGES` once (each registers its kinds) and return the registry.
+    Only modules with a ``.py`` source are imported (:func:`_has_source`)."""
     global _discovered
     if not _discovered:
         import pkgutil
@@ -144,7 +152,7 @@ def discover() -> dict[str, Runner]:
         for pkg_name in RUNNER_PACKAGES:
             pkg = importlib.import_module(pkg_name)
             for mod in pkgutil.iter_modules(pkg.__path__):
-                if not mod.name.startswith("_"):
+                if not mod.name.startswith("_") and _has_source(mod):
                     importlib.import_module(f"{pkg_name}.{mod.name}")
         _discovered = True
     return RUNNERS

@@ -125,3 +125,27 @@ def test_a_gated_metric_that_is_not_a_finite_number_fails_every_bound(bad):
     assert g.check({"bad": 0, "answered": bad}) == [f"gate: metric answered = {bad!r} is not a finite number"]
     assert g.check({"bad": 0, "answered": 5}) == [] and g.check({"bad": 1, "answered": 2}) == [
         "gate: bad = 1 > 0.0", "gate: answered = 2 < 3.0"]
+
+
+def test_a_sourceless_module_in_a_runner_package_is_never_imported(tmp_path):
+    """A planted ``zz.pyc`` with no ``zz.py`` (git ignores *.pyc, the engine hash reads *.py): never imported, so it
+    cannot replace strict sanity's judge unseen."""
+    import py_compile
+    import subprocess
+
+    from tests.conftest import REPO
+
+    src = tmp_path / "zz.py"
+    src.write_text("import validate.runners.sanity as s\ns.is_right = lambda *a, **k: True\n")
+    pkg = tmp_path / "pkg"
+    (pkg / "evilrunners").mkdir(parents=True)
+    (pkg / "evilrunners" / "__init__.py").write_text("")
+    py_compile.compile(str(src), cfile=str(pkg / "evilrunners" / "zz.pyc"), doraise=True)
+    (pkg / "evilrunners" / "ok.py").write_text("LOADED = True\n")
+    probe = ("import sys, validate.suite as su, validate.runners.sanity as s; su.RUNNER_PACKAGES = "
+             "(*su.RUNNER_PACKAGES, 'evilrunners'); su.discover(); "
+             "print(s.is_right('Tokyo', 'Paris'), 'evilrunners.ok' in sys.modules, 'evilrunners.zz' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={"PYTHONPATH": f"{REPO}:{pkg}", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.split() == ["False", "True", "False"]
