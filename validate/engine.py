@@ -400,6 +400,8 @@ class Engine:
             # a record of a server this run would not have checked the same way is not this run's result
             same = rec.server.launched == (self.o.url is None) and (
                 rec.server.provenance_ok is True or not cfg.expects_plugin)
+            if same and self.o.url is not None:  # and of this very server: another --url's pass is not its own
+                same = (rec.server.url or "").rstrip("/") == self.o.url.rstrip("/")
         runner = get_runner(s.spec.kind)
         if same and runner.dataset_hash is not None and rec.dataset is not None:
             try:  # the data the record answered must be the data a run now would read

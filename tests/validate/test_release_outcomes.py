@@ -307,3 +307,33 @@ def test_a_ray_record_of_another_configuration_is_wrong_tree():
     r.tree.engine_hash = "e1"
     why = tree_mismatch(r, Tree(source_hash="aaaa", engine_hash="e1"), True, config_hash="d")
     assert why == "the node ran configuration c with hash c, the driver's is d (its serve/ file differs)"
+
+
+def test_resume_never_keeps_one_url_servers_record_for_another_server(scratch, tmp_path, capsys):
+    """Server A passes; server B answers garbage. `release --url B --resume` must run B, not keep A's pass."""
+    from validate.config import find_config
+    from validate.server import launch
+
+    scratch.config("fake-ok")
+    good = scratch.config("fake-a")
+    bad = scratch.config("fake-b", mode="garbage")
+    (scratch.root / "suites" / "release.yaml").write_text(yaml.safe_dump(
+        {"configs": ["fake-ok"], "suites": [{"suite": "fake-sanity"}]}))
+    la, lb = tmp_path / "a.log", tmp_path / "b.log"
+    a = launch(find_config(scratch.root, "fake-a"), "m", la)
+    b = launch(find_config(scratch.root, "fake-b"), "m", lb)
+    try:
+        assert main(["release", "r1", "--config", "fake-ok", "--url", a.url, "--model", good, "--server-log", str(la),
+                     "--baseline", "none"]) == 0
+        capsys.readouterr()
+        assert main(["release", "r1", "--config", "fake-ok", "--url", b.url, "--model", bad, "--server-log", str(lb),
+                     "--baseline", "none", "--resume"]) == 1
+        assert main(["release", "r1", "--config", "fake-ok", "--url", b.url, "--model", bad, "--server-log", str(lb),
+                     "--baseline", "none", "--resume"]) == 1  # now B's own record is kept
+        assert "not run again" in capsys.readouterr().out
+    finally:
+        a.stop()
+        b.stop()
+    rec = json.loads((scratch.root / "reports" / "r1" / "fake-ok" / "fake-sanity.json").read_text())
+    assert rec["server"]["url"] == b.url and rec["verdict"]["status"] == "fail"
+    assert fake_procs(good) == [] and fake_procs(bad) == []
