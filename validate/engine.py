@@ -432,6 +432,10 @@ class Engine:
             raise PrepareError(str(e)) from None
         except Exception as e:  # a conversion that fails (transformers, a truncated file, a full cache disk)
             raise PrepareError(f"{type(e).__name__}: {e}") from None
+        dropped = sorted(k for k in os.environ if k not in srvmod.server_environ(os.environ) and k not in cfg.env)
+        if dropped:
+            self.say(f"{cfg.name}: not passed to the server from this shell: {', '.join(dropped)} (knobs are set in "
+                     f"serve/{cfg.name}.yaml's env)")
         launches = 2 if cfg.warm_restart else 1
         server = None
         for n in range(launches):
@@ -544,7 +548,7 @@ class Engine:
             params=s.params_dict, params_hash=s.params_hash(), suite_hash=s.spec_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
             wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
             config_snapshot=cfg.model_dump(mode="json"),
-            knobs=knobs.in_force({**os.environ, **cfg.env} if server is None or server.launched else cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
+            knobs=knobs.in_force(cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
             server_metrics=result.server_metrics, client=result.client_tally,

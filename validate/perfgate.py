@@ -163,8 +163,9 @@ def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
     return [r for r in runs if same(r) == same(rec) and r.verdict.status in ("pass", "fail")] or [rec]
 
 
-#: Server settings that change what a BetterBench figure means (combined decode averages up to max_num_seqs).
-MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size")
+#: Server settings that change what a BetterBench figure means (combined decode averages up to max_num_seqs;
+#: another dtype is another model's speed).
+MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
 
 
 def specs_of(root: Path) -> dict[str, PerfGateSpec]:
@@ -224,6 +225,12 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         if moved:
             bad.append("the server settings that define the figures differ (" + ", ".join(
                 f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
+        if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
+            bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
+        hb, hc = b.hardware or {}, c.hardware or {}
+        moved = [k for k in ("kind", "gpus") if hb.get(k) != hc.get(k)]
+        if moved:
+            bad.append("the hardware differs (" + ", ".join(f"{k}: {hb.get(k)!r} vs {hc.get(k)!r}" for k in moved) + ")")
         if b.metrics_formula_version != c.metrics_formula_version:
             bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
         if bad:

@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from r9k import provenance as prov
+from r9k.knobs import ENGINE_VARIABLES
 from validate.client import OpenAIClient
 from validate.config import ServeConfig
 from validate.errors import LaunchError, WrongTreeError
@@ -101,6 +102,13 @@ def build_command(cfg: ServeConfig, model: str, host: str, port: int) -> list[st
 
 
 TAG_ENV = "R9K_SERVER_TAG"
+
+
+def server_environ(environ: dict[str, str]) -> dict[str, str]:
+    """What a launched server inherits of ``environ``: everything but r9k's knobs (``R9K_*`` other than the
+    engine's own variables). The configuration's ``env`` is the one place a knob is set: one left exported in the
+    operator's shell would change what runs while the record and every check read the configuration."""
+    return {k: v for k, v in environ.items() if not k.startswith("R9K_") or k in ENGINE_VARIABLES}
 
 
 def tagged(tag: str) -> list[psutil.Process]:
@@ -251,7 +259,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     if port_in_use(host, port):
         raise LaunchError(f"port {port} on {host} is already in use (server.port in serve/{cfg.name}.yaml)")
     tag = f"{cfg.name}-{os.getpid()}-{time.time_ns()}"
-    env = {**os.environ, **cfg.env, TAG_ENV: tag}
+    env = {**server_environ(os.environ), **cfg.env, TAG_ENV: tag}
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log_path, "ab")

@@ -181,3 +181,31 @@ def test_malformed_sse_chunk_is_a_launch_failure_not_a_traceback(scratch, capsys
 
     r = asyncio.run(go())
     assert not r.ok and r.error.startswith("malformed stream chunk: ValueError: expected a JSON object")
+
+
+def test_a_knob_exported_in_the_shell_never_reaches_a_launched_server(scratch, tmp_path, monkeypatch, capsys):
+    """R9K_GDN_PREFILL_MAX=0 left in the operator's shell would turn r9k's GDN off on a server whose configuration
+    sets no GDN knob, while the record and the dispatch check read the configuration: it is not passed on."""
+    import psutil
+
+    from validate.config import find_config
+    from validate.server import TAG_ENV, launch, server_environ
+
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "0")
+    monkeypatch.setenv("R9K_NOT_A_KNOB", "1")
+    assert server_environ({"R9K_GDN_PREFILL_MAX": "0", "R9K_ROOT": "/r", "PATH": "/bin"}) == {"R9K_ROOT": "/r",
+                                                                                               "PATH": "/bin"}
+    tag = scratch.config("fake-ok", R9K_FP8_BLOCK_GEMM="r9k", FAKE_VLLM_DISPATCH="fp8_block_gemm")
+    srv = launch(find_config(scratch.root, "fake-ok"), "m", tmp_path / "server.log")
+    try:
+        [env] = [p.environ() for p in psutil.process_iter() if p.pid == srv.proc.pid]
+        assert TAG_ENV in env and env["R9K_FP8_BLOCK_GEMM"] == "r9k"
+        assert "R9K_GDN_PREFILL_MAX" not in env and "R9K_NOT_A_KNOB" not in env
+    finally:
+        srv.stop()
+    assert main(["suite", "fake-sanity", "--config", "fake-ok", "--release", "k1"]) == 0
+    rec = json.loads((scratch.root / "reports" / "k1" / "fake-ok" / "fake-sanity.json").read_text())
+    assert rec["knobs"]["R9K_GDN_PREFILL_MAX"] == 1024 and "?R9K_NOT_A_KNOB" not in rec["knobs"]
+    assert ("fake-ok: not passed to the server from this shell: R9K_GDN_PREFILL_MAX, R9K_NOT_A_KNOB"
+            in capsys.readouterr().out.replace("\n", " "))
+    assert fake_procs(tag) == []

@@ -111,3 +111,19 @@ def test_a_lost_figure_a_nan_or_other_server_settings_are_never_a_pass(tmp_path)
     write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), moved)
     (u,) = compare_perf(tmp_path, "v4", "v1").unpaired
     assert "the server settings that define the figures differ (max_num_seqs: None vs 4)" in u
+
+
+def test_a_candidate_serving_another_model_dtype_or_hardware_is_not_compared(tmp_path):
+    """A faster, smaller model (or another dtype, or other GPUs) must not hide a slower plugin."""
+    b = _bench("v1", 38.0, 1)
+    write_record(record_path(tmp_path, "v1", "cpu-smol", "betterbench"), b)
+    cases = {"model": lambda r: setattr(r, "model", "/models/qwen-0.5b"),
+             "dtype": lambda r: r.config_snapshot.setdefault("server", {}).update(dtype="float16"),
+             "hardware": lambda r: setattr(r, "hardware", {"kind": "h200", "gpus": 1})}
+    for i, (what, change) in enumerate(cases.items()):
+        c = _bench(f"v{i + 2}", 38.0 * 0.8, 2)
+        change(c)
+        write_record(record_path(tmp_path, c.release, "cpu-smol", "betterbench"), c)
+        cmp = compare_perf(tmp_path, c.release, "v1")
+        assert not cmp.figures and len(cmp.unpaired) == 1, (what, cmp.unpaired)
+        assert f"the {what}" in cmp.unpaired[0] or f"{what}:" in cmp.unpaired[0], cmp.unpaired
