@@ -1,6 +1,6 @@
 """Pictures for the release notes, drawn from records alone: PNG files under ``reports/<release>/figures/``.
 
-Per configuration (``<config>-<suite>-<kind>.png``):
+Per configuration (``<config>/<suite>-<kind>.png``: a folder per configuration, so no two names collide):
 
 - ``concurrency``: BetterBench aggregate output tok/s and per-stream decode (1 / TPOT-p50, tok/s) against
   concurrent streams, baseline and candidate, each with its min-max band across passes;
@@ -61,7 +61,7 @@ HISTORY_STATUSES = ("pass", "fail")  # history points: suites that ran to the en
 class PlotFile:
     """One picture written beside RELEASE.md.
 
-    ``path``: relative to ``reports/<release>/`` (``figures/<config>-<suite>-<kind>.png``, ``figures/history.png``);
+    ``path``: relative to ``reports/<release>/`` (``figures/<config>/<suite>-<kind>.png``, ``figures/history.png``);
     ``config``: the configuration it shows, None for the history view; ``kind``: what it shows.
     """
 
@@ -741,10 +741,10 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
     """Draw the release's pictures from its records (and the baseline's, and every earlier release's for the
     history view) into ``reports/<release>/figures/``.
 
-    Per configuration with a BetterBench record: ``<config>-<suite>-concurrency.png`` and, where the record
-    holds ``latency_samples``, ``<config>-<suite>-latency.png`` (the baseline's record of the same
+    Per configuration with a BetterBench record: ``<config>/<suite>-concurrency.png`` and, where the record
+    holds ``latency_samples``, ``<config>/<suite>-latency.png`` (the baseline's record of the same
     configuration and suite drawn beside the candidate's where it exists); per configuration with a soak record
-    holding memory samples: ``<config>-<suite>-memory.png``; and ``history.png`` when at least two releases up to
+    holding memory samples: ``<config>/<suite>-memory.png``; and ``history.png`` when at least two releases up to
     ``release`` hold a decode step, combined decode or GSM8K figure. Records that did not run the tree under
     validation (wrong-tree, plugin-inactive) or were skipped are not drawn; an error record is drawn with
     what it measured; the history takes suites that ran to the end (pass or fail). A figure whose data is
@@ -790,7 +790,7 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
         for rec in sorted((r for r in recs if r.suite_kind == "betterbench"), key=lambda r: r.suite):
             b = base_by.get((cfg, rec.suite))
             b = b if b is not None and b.suite_kind == "betterbench" else None
-            stem = f"{_safe(cfg)}-{_safe(rec.suite)}"
+            stem = f"{_safe(cfg)}/{_safe(rec.suite)}"
             who = f"{b.release} vs {release}" if b else release
             notes = (status_note(b) if b else "") + status_note(rec)
             sides = ([b] if b else []) + [rec]
@@ -818,7 +818,7 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
             span = ""
             if dur and isinstance(m.get("clients"), int):
                 span = f", {m['clients']} clients, " + (f"{dur / 60:.1f} min" if dur >= 300 else f"{dur:.0f} s")
-            emit(f"{_safe(cfg)}-{_safe(rec.suite)}-memory.png",
+            emit(f"{_safe(cfg)}/{_safe(rec.suite)}-memory.png",
                  f"{cfg}: soak memory over time, {release}{span} (MiB){status_note(rec)}", cfg, "memory",
                  plot_memory, series, _num_or_none(m.get("max_slope_mib_per_min")), died)
 
@@ -841,10 +841,13 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
         emit("history.png", f"Release history up to {release}: {', '.join(shown)}", None, "history",
              plot_history, keep, panels)
 
-    keep_names = {Path(f.path).name for f in written}
-    if out_dir.is_dir():
-        for p in out_dir.glob("*.png"):
+    keep = {out_dir / Path(f.path).relative_to(FIGURES) for f in written}
+    if out_dir.is_dir():  # figures of an earlier render that this one no longer draws
+        for p in [out_dir / "history.png", *out_dir.glob("*/*.png")]:
             ours = p.name == "history.png" or p.name.endswith(("-concurrency.png", "-latency.png", "-memory.png"))
-            if ours and p.name not in keep_names:
+            if ours and p.is_file() and p not in keep:
                 p.unlink(missing_ok=True)
+        for d in out_dir.iterdir():
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
     return written

@@ -151,13 +151,14 @@ def rendered(tmp_path_factory):
 def test_every_figure_is_written_and_listed(rendered):
     reports, files = rendered
     assert [(f.path, f.config, f.kind) for f in files] == [
-        ("figures/27b-tp2-soak-memory.png", "27b-tp2", "memory"),
-        ("figures/fn-tp4-betterbench-concurrency.png", "fn-tp4", "concurrency"),
-        ("figures/fn-tp4-betterbench-latency.png", "fn-tp4", "latency"),
-        ("figures/fn-tp4-soak-memory.png", "fn-tp4", "memory"),
+        ("figures/27b-tp2/soak-memory.png", "27b-tp2", "memory"),
+        ("figures/fn-tp4/betterbench-concurrency.png", "fn-tp4", "concurrency"),
+        ("figures/fn-tp4/betterbench-latency.png", "fn-tp4", "latency"),
+        ("figures/fn-tp4/soak-memory.png", "fn-tp4", "memory"),
         ("figures/history.png", None, "history"),
     ]
-    assert sorted(p.name for p in (reports / "v0.3.3" / "figures").iterdir()) == sorted(Path(f.path).name for f in files)
+    fig_dir = reports / "v0.3.3" / "figures"
+    assert sorted(str(p.relative_to(fig_dir.parent)) for p in fig_dir.rglob("*.png")) == sorted(f.path for f in files)
     for f in files:
         decoded(reports / "v0.3.3" / f.path, plots.HISTORY_SIZE_PX if f.kind == "history" else plots.SIZE_PX)
         assert (f.config or "Release history") in f.title
@@ -167,13 +168,13 @@ def test_every_figure_is_written_and_listed(rendered):
 def test_titles_name_configuration_releases_and_unit(rendered):
     _, files = rendered
     by = {f.path: f.title for f in files}
-    assert by["figures/fn-tp4-betterbench-concurrency.png"] == \
+    assert by["figures/fn-tp4/betterbench-concurrency.png"] == \
         "fn-tp4: BetterBench throughput against concurrency, v0.3.2 vs v0.3.3 (tok/s)"
-    assert by["figures/fn-tp4-betterbench-latency.png"] == "fn-tp4: BetterBench TTFT and ITL distributions, v0.3.2 vs v0.3.3 (ms)"
-    assert by["figures/fn-tp4-soak-memory.png"] == "fn-tp4: soak memory over time, v0.3.3, 16 clients, 25.0 min (MiB)"
+    assert by["figures/fn-tp4/betterbench-latency.png"] == "fn-tp4: BetterBench TTFT and ITL distributions, v0.3.2 vs v0.3.3 (ms)"
+    assert by["figures/fn-tp4/soak-memory.png"] == "fn-tp4: soak memory over time, v0.3.3, 16 clients, 25.0 min (MiB)"
     assert by["figures/history.png"] == "Release history up to v0.3.3: decode step, combined decode, GSM8K accuracy"
     # the soak whose server died is an error record: drawn, and its title says so
-    assert by["figures/27b-tp2-soak-memory.png"].endswith("(MiB) [v0.3.3 verdict: error]")
+    assert by["figures/27b-tp2/soak-memory.png"].endswith("(MiB) [v0.3.3 verdict: error]")
 
 
 @pytest.mark.timeout(120)
@@ -219,7 +220,7 @@ def test_a_missing_suite_gives_no_file(tmp_path):
     write(tmp_path, base_record("v0.3.3", "fn-tp4", "soak", m, status="wrong-tree", params=params))
     write(tmp_path, base_record("v0.3.3", "fn-tp2", "soak", {**m, "samples": [], "memory": {}}, params=params))
     files = plots.render_figures(tmp_path, "v0.3.3", None)
-    assert [f.path for f in files] == ["figures/fn-tp4-betterbench-concurrency.png"]
+    assert [f.path for f in files] == ["figures/fn-tp4/betterbench-concurrency.png"]
     decoded(tmp_path / "v0.3.3" / files[0].path)
 
 
@@ -342,3 +343,21 @@ def test_betterbench_latency_samples_are_capped_with_a_seeded_subsample(tmp_path
     monkeypatch.setattr(betterbench, "LATENCY_SAMPLES_MAX", 10)
     s = run_betterbench(tmp_path, Script(ttft_ms=2.0, itl_ms=0.5)).metrics["latency_samples"]["c3"]
     assert s["ttft_count"] == 12 and len(s["ttft_ms"]) == 10 and s["itl_count"] == 48 and len(s["itl_ms"]) == 10
+
+
+def test_two_configurations_never_share_a_figure_file(tmp_path):
+    """Configuration fn-tp4 with suite betterbench and configuration fn with suite tp4-betterbench: one folder per
+    configuration keeps their pictures apart (a flat name joined them into one file)."""
+    from tests.validate.test_records_render import rec as make_rec
+    from validate.record import record_path, write_record
+
+    for config, suite, tok in (("fn-tp4", "betterbench", 100.0), ("fn", "tp4-betterbench", 5.0)):
+        r = make_rec(config, suite, metrics={})
+        r.release, r.suite_kind = "v1", "betterbench"
+        r.metrics = {"concurrency": [1, 2], "summary": {f"c{c}_tok_s": {"median": tok * c, "min": tok * c,
+                                                                       "max": tok * c} for c in (1, 2)}}
+        write_record(record_path(tmp_path, "v1", config, suite), r)
+    written = plots.render_figures(tmp_path, "v1")
+    assert sorted((w.config, w.path) for w in written) == [
+        ("fn", "figures/fn/tp4-betterbench-concurrency.png"), ("fn-tp4", "figures/fn-tp4/betterbench-concurrency.png")]
+    assert all((tmp_path / "v1" / w.path).is_file() for w in written)
