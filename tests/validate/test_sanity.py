@@ -88,3 +88,17 @@ def test_a_looping_answer_is_garbage():
     assert why("Paris. Paris. Paris. Paris.") == "the phrase 'Paris' repeated 4 or more times in a row"
     assert why("the cat the cat the cat the cat") == "the phrase 'the cat' repeated 4 or more times in a row"
     assert why("Paris. Paris. Paris.") is None and why("Tom has 3 apples and 5 more, so 3 + 5 = 8.") is None
+
+
+def test_a_looping_sentence_and_a_punctuation_flood_are_garbage():
+    # a 7-word sentence said five times (a corrupted KV cache's way), and 'Paris' then 40 '!' in alternating token
+    # ids ('!', '!!', '!!!', so no id repeats): both once read as right answers
+    from validate.client import RequestResult
+    from validate.runners.sanity import garbage_reason
+
+    loop = RequestResult(text="Paris is the capital city of France. " * 5, token_ids=list(range(45)))
+    assert garbage_reason(loop, 12) == "the phrase 'Paris is the capital city of France' repeated 4 or more times in a row"
+    flood = RequestResult(text="Paris" + "!" * 40, token_ids=[1] + [7, 8, 9] * 14)
+    assert garbage_reason(flood, 12) == "'!' repeated 40 times in a row"
+    fine = RequestResult(text="Paris! It is the capital of France... and its largest city.", token_ids=list(range(14)))
+    assert garbage_reason(fine, 12) is None

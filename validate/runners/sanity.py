@@ -78,9 +78,16 @@ def distractors(prompts: list[dict]) -> dict[str, frozenset[str]]:
     return {q["id"]: frozenset(v for k, v in expects.items() if k != str(q["expect"]).lower()) for q in prompts}
 
 
-#: A phrase of 1-6 words said this many times in a row is a loop ("Paris. Paris. Paris. Paris."), not an answer.
+#: A phrase of 1-12 words said this many times in a row is a loop ("Paris. Paris. Paris. Paris.", or a whole
+#: sentence over and over, as a corrupted KV cache says it), not an answer.
 LOOP_REPEATS = 4
-_LOOP_RE = re.compile(r"\b(\w+(?:\W+\w+){0,5}?)(?:\W+\1\b){%d,}" % (LOOP_REPEATS - 1), re.IGNORECASE)
+LOOP_MAX_WORDS = 12
+_LOOP_RE = re.compile(r"\b(\w+(?:\W+\w+){0,%d}?)(?:\W+\1\b){%d,}" % (LOOP_MAX_WORDS - 1, LOOP_REPEATS - 1),
+                      re.IGNORECASE)
+#: One punctuation or symbol character this many times in a row ("Paris!!!!...") is a flood, not an answer; token
+#: ids can alternate ('!', '!!', '!!!') so the token-id repeat rule does not see it.
+PUNCT_RUN = 16
+_PUNCT_RE = re.compile(r"([^\w\s])\1{%d,}" % (PUNCT_RUN - 1))
 
 
 def garbage_reason(res: RequestResult, repeat: int) -> str | None:
@@ -94,6 +101,9 @@ def garbage_reason(res: RequestResult, repeat: int) -> str | None:
     loop = _LOOP_RE.search(res.text)
     if loop:
         return f"the phrase {loop.group(1)!r} repeated {LOOP_REPEATS} or more times in a row"
+    flood = _PUNCT_RE.search(res.text)
+    if flood:
+        return f"{flood.group(1)!r} repeated {len(flood.group(0))} times in a row"
     ids = res.token_ids or []
     run = 1
     for a, b in zip(ids, ids[1:]):
