@@ -219,6 +219,13 @@ def _perf_case(p: PerfResult, rec: Record | None) -> ET.Element:
     return case
 
 
+def _perf_unpaired_case(reason: str) -> ET.Element:
+    config, suite = _unpaired_task(reason)
+    case = _set(ET.Element("testcase"), classname=config, name=f"perf {suite}", time=_time(0))
+    _result(case, "error", "perf-unpaired", reason, _capped_lines([reason]))
+    return case
+
+
 def _count(suite: ET.Element) -> dict[str, int]:
     cases = suite.findall("testcase")
     return {"tests": len(cases),
@@ -227,7 +234,8 @@ def _count(suite: ET.Element) -> dict[str, int]:
 
 
 def junit_element(records: list[Record], comparison: Comparison | None = None,
-                  perf: list[PerfResult] | None = None, name: str = "r9k-validate") -> ET.Element:
+                  perf: list[PerfResult] | None = None, name: str = "r9k-validate",
+                  perf_unpaired: list[str] | None = None) -> ET.Element:
     """The ``<testsuites>`` element that :func:`junit_xml` serialises (same arguments, same content, same
     errors), for a caller that adds to it before writing."""
     suites: dict[str, ET.Element] = {}
@@ -254,6 +262,8 @@ def junit_element(records: list[Record], comparison: Comparison | None = None,
             suite(_unpaired_task(reason)[0]).append(_unpaired_case(reason, comparison))
     for p in perf or []:
         suite(p.config).append(_perf_case(p, first.get(p.config)))
+    for reason in perf_unpaired or []:
+        suite(_unpaired_task(reason)[0]).append(_perf_unpaired_case(reason))
 
     root = _set(ET.Element("testsuites"), name=name)
     total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -270,7 +280,7 @@ def junit_element(records: list[Record], comparison: Comparison | None = None,
 
 
 def junit_xml(records: list[Record], comparison: Comparison | None = None, perf: list[PerfResult] | None = None,
-              name: str = "r9k-validate") -> str:
+              name: str = "r9k-validate", perf_unpaired: list[str] | None = None) -> str:
     """A JUnit XML report of one run, as text.
 
     Args:
@@ -286,6 +296,8 @@ def junit_xml(records: list[Record], comparison: Comparison | None = None, perf:
         perf: performance-gate results (objects with ``config``, ``figure``, ``regression``, ``message``); one
             testcase ``perf <figure>`` each, a failure when ``regression``.
         name: the ``name`` of the root ``<testsuites>``.
+        perf_unpaired: reasons ("<config>/<suite>: ...") the performance gate could not compare something; one
+            ``error`` testcase ``perf <suite>`` each (``gate --perf`` exits 2 on them: the report must not be green).
 
     Every testcase carries ``<properties>`` (release, config_hash, tree.commit, tree.dirty, tree.source_hash,
     profile; paired ones also n, b, c, the p values, alpha and the interval) as its first child, as pytest writes
@@ -296,7 +308,7 @@ def junit_xml(records: list[Record], comparison: Comparison | None = None, perf:
 
     Raises nothing for well-formed inputs; an object in ``perf`` without the attributes raises AttributeError.
     """
-    root = junit_element(records, comparison, perf, name)
+    root = junit_element(records, comparison, perf, name, perf_unpaired)
     ET.indent(root)
     return '<?xml version="1.0"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -318,7 +330,8 @@ def _atomic_write(path: Path, data: bytes) -> Path:
 
 
 def write_junit(path: str | os.PathLike, records: list[Record], comparison: Comparison | None = None,
-                perf: list[PerfResult] | None = None, name: str = "r9k-validate") -> Path:
+                perf: list[PerfResult] | None = None, name: str = "r9k-validate",
+                perf_unpaired: list[str] | None = None) -> Path:
     """Write :func:`junit_xml` of the arguments to ``path`` atomically (a temp file in the same folder, fsynced,
     mode 0644, renamed over ``path``; missing folders are made), so a reader never sees a torn report.
 
@@ -327,7 +340,7 @@ def write_junit(path: str | os.PathLike, records: list[Record], comparison: Comp
     Raises:
         OSError: the folder cannot be made or written; a report already at ``path`` is then left as it was.
     """
-    return _atomic_write(Path(path), junit_xml(records, comparison, perf, name).encode("utf-8"))
+    return _atomic_write(Path(path), junit_xml(records, comparison, perf, name, perf_unpaired).encode("utf-8"))
 
 
 # --- GitHub step summary ----------------------------------------------------------------------------------

@@ -243,6 +243,8 @@ def cmd_release(args) -> int:
                                              "held was not compared"}.get(gate, "")
     if cmp is not None:  # in a release an unpairable task is "Not checked", not an error (see _release_gate)
         cmp = dataclasses.replace(cmp, unpaired=[])
+    if perf is not None:
+        perf = dataclasses.replace(perf, unpaired=[])
     code = _ci_reports(args, outcome.records, cmp, perf, combine_exit(outcome.exit_code(), gate), why)
     return _exit(code, why)
 
@@ -312,7 +314,9 @@ def _ci_reports(args, records, comparison, perf, code: int, why: str) -> int:
     figures = perf.figures if perf is not None else None
     if getattr(args, "junit_xml", None):
         try:
-            console.print(f"JUnit report: {write_junit(args.junit_xml, records, comparison, figures)}")
+            path = write_junit(args.junit_xml, records, comparison, figures,
+                               perf_unpaired=perf.unpaired if perf is not None else None)
+            console.print(f"JUnit report: {path}")
         except OSError as e:
             console.print(f"[red]error: cannot write the JUnit report {args.junit_xml}: {e.strerror or e}[/red]")
             code = combine_exit(code, 2)

@@ -343,3 +343,25 @@ def test_github_summary_appends_only_when_the_variable_is_set(tmp_path):
 def test_an_unwritable_summary_path_returns_false(tmp_path):
     for bad in (tmp_path / "missing" / "summary.md", tmp_path, "bad\0name"):
         assert append_github_summary("# x", environ={"GITHUB_STEP_SUMMARY": str(bad)}) is False
+
+
+def test_gate_perf_writes_what_it_could_not_compare_as_errors(tmp_path):
+    """A gated figure missing from the candidate makes `gate --perf` exit 2; its JUnit report must not be green."""
+    import xml.etree.ElementTree as ET
+
+    from tests.validate.test_perfgate import _bench
+    from validate.cli import main
+    from validate.record import record_path, write_record
+
+    b, c = _bench("v1", 38.0, 1), _bench("v2", 38.0, 2)
+    for row in c.metrics["per_pass"]:
+        del row["prefill_1024_tok_s"]
+    for r in (b, c):
+        write_record(record_path(tmp_path, r.release, r.config, r.suite), r)
+    junit = tmp_path / "j.xml"
+    assert main(["gate", "v2", "--against", "v1", "--perf", "--reports", str(tmp_path), "--junit-xml", str(junit)]) == 2
+    root = ET.parse(junit).getroot()
+    assert root.get("errors") == "1" and root.get("failures") == "0"
+    [err] = [case for case in root.iter("testcase") if case.find("error") is not None]
+    assert err.get("classname") == "cpu-smol" and err.get("name") == "perf betterbench"
+    assert "prefill_1024_tok_s is gated and measured in the baseline but missing" in err.find("error").get("message")
