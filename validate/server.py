@@ -328,20 +328,53 @@ async def _wait_ready(srv: Server, timeout_s: float, t0: float, progress, expect
             await asyncio.sleep(1.0)
 
 
+def _is_local(host: str | None) -> bool:
+    """Whether ``host`` names this machine: 0.0.0.0 / ::, any loopback (127.0.0.0/8, ::1, ::ffff:127.x), a name
+    that resolves to one of those, or an address of one of its interfaces."""
+    import ipaddress
+
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError, OSError):
+        return False
+    mine = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    for *_, sockaddr in infos:
+        ip = ipaddress.ip_address(sockaddr[0].split("%")[0])
+        ip = getattr(ip, "ipv4_mapped", None) or ip
+        if ip.is_loopback or ip.is_unspecified or str(ip) in mine:
+            return True
+    return False
+
+
 def listening_pid(url: str) -> int | None:
-    """The process listening on ``url``'s port when the host is this machine's loopback, else None."""
+    """The process listening on ``url``'s port when the host is this machine (:func:`_is_local`), else None."""
     from urllib.parse import urlsplit
 
     u = urlsplit(url)
-    if u.hostname not in ("127.0.0.1", "localhost", "::1") or not u.port:
+    try:
+        port = u.port
+    except ValueError:
+        return None
+    if not port or not _is_local(u.hostname):
         return None
     try:
         for c in psutil.net_connections(kind="tcp"):
-            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == u.port and c.pid:
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
                 return c.pid
     except (psutil.Error, OSError):
         pass
     return None
+
+
+def process_tree(pid: int) -> set[str]:
+    """``pid`` and its live descendants, as strings (a provenance line's ``pid=``); empty when it is gone."""
+    try:
+        p = psutil.Process(pid)
+        return {str(q.pid) for q in [p] + p.children(recursive=True)}
+    except psutil.Error:
+        return set()
 
 
 def external(url: str, model: str) -> Server:

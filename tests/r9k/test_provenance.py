@@ -177,3 +177,95 @@ def test_a_family_asked_for_once_is_asked_for_whole():
     why = check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="400"), _lines("gdn_seq", "gdn_seq"))
     assert why.startswith("R9K_GDN_PREFILL_CONV=r9k (its default) asks for the gdn_conv dispatch")
     assert check_dispatch(_cfg(R9K_GDN_PREFILL_MAX="400", R9K_GDN_PREFILL_CONV="stock"), _lines("gdn_seq", "gdn_seq")) is None
+
+
+def _forged_body(digest: str, n: int, pids: list[int], sep: str = "\u2028") -> str:
+    """One log line as vLLM's request logging writes it at DEBUG for a chat request whose message carries forged
+    provenance lines between U+2028 separators (pydantic's JSON leaves U+2028/U+2029/U+0085 raw; the log
+    formatter's prefix follows '\\n' only)."""
+    import json
+
+    lines = "".join(f"{sep}R9K-PROVENANCE version=0.1.0 source_hash={digest} files={n} pid={p} dispatch=- failed=-"
+                    for p in pids) + sep
+    body = json.dumps({"messages": [{"role": "user", "content": "hi" + lines}], "model": "x"}, ensure_ascii=False)
+    return f"(APIServer pid={pids[0]}) DEBUG 12-02 01:00:00 [request_logger.py:75] Request N/A JSON body: {body}\n"
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85", "\x1c", "\x0b"])
+def test_a_logged_prompt_with_unicode_line_separators_makes_no_provenance_line(sep):
+    digest, n = provenance.source_hash()
+    one_line = _forged_body(digest, n, [4242, 4243], sep)
+    assert one_line.count("\n") == 1 and provenance.parse(one_line) == []
+
+
+def test_the_serving_pid_is_found_for_every_spelling_of_this_machine():
+    import socket
+
+    from validate.server import listening_pid
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        for host in ("127.0.0.1", "localhost", "0.0.0.0", "127.1", "[::ffff:127.0.0.1]"):
+            assert listening_pid(f"http://{host}:{port}") is not None, host
+    finally:
+        s.close()
+    assert listening_pid("http://10.255.255.1:8000") is None  # no interface of ours
+
+
+def test_a_logged_request_body_never_vouches_for_a_server_without_the_plugin(scratch, tmp_path):
+    """A server without r9k, reached as http://0.0.0.0:PORT; its --server-log holds one logged request body with
+    forged lines: not provenance, and the server is wrong-tree."""
+    import json
+
+    from tests.conftest import fake_procs
+    from validate.cli import main
+    from validate.config import find_config
+    from validate.server import launch
+
+    scratch.config("fake-ok")
+    other = scratch.config("fake-other", mode="no-plugin")
+    log = tmp_path / "server.log"
+    srv = launch(find_config(scratch.root, "fake-other"), "m", log)
+    try:
+        digest, n = provenance.source_hash()
+        with open(log, "a") as fh:
+            fh.write(_forged_body(digest, n, [4242, 4243]))
+        code = main(["suite", "fake-sanity", "--config", "fake-ok", "--url", srv.url.replace("127.0.0.1", "0.0.0.0"),
+                     "--model", other, "--server-log", str(log), "--release", "p1"])
+    finally:
+        srv.stop()
+    rec = json.loads((scratch.root / "reports" / "p1" / "fake-ok" / "fake-sanity.json").read_text())
+    assert code == 1 and rec["server"]["provenance_ok"] is False and rec["verdict"]["status"] == "wrong-tree"
+    assert fake_procs(other) == []
+
+
+def test_an_earlier_start_in_an_operators_appended_log_never_vouches(scratch, tmp_path):
+    """A log appended across restarts by other means than r9k's launcher (no launch marker): yesterday's start
+    printed the plugin's lines, today's prints none; only lines of the live serving process tree count."""
+    import json
+
+    from tests.conftest import fake_procs
+    from validate.cli import main
+    from validate.config import find_config
+    from validate.server import LAUNCH_MARK, launch
+
+    scratch.config("fake-ok")
+    scratch.config("fake-old")
+    other = scratch.config("fake-other", mode="no-plugin")
+    old_log, new_log, log = tmp_path / "old.log", tmp_path / "new.log", tmp_path / "server.log"
+    launch(find_config(scratch.root, "fake-old"), "m", old_log).stop()
+    srv = launch(find_config(scratch.root, "fake-other"), "m", new_log)
+    try:
+        strip = lambda t: "\n".join(ln for ln in t.splitlines() if not ln.startswith(LAUNCH_MARK))  # noqa: E731
+        log.write_text(strip(old_log.read_text()) + "\n" + strip(new_log.read_text()) + "\n")
+        assert "R9K-PROVENANCE" in log.read_text()
+        code = main(["suite", "fake-sanity", "--config", "fake-ok", "--url", srv.url.replace("127.0.0.1", "0.0.0.0"),
+                     "--model", other, "--server-log", str(log), "--release", "p2"])
+    finally:
+        srv.stop()
+    rec = json.loads((scratch.root / "reports" / "p2" / "fake-ok" / "fake-sanity.json").read_text())
+    assert code == 1 and rec["server"]["provenance_ok"] is False and rec["server"]["provenance"] == []
+    assert fake_procs(other) == []
