@@ -155,6 +155,9 @@ class _Server(ThreadingHTTPServer):
         return not (MODE == "close-after" and _count >= DIE_AFTER)
 
 
+_CHILD = "import os, time\nppid = os.getppid()\nwhile os.getppid() == ppid:\n    time.sleep(0.5)\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--host", default="127.0.0.1")
@@ -178,9 +181,13 @@ def main() -> None:
         if MODE == "wrong-tree":
             line = re.sub(r"source_hash=\w+", "source_hash=0123456789abcdef", line)
         print(line, flush=True)
-        # as vLLM's engine core would (a server has at least tp + 1 processes); FAKE_VLLM_PROCESSES=1: only one
-        for k in range(1, int(os.environ.get("FAKE_VLLM_PROCESSES", "2"))):
-            print(re.sub(r" pid=\d+", f" pid={os.getpid() + 100000 * k}", line), flush=True)
+        # as vLLM's engine core would (a server has at least tp + 1 processes), from a real child process that
+        # ends with this one; FAKE_VLLM_PROCESSES=1: only one
+        import subprocess
+
+        for _ in range(1, int(os.environ.get("FAKE_VLLM_PROCESSES", "2"))):
+            child = subprocess.Popen([sys.executable, "-c", _CHILD])
+            print(re.sub(r" pid=\d+", f" pid={child.pid}", line), flush=True)
     print("INFO [kv_cache_utils.py] GPU KV cache size: 12,345 tokens", flush=True)
     srv = _Server((args.host, args.port), Handler)
     print(f"Starting fake vLLM server on http://{args.host}:{args.port}", flush=True)

@@ -422,9 +422,9 @@ class Engine:
                 # an appended log of this engine's launcher: only its last launch speaks for the server now
                 text = srvmod.last_launch(self.o.server_log)
                 server.provenance = [p.raw for p in prov.parse(text)]
-                if server.pid is not None:  # on this machine: only lines of the serving process tree, alive now
-                    alive = srvmod.process_tree(server.pid)  # (a log appended by other means holds earlier starts)
-                    server.provenance = [ln for ln in server.provenance if _pid(ln) in alive]
+                if server.pid is not None:  # on this machine: only lines of processes alive now (a log appended
+                    # by other means holds earlier starts; a Ray worker need not descend from the API server)
+                    server.provenance = [ln for ln in server.provenance if srvmod.alive(_pid(ln))]
                 server.kv_cache_tokens = srvmod.kv_cache_tokens(text)
             return server
         try:

@@ -368,13 +368,12 @@ def listening_pid(url: str) -> int | None:
     return None
 
 
-def process_tree(pid: int) -> set[str]:
-    """``pid`` and its live descendants, as strings (a provenance line's ``pid=``); empty when it is gone."""
+def alive(pid: str) -> bool:
+    """Whether ``pid`` (a provenance line's ``pid=``) is a live process on this machine (not a zombie)."""
     try:
-        p = psutil.Process(pid)
-        return {str(q.pid) for q in [p] + p.children(recursive=True)}
+        return pid.isdigit() and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        return set()
+        return False
 
 
 def external(url: str, model: str) -> Server:
