@@ -13,8 +13,9 @@ A figure regresses only when all three hold, so that neither noise nor a trivial
    can give is 1 / C(n + m, n) (1/6 for 2 and 2): a gate on too few passes says that it cannot be significant.
 
 Each figure is marked "slower" or "faster" when its median lies beyond the baseline's band in that direction by
-more than the figure's threshold (conditions 1 and 2, either way), else "no clear change": a median just past a
-narrow band is not a move. A "slower" figure is a regression only when the rank test agrees. Lower is better for
+more than the figure's threshold (conditions 1 and 2, either way); else "within the band" when it lies inside the
+band, "within the threshold" when it lies past it by less than the threshold (a median just past a narrow band is
+not a move). A "slower" figure is a regression only when the rank test agrees. Lower is better for
 figures in milliseconds (``_ms``), higher for rates.
 """
 from __future__ import annotations
@@ -60,7 +61,7 @@ class PerfFigure:
     ``base`` / ``cand``: per-pass values (unit of the figure). ``change_pct``: candidate median against the
     baseline's, signed (positive = higher). ``worse_pct``: the same move counted in the bad direction.
     ``p_value``: one-sided Mann-Whitney p for "the candidate is worse"; ``min_p``: the least p these pass counts
-    allow. ``mark``: "slower", "faster" or "no clear change". ``regression``: all three conditions hold.
+    allow. ``mark``: "slower", "faster", "within the band" or "within the threshold". ``regression``: all three conditions hold.
     """
 
     config: str
@@ -78,7 +79,7 @@ class PerfFigure:
     p_value: float = 1.0
     min_p: float = 1.0
     outside_band: bool = False
-    mark: str = "no clear change"
+    mark: str = "within the band"
     regression: bool = False
     message: str = ""
     base_band: tuple[float, float] = (0.0, 0.0)  # run_band of each side
@@ -122,7 +123,8 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
                                    method="exact" if exact else "asymptotic").pvalue)
     f.min_p = 1.0 / math.comb(len(base) + len(cand), len(cand))
     f.mark = ("slower" if f.outside_band and f.worse_pct > threshold_pct else
-              "faster" if better_outside and -f.worse_pct > threshold_pct else "no clear change")
+              "faster" if better_outside and -f.worse_pct > threshold_pct else
+              "within the threshold" if f.outside_band or better_outside else "within the band")
     f.regression = f.worse_pct > threshold_pct and f.outside_band and f.p_value < alpha
     why = []
     if f.regression:

@@ -29,18 +29,18 @@ def test_a_ten_percent_slower_decode_step_is_a_regression():
     assert f.message.startswith("a regression: +")
 
 
-def test_no_shift_passes_with_no_clear_change():
+def test_no_shift_passes_and_is_within_the_band():
     base, cand = passes(10, 38.0, 0.01, seed=3), passes(10, 38.0, 0.01, seed=4)
     f = judge("cpu-smol", "decode_step_ms", base, cand, 3.0)
-    assert not f.regression and f.mark == "no clear change"
+    assert not f.regression and f.mark == "within the band"
 
 
-def test_a_rate_that_rises_is_faster_and_one_that_falls_inside_the_threshold_is_no_clear_change():
+def test_a_rate_that_rises_is_faster_and_one_that_falls_inside_the_threshold_is_within_it():
     base = passes(10, 100.0, 0.005, seed=5)
     up = judge("cpu-smol", "combined_decode_tok_s", base, passes(10, 110.0, 0.005, seed=6), 3.0)
     assert up.mark == "faster" and not up.regression and up.change_pct > 9
     down = judge("cpu-smol", "combined_decode_tok_s", base, passes(10, 98.0, 0.005, seed=7), 3.0)
-    assert down.outside_band and down.mark == "no clear change" and not down.regression  # 2%: under the 3% threshold
+    assert down.outside_band and down.mark == "within the threshold" and not down.regression  # 2% < 3%
     assert "within the 3% threshold" in down.message
 
 
@@ -76,7 +76,7 @@ def test_gate_perf_exit_status_follows_the_eval_gate(tmp_path, capsys):
     cmp = compare_perf(tmp_path, "v3", "v1")
     by = {f.figure: f for f in cmp.figures}
     assert by["decode_step_ms"].regression and by["combined_decode_tok_s"].regression
-    assert not by["prefill_1024_tok_s"].regression and by["prefill_1024_tok_s"].mark == "no clear change"
+    assert not by["prefill_1024_tok_s"].regression and by["prefill_1024_tok_s"].mark == "within the band"
     other = _bench("v4", 38.0, 4)
     other.params["decode_tokens"] = 512
     write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), other)
