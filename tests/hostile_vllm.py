@@ -3,6 +3,8 @@
 - trickle-metrics: GET /metrics answers 200 with a large content-length and then one byte every 2 s, forever.
 - trickle-health: GET /health answers 200 headers and then one byte every 2 s (a body that never ends).
 - trickle-tokenize: POST /tokenize answers like /metrics above.
+- tokenize-empty: POST /tokenize answers at once with no token ids (quick and well-formed: no per-call bound fires).
+- trickle-models: GET /v1/models answers like /metrics above.
 - alt-stall: every second generation (after HOSTILE_AFTER) sends its headers and then nothing, forever.
 - usage-max: usage.completion_tokens is max_tokens, whatever was streamed.
 - five-hundred-some: after HOSTILE_AFTER generations every 7th answers HTTP 500 (a server failing some requests).
@@ -40,6 +42,8 @@ def do_GET(self):
         return trickle(self)
     if MODE == "trickle-health" and self.path == "/health":
         return trickle(self)
+    if MODE == "trickle-models" and self.path == "/v1/models":
+        return trickle(self)
     return orig_get(self)
 
 
@@ -49,6 +53,9 @@ def do_POST(self):
         n = int(self.headers.get("content-length", 0))
         self.rfile.read(n)
         return trickle(self)
+    if MODE == "tokenize-empty" and self.path == "/tokenize":
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        return self._json(200, {"tokens": [], "count": 0})
     if self.path not in ("/v1/chat/completions", "/v1/completions"):
         return orig_post(self)
     with lock:

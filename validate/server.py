@@ -7,6 +7,7 @@ that is a crash, reported with the log's tail; a launch that exceeds the configu
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -399,12 +400,21 @@ def external(url: str, model: str) -> Server:
 
 
 def served_max_model_len(url: str, model: str, timeout_s: float = 10.0) -> int | None:
-    """``max_model_len`` of ``model`` as the server's GET /v1/models states it (vLLM does), or None."""
+    """``max_model_len`` of ``model`` as the server's GET /v1/models states it (vLLM does), or None (also when
+    the whole answer takes more than twice ``timeout_s`` seconds, or passes 1 MiB)."""
     import httpx
 
+    deadline = time.monotonic() + 2 * timeout_s  # the whole answer, not each silence: a trickle must end too
     try:
-        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
-        for m in r.json().get("data", []) if r.status_code == 200 else []:
+        with httpx.stream("GET", url.rstrip("/") + "/v1/models", timeout=timeout_s) as r:
+            if r.status_code != 200:
+                return None
+            body = b""
+            for part in r.iter_bytes():
+                body += part
+                if time.monotonic() > deadline or len(body) > 1 << 20:
+                    return None
+        for m in json.loads(body).get("data", []):
             if m.get("id") == model and isinstance(m.get("max_model_len"), int):
                 return m["max_model_len"]
     except (httpx.HTTPError, ValueError, AttributeError):

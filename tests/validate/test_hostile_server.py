@@ -132,3 +132,39 @@ def test_a_stray_json_in_the_release_folder_keeps_the_suites_verdict(scratch, tm
     assert record(scratch, "dev", "fake-g")["verdict"]["status"] == "fail" and junit.exists()
     assert "the release folder holds a file that is not its record" in capsys.readouterr().out
     assert fake_procs(tag) == []
+
+
+@pytest.mark.timeout(200)
+def test_a_tokenize_that_gives_no_ids_ends_the_probe_at_once(scratch):
+    # quick, well-formed answers with no ids: the text pool would ask forever
+    tag = hostile(scratch, "fake-te", "tokenize-empty")
+    (scratch.root / "suites" / "tiny-probe.yaml").write_text(yaml.safe_dump({
+        "name": "tiny-probe", "kind": "probe", "params": {"decode_tokens": 8, "repeats": 1, "requests_per_client": 1,
+                                                          "agg_tokens": 8, "prefill_depth": 64}}))
+    rc, out = cli(["suite", "tiny-probe", "--config", "fake-te", "--release", "h4"], 90)
+    assert rc == 2, out[-1500:]
+    cause = record(scratch, "h4", "fake-te", "tiny-probe")["verdict"]["cause"]
+    assert "/tokenize gave 0 token ids for" in cause and "not a tokenizer" in cause
+    assert fake_procs(tag) == []
+
+
+@pytest.mark.timeout(200)
+def test_a_trickling_v1_models_ends_a_url_run_on_time(scratch):
+    # --url without --config and --max-model-len reads max_model_len from GET /v1/models: bounded as a whole
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env = {**os.environ, "HOSTILE_MODE": "trickle-models", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_vllm", "--port", str(port), "--served-model-name",
+                             "m"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        t0 = time.monotonic()
+        rc, out = cli(["suite", "fake-sanity", "--url", f"http://127.0.0.1:{port}", "--model", "m",
+                       "--max-num-seqs", "4", "--release", "h5"], 75)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert rc == 2 and time.monotonic() - t0 < 60, out[-1500:]
+    assert "--max-model-len" in out

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import random
 
-from validate.client import OpenAIClient
+from validate.client import OpenAIClient, ServerError
 from validate.data import require_file
 from validate.evals import gsm8k as g
 
 _CHARS_PER_CALL = 200_000  # keep each /tokenize request moderate
+_MAX_CHARS_PER_TOKEN = 32  # fewer ids than one per this many characters: the server is no tokenizer
 
 #: The single-stream decode prompt of probe and BetterBench (answered with ignore_eos, so its length is the
 #: request's max_tokens whatever the model says).
@@ -32,6 +33,7 @@ class TextPool:
 
         Raises:
             InputError: the data directory has no gsm8k/train.jsonl.
+            ServerError: /tokenize fails, or gives fewer than one id per :data:`_MAX_CHARS_PER_TOKEN` characters.
         """
         train = g.load_split(require_file(data_dir, "gsm8k/train.jsonl"), "train")
         ids: list[int] = []
@@ -44,7 +46,11 @@ class TextPool:
                 chunk.append(text)
                 size += len(text)
                 i += 1
-            ids += await client.tokenize("".join(chunk))
+            got = await client.tokenize("".join(chunk))
+            if len(got) < size // _MAX_CHARS_PER_TOKEN:  # English text is ~4 characters a token
+                raise ServerError(f"/tokenize gave {len(got)} token ids for {size:,} characters of text: not a "
+                                  "tokenizer (the text pool would never fill)")
+            ids += got
         return cls(ids)
 
     def window(self, n: int, rng: random.Random) -> list[int]:
