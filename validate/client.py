@@ -97,8 +97,9 @@ UTILITY_BOUND_S = 60.0  # the whole of one /tokenize or /detokenize call, second
 
 
 def usage_bound(streamed_ids: int) -> int:
-    """The most output tokens usage may claim for a stream that carried ``streamed_ids`` token ids: 5 % and 2
-    tokens of slack for ids a server holds back (a stop string's tokens), never the many-fold of a forged count."""
+    """The most output tokens usage may claim for a stream that carried ``streamed_ids`` token ids (or, from a
+    server that sends none, token-bearing chunks): 5 % and 2 tokens of slack for ids a server holds back (a stop
+    string's tokens), never the many-fold of a forged count."""
     return int(streamed_ids * 1.05) + 2
 
 
@@ -251,6 +252,11 @@ class OpenAIClient:
                 res.ok = False
                 res.error = (f"usage says {res.output_tokens} output tokens, the stream carried "
                              f"{len(res.token_ids)} token ids")
+            elif res.ok and not res.token_ids and res.output_tokens > usage_bound(len(res.chunk_times)):
+                # without ids (return_token_ids ignored), a chunk is at least a token: nor beyond the chunks
+                res.ok = False
+                res.error = (f"usage says {res.output_tokens} output tokens, the stream carried "
+                             f"{len(res.chunk_times)} token-bearing chunks and no token ids")
         except asyncio.TimeoutError as e:
             self._timeouts += 1
             res.error = f"TimeoutError: {e}" if str(e) else "TimeoutError"

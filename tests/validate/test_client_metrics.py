@@ -62,8 +62,18 @@ def test_token_ids_with_empty_text_give_a_ttft():
 
 
 def test_empty_text_without_token_ids_has_no_ttft():
-    r = run_chat(sse(delta(role="assistant", content=""), delta("", finish="length"), USAGE))
+    one = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 1}}
+    r = run_chat(sse(delta(role="assistant", content=""), delta("", finish="length"), one))
     assert r.ok and r.ttft_s is None and tpot_s(r) is None
+
+
+def test_usage_beyond_the_chunks_of_a_stream_without_token_ids_is_an_error():
+    # a server that ignores return_token_ids: usage may claim no more tokens than its token-bearing chunks
+    forged = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 8}}
+    r = run_chat(sse(delta("a"), delta("b"), delta("c", finish="length"), forged))
+    assert not r.ok and r.error == "usage says 8 output tokens, the stream carried 3 token-bearing chunks and no token ids"
+    three = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3}}
+    assert run_chat(sse(delta("a"), delta("b"), delta("c", finish="length"), three)).ok
 
 
 def test_usage_beyond_the_streamed_token_ids_is_an_error():
