@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
+from tests.validate.test_hostile_server import cli
 from validate.cli import main
 
 
@@ -45,3 +47,45 @@ def test_no_test_collected_is_an_error(scratch):
 def test_passing_gates(scratch):
     setup(scratch, "def test_a():\n    assert True\n")
     assert main(["suite", "gates", "--config", "fake-gates", "--release", "g3"]) == 0
+
+
+
+def _unit_suite(scratch, body: str) -> None:
+    (scratch.root / "ut").mkdir(exist_ok=True)
+    (scratch.root / "ut" / "test_k.py").write_text(body)
+    (scratch.root / "suites" / "ut-gates.yaml").write_text(yaml.safe_dump({
+        "name": "ut-gates", "kind": "pytest", "needs_server": False, "params": {"paths": ["ut"]},
+        "gate": {"max": {"failed": 0, "error": 0}, "min": {"passed": 1}}}))
+    scratch.config("fake-ok")
+    cl = yaml.safe_load((scratch.root / "suites" / "release.yaml").read_text())
+    cl["suites"] = [{"suite": "ut-gates"}]
+    (scratch.root / "suites" / "release.yaml").write_text(yaml.safe_dump(cl))
+
+
+PASS = "def test_ok():\n    assert True\n\ndef test_kernel():\n    assert 1 + 1 == 2\n"
+FAIL = "def test_ok():\n    assert True\n\ndef test_kernel():\n    assert 1 + 1 == 3, 'kernel broken'\n"
+
+
+@pytest.mark.timeout(180)
+def test_resume_does_not_reuse_a_unit_gate_pass_after_its_tests_changed(scratch):
+    # the test files a pytest suite runs are in neither the engine's nor the plugin's hash: the record holds their
+    # own (its dataset), so --resume never keeps a pass made by other tests
+    _unit_suite(scratch, PASS)
+    rc, out = cli(["release", "ru1", "--config", "fake-ok"], 120)
+    assert rc == 0, out[-1500:]
+    (scratch.root / "ut" / "test_k.py").write_text(FAIL)  # the gate's tests now fail
+    rc, out = cli(["release", "ru1", "--config", "fake-ok", "--resume"], 120)
+    rec = json.loads((scratch.root / "reports" / "ru1" / "fake-ok" / "ut-gates.json").read_text())
+    assert rc == 1 and rec["verdict"]["status"] == "fail", (
+        f"exit {rc}, record {rec['verdict']}: the pass of the old tests was reused\n{out[-800:]}")
+
+
+@pytest.mark.timeout(180)
+def test_the_operators_pytest_addopts_do_not_reach_the_unit_gates(scratch, monkeypatch):
+    # PYTEST_ADDOPTS (a CI-wide setting, or one left exported) would deselect the failing test: pytest runs
+    # without the shell's PYTEST_* variables
+    _unit_suite(scratch, FAIL)
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--deselect ut/test_k.py::test_kernel")
+    rc, out = cli(["suite", "ut-gates", "--config", "fake-ok", "--release", "ru2"], 120)
+    rec = json.loads((scratch.root / "reports" / "ru2" / "fake-ok" / "ut-gates.json").read_text())
+    assert rc == 1 and rec["verdict"]["status"] == "fail", f"exit {rc}, {rec['verdict']}, {rec['metrics']}"

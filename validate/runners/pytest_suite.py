@@ -14,8 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.errors import InputError
-from validate.record import Item
+from validate.record import Dataset, Item
 from validate.runners.base import RunContext, SuiteResult
+from validate.server import server_environ
 from validate.suite import register_runner
 from validate.util import sha256_text
 
@@ -34,6 +35,43 @@ def preflight(p: PytestParams, root: Path, data_dir) -> None:
     for rel in p.paths:
         if not (root / rel).exists():
             raise InputError(f"params.paths: {rel} does not exist under {root}")
+
+
+#: Files beside the tests that change what pytest collects or how it runs them.
+_PYTEST_CONFIG = ("pyproject.toml", "pytest.ini", "setup.cfg", "tox.ini", "conftest.py")
+
+
+def test_files(p: PytestParams, root: Path) -> list[Path]:
+    """What a run of ``p`` depends on besides the engine and plugin: every file under the top folder of each of
+    its paths (``tests/`` for ``tests/kernels/gdn``: their helpers and conftests sit above them) and pytest's
+    configuration files at the checkout's root; sorted, files only."""
+    files: set[Path] = set()
+    for rel in p.paths:
+        top = root / Path(rel).parts[0]
+        if top.is_dir():
+            files.update(f for f in top.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+        elif top.is_file():
+            files.add(top)
+    files.update(root / n for n in _PYTEST_CONFIG if (root / n).is_file())
+    return sorted(files)
+
+
+def tests_hash(p: PytestParams, root: Path, data_dir=None) -> str:
+    """sha256 over :func:`test_files` (names and contents): --resume keeps a unit-gate record only while it
+    matches, so a pass is never kept for tests that changed since."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in test_files(p, root):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def test_environ(environ: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """The environment of the pytest run: the engine's, less the operator's ``PYTEST_*`` options (PYTEST_ADDOPTS
+    could deselect a failing test) and r9k's knobs, plus the suite's own ``env``."""
+    keep = {k: v for k, v in environ.items() if not k.startswith("PYTEST_")}
+    return {**server_environ(keep), **extra}
 
 
 def parse_junit(path: Path) -> list[dict]:
@@ -79,7 +117,8 @@ def summary(rec) -> str:
     return f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed"
 
 
-@register_runner("pytest", PytestParams, preflight=preflight, metrics_model=PytestMetrics, summary=summary, order=70)
+@register_runner("pytest", PytestParams, preflight=preflight, metrics_model=PytestMetrics, summary=summary, order=70,
+                 dataset_hash=tests_hash)
 async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
     folder = ctx.record_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -92,7 +131,8 @@ async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
     if p.workers:
         cmd += ["-n", str(p.workers)]
     ctx.progress(0, total=100, description="pytest")
-    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ctx.root, env={**os.environ, **p.env},
+    digest = tests_hash(p, ctx.root)
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ctx.root, env=test_environ(dict(os.environ), p.env),
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 start_new_session=True)
     tail: list[str] = []
@@ -137,6 +177,7 @@ async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
             item.skip_reason = c["message"]
         out.items.append(item)
     out.metrics = {"tests": len(cases), **counts, "exit_status": proc.returncode, "paths": p.paths}
+    out.dataset = Dataset(name="tests", sha256=digest, n_total=len(cases), n_used=len(cases), subset=False)
     ran = counts["passed"] + counts["failed"] + counts["error"]
     if ran == 0:
         out.errors.append(f"no test ran (collected {len(cases)}, pytest exit status {proc.returncode})")
