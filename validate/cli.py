@@ -56,6 +56,22 @@ class _Bar:
         self.p.stop_task(self.task)
 
 
+def _int_at_least(least: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"{v} is below {least}")
+        return v
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_at_least_16 = _int_at_least(16)  # ServerSpec's bound on max_model_len
+
+
 def _root() -> Path:
     """The checkout holding serve/, suites/, templates/: ``$R9K_ROOT`` or the one this package runs from."""
     import os
@@ -553,8 +569,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--config", help="serving configuration (default: cpu-smol, the embedded default; with --url, one "
                    "named after that server and its model)")
-    p.add_argument("--max-num-seqs", type=int, help="with --url and no --config: the server's max_num_seqs")
-    p.add_argument("--max-model-len", type=int, help="with --url and no --config: the server's max_model_len "
+    p.add_argument("--max-num-seqs", type=_positive_int, help="with --url and no --config: the server's max_num_seqs")
+    p.add_argument("--max-model-len", type=_at_least_16, help="with --url and no --config: the server's max_model_len "
                    "(default: what its /v1/models says)")
     p.add_argument("--release", default="dev", help="records go to reports/<release>/ (default: dev)")
     p.add_argument("--junit-xml", metavar="FILE", help="also write the verdict as JUnit XML")

@@ -55,6 +55,23 @@ class ServerSpec(_Strict):
     entrypoint: str = Field("vllm.entrypoints.openai.api_server",
                             description="module run with `python -m` (a patched or synthetic server in tests)")
 
+    @field_validator("extra_args")
+    @classmethod
+    def _no_field_flags(cls, v: list[str]) -> list[str]:
+        for a in v:
+            flag = a.split("=", 1)[0]
+            if flag in FIELD_FLAGS:  # vLLM takes the last: the field the checks and the record read would lie
+                raise ValueError(f"{flag} is set by the engine from the field {FIELD_FLAGS[flag]}: set it there, "
+                                 "not in extra_args")
+        return v
+
+
+#: vLLM flags the engine sets from ServerSpec's fields (and the model/port it launches with), by flag.
+FIELD_FLAGS = {"--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+               "--max-num-seqs": "max_num_seqs", "--max-model-len": "max_model_len", "--dtype": "dtype",
+               "--gpu-memory-utilization": "gpu_memory_utilization", "--port": "port", "--host": "(the engine's)",
+               "--model": "model.path", "--served-model-name": "model.served_name"}
+
 
 class Hardware(_Strict):
     """What the configuration runs on; rendered in notes and used for placement."""

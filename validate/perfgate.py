@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.errors import InputError
 from validate.record import Record, record_history, release_records
@@ -43,6 +43,14 @@ class PerfGateSpec(BaseModel):
     thresholds_pct: dict[str, float] = Field(
         default_factory=lambda: {"decode_step_ms": 3.0, "combined_decode_tok_s": 3.0, "prefill_*": 5.0})
     alpha: float = Field(0.05, gt=0, lt=1)
+
+    @field_validator("thresholds_pct")
+    @classmethod
+    def _finite(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, t in v.items() if not (math.isfinite(t) and t >= 0)]
+        if bad:  # a NaN threshold is never exceeded: the figure could never regress
+            raise ValueError(f"threshold of {', '.join(bad)} must be a finite number >= 0 (percent)")
+        return v
 
     def threshold(self, figure: str) -> float | None:
         """The threshold (percent) for ``figure``, None when the gate does not cover it."""

@@ -32,6 +32,14 @@ class Gate(_Strict):
     max: dict[str, float] = Field(default_factory=dict)
     min: dict[str, float] = Field(default_factory=dict)
 
+    @field_validator("max", "min")
+    @classmethod
+    def _finite(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, b in v.items() if not math.isfinite(b)]
+        if bad:  # NaN compares false with every metric: such a bound could never fail
+            raise ValueError(f"bound of {', '.join(bad)} must be a finite number")
+        return v
+
     def check(self, metrics: dict[str, Any]) -> list[str]:
         """Reasons the gate fails (empty = holds). A gated metric that is missing, not a number, or not finite
         (NaN compares false with every bound; a record would store it as null) is a failure."""

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(900)]
 
 CFG = "smol-fault"
 SANITY = {"name": "fm-sanity", "kind": "strict-sanity", "gate": {"max": {"bad": 0}},
-          "params": {"overload": [1.0], "rounds": 1, "max_tokens": 48, "min_solo_right_share": 0.9}}
+          "params": {"overload": [1.25], "rounds": 1, "max_tokens": 48, "min_solo_right_share": 0.9}}
 SOAK = {"name": "fm-soak", "kind": "soak", "gate": {"max": {"errors": 0}},
         "params": {"clients": 4, "duration_s": 25, "prompt_tokens_min": 50, "prompt_tokens_max": 600,
                    "max_tokens": 16, "sample_interval_s": 0.5, "max_slope_mib_per_min": 4096}}

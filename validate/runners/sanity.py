@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.client import RequestResult, gather_limited
 from validate.data import require_file
@@ -34,7 +34,7 @@ from validate.util import sha256_text
 class SanityParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompts_file: str = Field("data/sanity_prompts.yaml", description="relative to suites/")
-    overload: list[float] = Field([2.0], min_length=1, description="multiples of max_num_seqs sent at once")
+    overload: list[float] = Field([2.0], min_length=1, description="multiples of max_num_seqs sent at once (> 1)")
     rounds: int = Field(1, ge=1, description="times each overload batch is sent")
     max_tokens: int = Field(48, ge=1)
     garbage_repeat: int = Field(12, ge=2, description="a token repeated more than this in a row is garbage")
@@ -42,6 +42,22 @@ class SanityParams(BaseModel):
                                         "right alone; fewer fails the suite, naming the prompts")
     after_long_prompt_tokens: int = Field(0, ge=0, description="also run each batch alongside a long prefill of this "
                                           "many tokens (capped by max_model_len); 0 = short prompts only")
+
+    @field_validator("overload")
+    @classmethod
+    def _beyond_max_num_seqs(cls, v: list[float]) -> list[float]:
+        bad = [m for m in v if not (math.isfinite(m) and m > 1)]
+        if bad:  # at 1 or below nothing waits for a slot: no overload was ever sent
+            raise ValueError(f"every factor must be a finite number above 1 (more requests than max_num_seqs), not "
+                             f"{', '.join(map(str, bad))}")
+        return v
+
+    @field_validator("prompts_file")
+    @classmethod
+    def _inside_suites(cls, v: str) -> str:
+        if Path(v).is_absolute() or ".." in Path(v).parts:  # outside suites/ the engine hash would not see it
+            raise ValueError(f"{v!r}: give a path inside suites/ (no absolute path, no '..')")
+        return v
 
 
 def load_prompts(path: Path) -> list[dict]:
