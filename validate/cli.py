@@ -255,8 +255,8 @@ def cmd_release(args) -> int:
         console.print(f"[yellow]gates against the baseline skipped: {e}[/yellow]", soft_wrap=True)
         gate, cmp, perf = 0, None, None
     why = outcome.explain() + why_more + {1: "; a gate against the baseline found a regression",
-                                          2: "; a file of the baseline is not a readable record, so what it "
-                                             "held was not compared"}.get(gate, "")
+                                          2: "; the gates against the baseline could not compare everything they "
+                                             "should (see 'not compared' above)"}.get(gate, "")
     if cmp is not None:  # in a release an unpairable task is "Not checked", not an error (see _release_gate)
         cmp = dataclasses.replace(cmp, unpaired=[])
     if perf is not None:
@@ -276,32 +276,48 @@ def _render(root: Path, reports: Path, release: str, checklist, baseline: str | 
 
 def _release_gate(reports: Path, release: str, baseline: str | None, configs: list[str]):
     """The gates inside ``release``: the paired eval gate and the performance gate against the baseline.
-    Returns (1 on a significant regression of either else 0, the eval Comparison or None, the PerfComparison or
-    None); tasks that cannot be compared are only noted (they appear under "Not checked" in the notes), so a
-    quick smoke run against a full baseline still passes."""
-    from validate.compare import compare_releases, previous_release
-    from validate.perfgate import compare_perf, specs_of
 
-    base = baseline or previous_release(reports, release)
+    Returns (code, the eval Comparison or None, the PerfComparison or None). code: 1 on a significant regression
+    of either gate; else 2 when something that should have been compared was not: a named baseline with no
+    records, eval records of the candidate and none in the baseline, two full-set evals that cannot be paired
+    (other scoring params, data or prompts: :attr:`Comparison.blocking`), a baseline file that is not a readable
+    record; else 0. A subset (quick) run against a full baseline, and a task only one side has, are only noted
+    (the notes list them under "Not checked"), so a quick smoke run against a full baseline still passes.
+    """
+    from validate.compare import compare_releases, resolve_baseline
+    from validate.perfgate import compare_perf, specs_of
+    from validate.record import release_records
+    from validate.suite import paired_eval_kinds
+
+    base = resolve_baseline(reports, release, baseline)
     if base is None:
         return 0, None, None
     cmp = perf = None
+    cannot: list[str] = []  # what should have been compared and was not
+    if baseline and not release_records(reports, base, skipped=[]):
+        cannot.append(f"the baseline {base} named with --baseline has no records under {reports}")
     skipped: list[str] = []  # baseline files that are not readable records: what they held was never compared
     try:
         cmp = compare_releases(reports, release, base, configs=configs, skipped=skipped)
         print_comparison(cmp)
+        cannot += cmp.blocking
     except InputError as e:
         console.print(f"[yellow]paired gate against {base} skipped: {e}[/yellow]")
+        kinds = paired_eval_kinds()
+        if any(r.suite_kind in kinds and (not configs or r.config in configs)
+               for r in release_records(reports, release, skipped=[])):
+            cannot.append(f"the candidate has eval records and the paired gate compared none: {e}")
     try:
         perf = compare_perf(reports, release, base, specs_of(_root()), configs=configs, skipped=skipped)
         print_perf(perf)
     except InputError as e:
         console.print(f"[yellow]performance gate against {base} skipped: {e}[/yellow]")
-    for why in dict.fromkeys(skipped):
-        console.print(f"[red]a file of the baseline {base} was not compared: {why}[/red]", soft_wrap=True)
+    cannot += [f"a file of the baseline {base} was not compared: {why}" for why in dict.fromkeys(skipped)]
+    for why in cannot:
+        console.print(f"[red]not compared: {why}[/red]", soft_wrap=True)
     bad = (cmp is not None and any(x.regression for x in cmp.tasks)) or (perf is not None and any(f.regression for f in perf.figures))
-    # a baseline file that cannot be read may hold the record that would regress: never "no regression"
-    return (1 if bad else 2 if skipped else 0), cmp, perf
+    # what should have been compared and was not may hold the regression: never "no regression"
+    return (1 if bad else 2 if cannot else 0), cmp, perf
 
 
 def print_perf(perf) -> None:
@@ -560,7 +576,8 @@ def parser() -> argparse.ArgumentParser:
                    help="local: configurations one after another here; ray: as Ray tasks placed by hardware")
     p.add_argument("--address", help="with --executor ray: the cluster (default: RAY_ADDRESS, else a local one)")
     p.add_argument("--resume", action="store_true", help="skip suites whose complete record for this tree exists")
-    p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
+    p.add_argument("--baseline", help="release to compare with (default: the previous release under reports/ that "
+                                      "holds an eval or BetterBench record; 'none': no baseline)")
     p.add_argument("--junit-xml", metavar="FILE", help="also write the verdicts as JUnit XML (one testcase per "
                    "configuration and suite, and per gated task and figure)")
     _common(p)
@@ -578,7 +595,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_suite)
     p = sub.add_parser("render", help="render reports/<release>/RELEASE.md from records")
     p.add_argument("release")
-    p.add_argument("--baseline", help="release to pair evals with (default: the previous release under reports/)")
+    p.add_argument("--baseline", help="release to compare with (default: the previous release under reports/ that "
+                                      "holds an eval or BetterBench record; 'none': no baseline)")
     _common(p, run=False)
     p.set_defaults(fn=cmd_render)
     for name, fn, hlp in (("compare", cmd_compare, "paired per-question comparison of two releases' evals"),

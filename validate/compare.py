@@ -8,6 +8,7 @@ differs. Per task: b = questions right only in the baseline, c = right only in t
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff
 
 # Suite parameters that cannot change a score (how many sandboxes run at once); every other one must match.
 NON_SCORING_PARAMS = frozenset({"workers"})
+
+
+SUBSET_REASON = "a subset never pairs with a full-set record"
 
 
 class PairingError(InputError):
@@ -113,7 +117,7 @@ def pair(base: Record, cand: Record) -> PairedTask:
     if base.dataset.subset != cand.dataset.subset:
         sub, full = ("baseline", "candidate") if base.dataset.subset else ("candidate", "baseline")
         reasons.append(f"the {sub} is a subset ({(base if sub == 'baseline' else cand).dataset.n_used} questions) "
-                       f"and the {full} the full set: a subset never pairs with a full-set record")
+                       f"and the {full} the full set: {SUBSET_REASON}")
     diff = [f"{k}: {base.params.get(k)!r} vs {cand.params.get(k)!r}"
             for k in sorted(set(base.params) | set(cand.params))
             if k not in NON_SCORING_PARAMS and base.params.get(k) != cand.params.get(k)]
@@ -202,6 +206,9 @@ class Comparison:
     tasks: list[PairedTask]
     unpaired: list[str]  # reasons, one per task that could not be paired
     alpha: float
+    # the unpaired of them that no subset explains: both full sets (or the baseline's record incomplete), yet not
+    # comparable (other scoring params, data, prompts). In a release these are "cannot check", not "Not checked"
+    blocking: list[str] = field(default_factory=list)
 
 
 def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
@@ -238,7 +245,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
     if not base:
         raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
-    tasks, unpaired = [], []
+    tasks, unpaired, blocking = [], [], []
     for r in cand:
         key = (against_config or r.config, r.suite)
         b = base.get(key)
@@ -249,6 +256,8 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             tasks.append(pair(b, r))
         except PairingError as e:
             unpaired.append(str(e))
+            if not any(SUBSET_REASON in why for why in e.reasons) and r.verdict.status in ("pass", "fail"):
+                blocking.append(str(e))
     # A task the baseline has and the candidate lacks is a gap, never a silent pass.
     have = {(against_config or r.config, r.suite) for r in cand}
     for cfg, suite in sorted(base):
@@ -257,12 +266,32 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             unpaired.append(f"{cfg}/{suite}: the candidate {candidate} has no record of it (the baseline {baseline} has)")
     apply_holm(tasks, alpha)
     attach_sensitivity(tasks, alpha)
-    return Comparison(candidate, baseline, tasks, unpaired, alpha)
+    return Comparison(candidate, baseline, tasks, unpaired, alpha, blocking)
+
+
+#: ``--baseline none``: compare with no baseline (the automatic choice is :func:`previous_release`).
+NO_BASELINE = "none"
+
+
+def resolve_baseline(reports: Path, release: str, baseline: str | None) -> str | None:
+    """The baseline a run compares with: ``baseline`` as named, None for :data:`NO_BASELINE`, else
+    :func:`previous_release`."""
+    if baseline == NO_BASELINE:
+        return None
+    return baseline or previous_release(reports, release)
 
 
 def previous_release(reports: Path, release: str) -> str | None:
-    """The newest release under ``reports`` older than ``release`` by version order (v0.3.2 before v0.3.3)."""
+    """The newest release under ``reports`` older than ``release`` by version order (v0.3.2 before v0.3.3) that
+    holds a record a gate compares (a paired eval or BetterBench), or a file that is no readable record (which
+    may be one: the gates then say what they could not compare). An aborted or partial run in between whose
+    records are all of other kinds is no baseline: the gates would compare nothing."""
     from packaging.version import InvalidVersion, Version
+
+    from validate.perfgate import BENCH_KIND
+    from validate.suite import paired_eval_kinds
+
+    gated = set(paired_eval_kinds()) | {BENCH_KIND}
 
     def key(name: str):
         try:
@@ -270,8 +299,19 @@ def previous_release(reports: Path, release: str) -> str | None:
         except InvalidVersion:
             return None
 
+    def has_gated(folder: Path) -> bool:  # a file that is no readable record may be one: the gate then says so
+        for p in folder.glob("*/*.json"):
+            try:
+                kind = json.loads(p.read_text()).get("suite_kind")
+            except (OSError, ValueError, AttributeError):
+                return True
+            if not isinstance(kind, str) or kind in gated:
+                return True
+        return False
+
     cur = key(release)
     if cur is None or not reports.is_dir():
         return None
-    older = [(k, d.name) for d in reports.iterdir() if d.is_dir() and (k := key(d.name)) is not None and k < cur]
-    return max(older)[1] if older else None
+    older = sorted(((k, d.name) for d in reports.iterdir() if d.is_dir() and (k := key(d.name)) is not None and k < cur),
+                   reverse=True)
+    return next((name for _, name in older if has_gated(reports / name)), None)

@@ -756,7 +756,7 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
         reports: the reports folder (``reports/<release>/<config>/<suite>.json``).
         release: the candidate release.
         baseline: the release to draw beside it, or None for none (pass the notes' baseline, e.g.
-            ``validate.compare.previous_release(reports, release)``).
+            ``validate.compare.resolve_baseline(reports, release, None)``).
 
     Returns:
         What was written, per configuration in name order (concurrency, latency, memory), then the history.

@@ -175,9 +175,9 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
             (view.not_checked.append(Gap(r.config, r.suite, why)) if why else view.checked.append(r))
     view.not_checked = group_gaps(view.not_checked)
     view.failures = [r for r in records if r.verdict.status != "pass"]
-    from validate.compare import previous_release
+    from validate.compare import resolve_baseline
 
-    view.baseline = baseline or previous_release(reports, release)
+    view.baseline = resolve_baseline(reports, release, baseline)
     if view.baseline:
         try:  # the baseline's records must read before anything is compared with them
             release_records(reports, view.baseline)
@@ -274,10 +274,10 @@ def attach_numbers(view: ReleaseView, reports: Path) -> None:
 
 def attach_paired(view: ReleaseView, reports: Path, baseline: str | None) -> None:
     """Pair the release's eval records with the baseline's; an unpairable task is listed under Not checked."""
-    from validate.compare import compare_releases, previous_release
+    from validate.compare import compare_releases, resolve_baseline
     from validate.errors import InputError
 
-    base = baseline or previous_release(reports, view.release)
+    base = resolve_baseline(reports, view.release, baseline)
     if base is None:
         view.paired_note = "no baseline release under reports/ to pair with"
         return

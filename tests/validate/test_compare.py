@@ -6,7 +6,7 @@ from scipy.stats import binomtest
 
 from tests.validate.test_records_render import rec
 from validate.cli import main
-from validate.compare import PairingError, compare_releases, pair, previous_release
+from validate.compare import PairingError, compare_releases, pair, previous_release, resolve_baseline
 from validate.record import Dataset, Item, record_path, write_record
 
 N = 200
@@ -89,10 +89,19 @@ def test_against_config_and_holm(tmp_path):
 
 def test_previous_release(tmp_path):
     for d in ("v0.2.9", "v0.3.2", "v0.3.10", "dev"):
-        (tmp_path / d).mkdir()
+        save(tmp_path, eval_record(d, set()))
     assert previous_release(tmp_path, "v0.3.3") == "v0.3.2"
     assert previous_release(tmp_path, "v0.3.11") == "v0.3.10"
     assert previous_release(tmp_path, "v0.1.0") is None
+    # an aborted run in between (a sanity record only) is no baseline; a file that is no record may be one
+    s = rec("cpu-smol", "sanity")
+    s.release = "v0.3.2.post1"
+    save(tmp_path, s)
+    assert previous_release(tmp_path, "v0.3.3") == "v0.3.2"
+    (tmp_path / "v0.3.2.post1" / "cpu-smol" / "gsm8k.json").write_text('{"truncated')
+    assert previous_release(tmp_path, "v0.3.3") == "v0.3.2.post1"
+    assert resolve_baseline(tmp_path, "v0.3.3", "none") is None
+    assert resolve_baseline(tmp_path, "v0.3.3", "v0.2.9") == "v0.2.9"
 
 
 def test_scoring_parameters_must_match_and_ids_be_unique():

@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from tests.conftest import fake_procs
+from tests.validate.test_compare import eval_record, save
 from tests.validate.test_records_render import rec
-from validate.cli import main
+from validate.cli import _release_gate, main
+from validate.compare import compare_releases
 from validate.engine import Outcome, tree_mismatch
 from validate.errors import combine_exit
 from validate.record import Tree, Verdict, record_history, record_path, write_record
@@ -274,8 +276,8 @@ def test_an_unreadable_baseline_never_ends_the_release_without_notes(scratch, ca
     assert "Not compared with a baseline: the baseline v0.0.1's records cannot be read:" in notes
     out = capsys.readouterr().out
     assert "a file of the baseline v0.0.1 was not compared:" in out
-    assert ("exit status 2: 1 suite(s), every verdict pass; a file of the baseline is not a readable record, so what "
-            "it held was not compared") in out
+    assert ("exit status 2: 1 suite(s), every verdict pass; the gates against the baseline could not compare "
+            "everything they should (see 'not compared' above)") in out
 
 
 def test_resume_runs_again_on_other_data_or_after_an_unverified_external_run(scratch, external_server, tmp_path,
@@ -337,3 +339,50 @@ def test_resume_never_keeps_one_url_servers_record_for_another_server(scratch, t
     rec = json.loads((scratch.root / "reports" / "r1" / "fake-ok" / "fake-sanity.json").read_text())
     assert rec["server"]["url"] == b.url and rec["verdict"]["status"] == "fail"
     assert fake_procs(good) == [] and fake_procs(bad) == []
+
+
+# ---- the release gate's baseline: a regression never reads as exit 0 -------------------------------------------
+BASE = set(range(150))
+REGRESSED = BASE - set(range(60))  # 60 lost, none gained
+
+
+@pytest.mark.timeout(120)
+def test_previous_release_without_eval_records_skips_the_paired_gate(tmp_path, scratch):
+    # v0.1.0: a full baseline. v0.2.0: an aborted run that wrote only a sanity record. v0.3.0: the candidate
+    # lost 60 questions. The automatic baseline skips v0.2.0 (no gated record) and finds the regression.
+    save(tmp_path, eval_record("v0.1.0", BASE))
+    s = rec("cpu-smol", "sanity")
+    s.release = "v0.2.0"
+    save(tmp_path, s)
+    save(tmp_path, eval_record("v0.3.0", REGRESSED))
+    code, cmp, _ = _release_gate(tmp_path, "v0.3.0", None, ["cpu-smol"])
+    assert code == 1 and cmp.baseline == "v0.1.0" and cmp.tasks[0].regression
+
+
+@pytest.mark.timeout(120)
+def test_named_baseline_that_does_not_exist_passes_the_release_gate(tmp_path, scratch):
+    # `release --baseline v0.1.1`, a typo (the baseline is v0.1.0): nothing to compare with is "cannot check"
+    save(tmp_path, eval_record("v0.1.0", BASE))
+    save(tmp_path, eval_record("v0.3.0", REGRESSED))
+    code, cmp, _ = _release_gate(tmp_path, "v0.3.0", "v0.1.1", ["cpu-smol"])
+    assert code == 2
+
+
+@pytest.mark.timeout(120)
+def test_changed_scoring_params_hide_a_regression_in_release(tmp_path, scratch):
+    # Full set on both sides, but the candidate's suites/gsm8k.yaml changed a scoring param: unpairable, and no
+    # subset explains it (a quick run against a full baseline stays "Not checked"): the release cannot check it
+    save(tmp_path, eval_record("v0.1.0", BASE))
+    c = eval_record("v0.3.0", REGRESSED)
+    c.params = {**c.params, "concurrency": 4}
+    save(tmp_path, c)
+    cmp = compare_releases(tmp_path, "v0.3.0", "v0.1.0")
+    assert cmp.tasks == [] and len(cmp.unpaired) == 1 and cmp.blocking == cmp.unpaired
+    code, _, _ = _release_gate(tmp_path, "v0.3.0", "v0.1.0", ["cpu-smol"])
+    assert code == 2
+    q = eval_record("v0.4.0", REGRESSED, subset=True)  # a quick run against the full baseline: only noted
+    save(tmp_path, q)
+    assert compare_releases(tmp_path, "v0.4.0", "v0.1.0").blocking == []
+    assert _release_gate(tmp_path, "v0.4.0", "v0.1.0", ["cpu-smol"])[0] == 0
+    assert _release_gate(tmp_path, "v0.4.0", "none", ["cpu-smol"])[0] == 0  # --baseline none: no gate
+
