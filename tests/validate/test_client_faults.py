@@ -384,7 +384,7 @@ def test_soak_against_a_server_closing_every_connection_ends_on_time(scratch):
     # lives on, so the soak runs its 3 s: every request must fail at once, none may wait 600 s; a server that
     # lives and answers nothing fails the soak (the release's fault), it is no infrastructure error
     soak = {"clients": 3, "duration_s": 3, "prompt_tokens_min": 10, "prompt_tokens_max": 100, "max_tokens": 4,
-            "sample_interval_s": 0.5}
+            "sample_interval_s": 0.25}
     (scratch.root / "suites" / "mini-soak.yaml").write_text(yaml.safe_dump(
         {"name": "mini-soak", "kind": "soak", "params": soak, "gate": {"max": {"errors": 0}}}))
     tag = scratch.config("fake-closing", mode="close-after", FAKE_VLLM_DIE_AFTER=4)

@@ -89,7 +89,7 @@ def test_requests_the_living_server_fails_under_load_fail_the_soak(scratch):
     tag = hostile(scratch, "fake-500", "five-hundred-some", HOSTILE_AFTER=1)
     (scratch.root / "suites" / "tiny-soak.yaml").write_text(yaml.safe_dump({
         "name": "tiny-soak", "kind": "soak", "params": {"clients": 2, "duration_s": 4, "prompt_tokens_min": 20,
-        "prompt_tokens_max": 60, "max_tokens": 4, "max_slope_mib_per_min": 100000}, "gate": {"max": {"errors": 0}}}))
+        "prompt_tokens_max": 60, "max_tokens": 4, "max_slope_mib_per_min": 100000, "sample_interval_s": 0.25}, "gate": {"max": {"errors": 0}}}))
     assert main(["suite", "tiny-soak", "--config", "fake-500", "--release", "v1"]) == 1
     rec = record(scratch, "v1", "fake-500", "tiny-soak")
     assert fake_procs(tag) == []
@@ -168,3 +168,27 @@ def test_a_trickling_v1_models_ends_a_url_run_on_time(scratch):
         proc.wait()
     assert rc == 2 and time.monotonic() - t0 < 60, out[-1500:]
     assert "--max-model-len" in out
+
+
+def test_a_soak_too_short_to_fit_a_memory_slope_is_refused_and_an_unfitted_slope_is_never_flat(scratch, monkeypatch):
+    # 4 s at a sample a second leaves 2 samples after the skipped half: no slope could be fitted, and "flat" by
+    # default passed the memory check without making it
+    from validate.runners import soak as soak_mod
+
+    short = {"clients": 2, "duration_s": 4, "prompt_tokens_min": 10, "prompt_tokens_max": 100, "max_tokens": 4,
+             "sample_interval_s": 1.0}
+    (scratch.root / "suites" / "mini-soak.yaml").write_text(yaml.safe_dump(
+        {"name": "mini-soak", "kind": "soak", "params": short, "gate": {"max": {"errors": 0}}}))
+    tag = scratch.config("fake-soak")
+    assert main(["suite", "mini-soak", "--config", "fake-soak", "--release", "s1"]) == 2  # refused at load
+    assert not (scratch.root / "reports" / "s1" / "fake-soak" / "mini-soak.json").exists()
+    # a sampler too slow to give the samples the params promised: an error, never a pass
+    monkeypatch.setattr(soak_mod, "slope_mib_per_min", lambda *a, **k: None)
+    short["sample_interval_s"] = 0.25
+    (scratch.root / "suites" / "mini-soak.yaml").write_text(yaml.safe_dump(
+        {"name": "mini-soak", "kind": "soak", "params": short, "gate": {"max": {"errors": 0}}}))
+    assert main(["suite", "mini-soak", "--config", "fake-soak", "--release", "s2"]) == 2
+    rec = record(scratch, "s2", "fake-soak", "mini-soak")
+    assert rec["verdict"]["status"] == "error" and "memory slope of" in rec["verdict"]["cause"]
+    assert all(m["flat"] is None for m in rec["metrics"]["memory"].values())
+    assert fake_procs(tag) == []

@@ -20,7 +20,7 @@ import time
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from validate.runners.base import RunContext, SuiteResult
 from validate.runners.text import TextPool
@@ -41,6 +41,19 @@ class SoakParams(BaseModel):
     slope_skip_fraction: float = Field(0.5, ge=0, lt=1, description="leading share of samples left out of the slope: "
                                        "first-touch of a CPU KV cache and allocator warm-up grow memory, then plateau")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _enough_samples(self):
+        fitted = self.duration_s * (1 - self.slope_skip_fraction) / self.sample_interval_s
+        if fitted < MIN_FIT_SAMPLES:  # else no slope is ever fitted and "memory flat" was never checked
+            raise ValueError(f"duration_s {self.duration_s:g} at sample_interval_s {self.sample_interval_s:g} leaves "
+                             f"{fitted:.1f} samples after the skipped {self.slope_skip_fraction:.0%} for the memory "
+                             f"slope; it needs {MIN_FIT_SAMPLES}")
+        return self
+
+
+#: Samples a memory slope is fitted over at the least (validate.telemetry.slope_mib_per_min's bound).
+MIN_FIT_SAMPLES = 5
 
 
 class SoakMetrics(BaseModel):
@@ -148,7 +161,7 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
         slope = slope_mib_per_min(life, name, p.slope_skip_fraction)
         total = sampler.totals.get(name)
         memory[name] = {"peak": max(vals), "first": vals[0], "last": vals[-1], "slope_mib_per_min": None if slope is None else round(slope, 2),
-                        "total": total, "flat": slope is None or slope <= p.max_slope_mib_per_min,
+                        "total": total, "flat": None if slope is None else slope <= p.max_slope_mib_per_min,
                         "below_total": total is None or max(vals) < total}
     out.metrics = {
         "clients": p.clients, "duration_s": round(wall, 1), "served": served, "errors": errors,
@@ -166,7 +179,10 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
         out.findings.append(f"{errors} of {served + errors} requests failed while the server lived; first: "
                             f"{first_errors[0]}")
     for name, m in memory.items():
-        if not m["flat"]:
+        if m["flat"] is None and not death:  # never "flat" by default: the check was not made
+            out.errors.append(f"memory slope of {name} not fitted: {len([1 for _, r in life if name in r])} samples, "
+                              f"fewer than {MIN_FIT_SAMPLES} after the skipped {p.slope_skip_fraction:.0%}")
+        elif m["flat"] is False:
             out.findings.append(f"memory not flat: {name} grows {m['slope_mib_per_min']} MiB/min > {p.max_slope_mib_per_min}")
         if not m["below_total"]:
             out.findings.append(f"memory peak {m['peak']} MiB of {name} reaches the total {m['total']} MiB")
