@@ -21,6 +21,10 @@ from validate.evals.gsm8k import build_messages, extract_answer, normalize_numbe
     ("#### +3", "3", "3"),
     ("#### .75", "0.75", "0.75"),
     ("#### -0", "0", "0"),
+    # strict never scores the prefix of a malformed number (flexible takes the last clean number it finds)
+    ("#### 5/2", None, "2"),
+    ("#### 12,34", None, "34"),
+    ("#### 1.2.3", None, "0.3"),
 ])
 def test_extract(text, strict, flexible):
     assert extract_answer(text, "strict") == strict

@@ -24,7 +24,8 @@ from validate.errors import InputError
 # A number: optional sign, optional currency sign, digits with optional thousands separators, optional decimals.
 _NUM = r"[-+−]?\s?[$€£]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+−]?\s?[$€£]?\s?\.\d+"
 _NUM_RE = re.compile(_NUM)
-_MARKER_RE = re.compile(r"####\s*(" + _NUM + r")")
+# the whole number after the marker: never the prefix of "5/2", "12,34" or "1.2.3" (more digits through . , /)
+_MARKER_RE = re.compile(r"####\s*(" + _NUM + r")(?![\d.,/]*\d)")
 
 
 def normalize_number(raw: str) -> str | None:
