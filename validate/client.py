@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from validate.util import within
 
 
 @dataclass
@@ -149,7 +150,7 @@ class OpenAIClient:
     async def health(self) -> bool:
         """True when GET /health answers 200."""
         try:
-            r = await asyncio.wait_for(self._http.get("/health", timeout=5.0), 10.0)  # bounded whole, not per byte
+            r = await within(self._http.get("/health", timeout=5.0), 10.0)  # bounded whole, not per byte
             return r.status_code == 200
         except (httpx.HTTPError, asyncio.TimeoutError):
             return False
@@ -159,7 +160,7 @@ class OpenAIClient:
         text takes about a second). Raises ServerError."""
         bound = min(self.timeout_s, UTILITY_BOUND_S)
         try:
-            return await asyncio.wait_for(call, bound)
+            return await within(call, bound)
         except asyncio.TimeoutError:
             raise ServerError(f"{what}: no whole answer within {bound:g} s") from None
         except httpx.HTTPError as e:
@@ -168,7 +169,7 @@ class OpenAIClient:
     async def version(self) -> str | None:
         """vLLM's version from GET /version, or None when the server has no such endpoint."""
         try:
-            r = await asyncio.wait_for(self._http.get("/version", timeout=5.0), 10.0)
+            r = await within(self._http.get("/version", timeout=5.0), 10.0)
             return r.json().get("version") if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, asyncio.TimeoutError, AttributeError):
             return None
@@ -230,7 +231,7 @@ class OpenAIClient:
             else:
                 send = self._httpx_sse(path, body, events)
             try:  # the whole request is bounded, not only its silences: a trickling server ends too
-                status, detail, cut = await asyncio.wait_for(send, self.timeout_s)
+                status, detail, cut = await within(send, self.timeout_s)
             except asyncio.TimeoutError:
                 raise asyncio.TimeoutError(f"the request took more than {self.timeout_s:g} s") from None
             if status != 200:
@@ -701,7 +702,7 @@ class _StreamPool:
                 self.busy.add(c)
                 return c, True
         loop = asyncio.get_running_loop()
-        _, c = await asyncio.wait_for(loop.create_connection(lambda: _StreamConn(self), self.host, self.port), 10.0)
+        _, c = await within(loop.create_connection(lambda: _StreamConn(self), self.host, self.port), 10.0)
         self.busy.add(c)  # it may already be closed by the server: begin() answers "lost" then
         return c, False
 

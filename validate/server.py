@@ -25,6 +25,7 @@ from r9k.knobs import ENGINE_VARIABLES
 from validate.client import OpenAIClient
 from validate.config import ServeConfig
 from validate.errors import LaunchError, WrongTreeError
+from validate.util import within
 
 _KV_RE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: ([\d,]+) tokens")
 LOG_TAIL_LINES = 40
@@ -277,7 +278,7 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     srv.tag = tag
     try:
         try:  # every await inside is bounded by what is left of the launch timeout (a trickling server too)
-            asyncio.run(asyncio.wait_for(_wait_ready(srv, cfg.launch_timeout_s, t0, progress, expected_hash),
+            asyncio.run(within(_wait_ready(srv, cfg.launch_timeout_s, t0, progress, expected_hash),
                                          cfg.launch_timeout_s + 1))
         except asyncio.TimeoutError:
             raise LaunchError(f"server not ready after {cfg.launch_timeout_s:.0f} s (launch_timeout_s)",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from validate.util import within
 
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -161,7 +162,7 @@ def delta(start: Snapshot, end: Snapshot) -> dict[str, Any]:
 async def scrape(http: httpx.AsyncClient, url: str) -> tuple[Snapshot | None, str | None]:
     """(snapshot, None), or (None, why) when ``url``/metrics cannot be read as Prometheus text."""
     try:  # bounded whole: a server trickling one byte at a time must not hold the suite
-        r = await asyncio.wait_for(http.get(url.rstrip("/") + "/metrics", timeout=10.0), 20.0)
+        r = await within(http.get(url.rstrip("/") + "/metrics", timeout=10.0), 20.0)
     except asyncio.TimeoutError:
         return None, "GET /metrics gave no whole answer within 20 s"
     except httpx.HTTPError as e:
@@ -205,7 +206,7 @@ class ServerMetrics:
             return
         while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+                await within(stop.wait(), interval_s)
                 break
             except asyncio.TimeoutError:
                 pass

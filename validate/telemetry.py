@@ -15,6 +15,8 @@ from typing import Callable
 
 import psutil
 
+from validate.util import within
+
 MiB = 1024 * 1024
 BACKENDS: dict[str, Callable[..., "Backend"]] = {}
 
@@ -162,7 +164,7 @@ class Sampler:
             if row:
                 self.samples.append((round(time.monotonic() - t0, 2), {k: round(v, 1) for k, v in row.items()}))
             try:
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+                await within(stop.wait(), self.interval_s)
             except asyncio.TimeoutError:
                 pass
 

@@ -37,3 +37,17 @@ def git_state(root: Path) -> tuple[str | None, bool | None]:
         return commit, bool(status.strip())
     except (subprocess.CalledProcessError, FileNotFoundError):
         return None, None
+
+
+async def within(aw, seconds: float):
+    """``await aw``, at most ``seconds`` in all; raises TimeoutError (asyncio.TimeoutError) past it.
+
+    asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for returns the result of an awaitable that
+    completes as the waiting task is cancelled, swallowing the cancellation (CPython gh-86296), so a Ctrl-C
+    that lands then is lost and the suite runs on.
+    """
+    import asyncio
+
+    async with asyncio.timeout(seconds):
+        return await aw
+

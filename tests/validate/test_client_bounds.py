@@ -95,3 +95,18 @@ def test_one_endless_sse_event_is_cut_at_the_event_bound():
     grew_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert not r.ok and r.error == f"one streamed event grew past {MAX_EVENT_BYTES:,} bytes without ending"
     assert r.t_done - r.t_sent < 2.0 and grew_mib < 64, (r.t_done - r.t_sent, grew_mib)
+
+
+def test_a_cancellation_as_the_awaited_call_completes_is_never_swallowed():
+    # asyncio.wait_for on Python 3.11 returned the result here and lost the cancel (a Ctrl-C mid-suite was ignored)
+    from validate.util import within
+
+    async def go():
+        fut = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(within(fut, 10.0))
+        await asyncio.sleep(0)
+        fut.set_result(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(go())

@@ -18,7 +18,7 @@ from validate.record import Dataset, Item
 from validate.runners.base import RunContext, SuiteResult
 from validate.server import server_environ
 from validate.suite import register_runner
-from validate.util import sha256_text
+from validate.util import sha256_text, within
 
 
 class PytestParams(BaseModel):
@@ -151,7 +151,7 @@ async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
 
     out = SuiteResult()
     try:
-        await asyncio.wait_for(asyncio.gather(read(), proc.wait()), timeout=p.timeout_s)
+        await within(asyncio.gather(read(), proc.wait()), p.timeout_s)
     except asyncio.TimeoutError:
         os.killpg(proc.pid, 9)
         await proc.wait()
