@@ -630,6 +630,11 @@ def _sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)  # teardown runs on SIGTERM as on Ctrl-C
+    if argv is None:  # as a program: a signal state inherited from the parent (SIGINT ignored or blocked, as a
+        # launcher's worker may hand down) must not make Ctrl-C's teardown impossible
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.fn(args)
     except InputError as e:
