@@ -2,6 +2,7 @@
 load, stray files beside the records. Each ends in a verdict, on time (tests.hostile_vllm, no vLLM)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -42,6 +43,24 @@ def cli(args: list[str], wait_s: float) -> tuple[int | None, str]:
     return rc, p.stdout.read()
 
 
+@contextlib.contextmanager
+def standalone(mode: str):
+    """tests.hostile_vllm in ``mode``, started by hand on a free port (a --url run's server); yields the port."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    env = {**os.environ, "HOSTILE_MODE": mode, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_vllm", "--port", str(port), "--served-model-name",
+                             "m"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.timeout(200)
 def test_a_trickling_metrics_endpoint_ends_the_suite_on_time(scratch):
     # GET /metrics sends a byte every 2 s: httpx's read timeout never fires; the whole scrape is bounded (20 s)
@@ -55,20 +74,9 @@ def test_a_trickling_metrics_endpoint_ends_the_suite_on_time(scratch):
 @pytest.mark.timeout(200)
 def test_a_trickling_health_ends_a_url_run_on_time(scratch):
     scratch.config("fake-ok")
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    env = {**os.environ, "HOSTILE_MODE": "trickle-health", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_vllm", "--port", str(port), "--served-model-name",
-                             "m"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(2)
+    with standalone("trickle-health") as port:
         rc, out = cli(["suite", "fake-sanity", "--config", "fake-ok", "--url", f"http://127.0.0.1:{port}",
                        "--model", "m", "--release", "h2"], 60)
-    finally:
-        proc.kill()
-        proc.wait()
     assert rc == 2, out[-1500:]  # a server that never answers /health is not serving: nothing was checked
 
 
@@ -151,21 +159,10 @@ def test_a_tokenize_that_gives_no_ids_ends_the_probe_at_once(scratch):
 @pytest.mark.timeout(200)
 def test_a_trickling_v1_models_ends_a_url_run_on_time(scratch):
     # --url without --config and --max-model-len reads max_model_len from GET /v1/models: bounded as a whole
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    env = {**os.environ, "HOSTILE_MODE": "trickle-models", "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "tests.hostile_vllm", "--port", str(port), "--served-model-name",
-                             "m"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        time.sleep(2)
+    with standalone("trickle-models") as port:
         t0 = time.monotonic()
         rc, out = cli(["suite", "fake-sanity", "--url", f"http://127.0.0.1:{port}", "--model", "m",
                        "--max-num-seqs", "4", "--release", "h5"], 75)
-    finally:
-        proc.kill()
-        proc.wait()
     assert rc == 2 and time.monotonic() - t0 < 60, out[-1500:]
     assert "--max-model-len" in out
 
