@@ -1,21 +1,19 @@
-"""CI formats of a run's outcome: JUnit XML for test-report tools, GitHub-flavoured markdown for the job summary.
+"""CI formats of a run's verdict: JUnit XML for test-report tools, GitHub-flavoured markdown for the job summary.
 
-Pure functions over the engine's typed records (:class:`validate.record.Record`), the paired comparison
-(:class:`validate.compare.Comparison`) and, optionally, performance-gate results; they read no files and run
-nothing. Verdicts map onto JUnit results as follows:
+Pure functions over one :class:`validate.verdict.ReleaseVerdict` (the verdict decided once from the records, the
+paired gate and the performance gate); they read no files, run nothing and decide nothing: every "pass" they
+write is a check whose outcome is pass. Outcomes map onto JUnit results as follows:
 
 ==================================  ==========================================================================
-verdict / gate result               JUnit testcase
+check outcome                       JUnit testcase
 ==================================  ==========================================================================
-pass                                passed (no result element)
-fail, wrong-tree, plugin-inactive   ``<failure type="<status>" message="<cause>">`` cause and reasons, a line each
-error                               ``<error type="error" message="<cause>">``: the suite could not run or finish
-skipped                             ``<skipped type="skipped" message="<cause>">``
-paired task, regression             ``<failure type="regression">`` b, c, p values, interval, sensitivity
-paired task, no regression          passed; the same figures in ``<system-out>``
-task that could not be paired       ``<error type="unpaired">`` naming why
-performance gate, regression        ``<failure type="perf-regression" message="<message>">``
-performance gate, no regression     passed; the message in ``<system-out>``
+pass                                passed (no result element); its figures and limits in ``<system-out>``
+finding                             ``<failure type="<status>" message="<message>">``: fail, wrong-tree,
+                                    plugin-inactive, regression (a paired eval), perf-regression (a figure)
+not-checked                         ``<error type="<status>">``: a suite that did not complete, evals or
+                                    figures that cannot be paired, records of another tree, notes not rendered
+limited                             ``<skipped type="<status>">``: not checked by the run's choice (a quick
+                                    subset against a full baseline, a performance gate on too few passes)
 ==================================  ==========================================================================
 """
 from __future__ import annotations
@@ -27,10 +25,10 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from validate.compare import Comparison, PairedTask
-from validate.record import FINDING_STATUSES, Record
+from validate.record import Record
+from validate.verdict import Check, ReleaseVerdict, paired_name
 
 # Text caps: a reason can be a server log tail; test-report tools and GitHub truncate or reject huge reports.
 MESSAGE_MAX_CHARS = 500
@@ -39,10 +37,7 @@ DETAIL_MAX_LINES = 200
 SUMMARY_REASONS = 3  # reasons shown per failure in the GitHub summary
 SUMMARY_MAX_FAILURES = 50
 SUMMARY_MAX_BYTES = 1_000_000  # GitHub refuses a step summary over 1 MiB
-LOST_IDS_SHOWN = 40
 
-_RESULT_TAG = {"fail": "failure", "wrong-tree": "failure", "plugin-inactive": "failure",
-               "error": "error", "skipped": "skipped"}
 _MARKER = {"pass": "pass", "fail": "**FAIL**", "wrong-tree": "**WRONG-TREE**",
            "plugin-inactive": "**PLUGIN-INACTIVE**", "error": "**ERROR**", "skipped": "*skipped*"}
 _EXIT_MEANING = {0: ("PASS", "every verdict passed"), 1: ("FAIL", "a finding"),
@@ -52,17 +47,6 @@ _EXIT_MEANING = {0: ("PASS", "every verdict passed"), 1: ("FAIL", "a finding"),
 _XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 # Markdown punctuation that would start emphasis, code, links, HTML or end a table cell.
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&#])")
-# Task of an unpaired reason: "<config>/<suite>: ..." or "<config>/<suite> (<release>) against ...".
-_UNPAIRED_TASK = re.compile(r"^([^/\s:]+)/([^\s:(]+)")
-
-
-class PerfResult(Protocol):
-    """What a performance-gate result must offer (any object with these attributes)."""
-
-    config: str
-    figure: str
-    regression: bool
-    message: str
 
 
 # --- JUnit XML --------------------------------------------------------------------------------------------
@@ -138,91 +122,22 @@ def _system_out(case: ET.Element, text: str) -> None:
     ET.SubElement(case, "system-out").text = _xml_safe(text)
 
 
-def _record_case(r: Record) -> ET.Element:
-    case = _set(ET.Element("testcase"), classname=r.config, name=r.suite, time=_time(r.wall_s))
-    _properties(case, _record_properties(r))
-    v = r.verdict
-    tag = _RESULT_TAG.get(v.status)
+_TAG = {"finding": "failure", "not-checked": "error", "limited": "skipped"}
+
+
+def _check_case(c: Check, release: str) -> ET.Element:
+    case = _set(ET.Element("testcase"), classname=c.config, name=c.name, time=_time(c.time_s))
+    props = _record_properties(c.record, with_profile=c.area == "suite") if c.record else {"release": release}
+    _properties(case, props | c.properties)
+    tag = _TAG.get(c.outcome)
     if tag is not None:
-        message = v.cause or (v.reasons[0] if v.reasons else ("not run" if v.status == "skipped" else v.status))
-        detail = _capped_lines(([v.cause] if v.cause else []) + list(v.reasons))
-        _result(case, tag, v.status, message, detail)
-    return case
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:+.1f}"
-
-
-def _paired_lines(x: PairedTask, cmp: Comparison) -> list[str]:
-    lines = [f"{x.b} lost vs {x.c} gained of {x.n:,} (b = right only in {cmp.baseline}, c = right only in "
-             f"{cmp.candidate}); one-sided p = {x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g}, alpha {cmp.alpha}; "
-             f"two-sided p = {x.p_two_sided:.3g}",
-             f"accuracy {100 * x.acc_baseline:.2f}% -> {100 * x.acc_candidate:.2f}%"
-             + (" (subset)" if x.subset else "")]
-    if x.diff_ci:
-        lines.append(f"difference {_pct(x.acc_candidate - x.acc_baseline)} points, "
-                     f"95% interval {_pct(x.diff_ci[0])} to {_pct(x.diff_ci[1])}")
-    lines.append(f"verdict: {x.verdict_text}" + (f"; {x.sensitivity}" if x.sensitivity else ""))
-    if x.lost:
-        lines.append(f"right only in {cmp.baseline}: " + ", ".join(x.lost[:LOST_IDS_SHOWN])
-                     + (" ..." if len(x.lost) > LOST_IDS_SHOWN else ""))
-    return lines
-
-
-def _paired_name(task: str, cmp: Comparison, baseline_config: str | None = None, config: str | None = None) -> str:
-    name = f"paired {task} vs {cmp.baseline}"
-    return name + (f" ({baseline_config})" if baseline_config and baseline_config != config else "")
-
-
-def _paired_case(x: PairedTask, cmp: Comparison, rec: Record | None) -> ET.Element:
-    case = _set(ET.Element("testcase"), classname=x.config,
-                name=_paired_name(x.task, cmp, x.baseline_config, x.config), time=_time(0))
-    props: dict[str, Any] = _record_properties(rec) if rec else {"release": cmp.candidate}
-    props.update({"baseline": cmp.baseline, "baseline_config": x.baseline_config, "n": x.n, "b": x.b, "c": x.c,
-                  "p_one_sided": f"{x.p_one_sided:.6g}", "p_holm": f"{x.p_holm:.6g}",
-                  "p_two_sided": f"{x.p_two_sided:.6g}", "alpha": cmp.alpha})
-    if x.diff_ci:
-        props.update({"diff_ci_low": f"{x.diff_ci[0]:.6g}", "diff_ci_high": f"{x.diff_ci[1]:.6g}"})
-    _properties(case, props)
-    lines = _paired_lines(x, cmp)
-    if x.regression:
-        _result(case, "failure", "regression",
-                f"{x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, one-sided p = {x.p_one_sided:.3g}, "
-                f"Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}", _capped_lines(lines))
+        kind = "perf-regression" if c.area == "perf" and c.outcome == "finding" else c.status
+        lines = ([c.message] if c.message and c.message not in c.detail else []) + list(c.detail)
+        _result(case, tag, kind, c.message or c.status, _capped_lines(lines))
     else:
-        _system_out(case, _capped_lines(lines))
-    return case
-
-
-def _unpaired_task(reason: str) -> tuple[str, str]:
-    """(configuration, task) named at the start of an unpaired reason; ("unpaired", "?") when it names none."""
-    m = _UNPAIRED_TASK.match(reason)
-    return (m.group(1), m.group(2)) if m else ("unpaired", "?")
-
-
-def _unpaired_case(reason: str, cmp: Comparison) -> ET.Element:
-    config, task = _unpaired_task(reason)
-    case = _set(ET.Element("testcase"), classname=config, name=_paired_name(task, cmp), time=_time(0))
-    _properties(case, {"release": cmp.candidate, "baseline": cmp.baseline})
-    _result(case, "error", "unpaired", reason, _capped_lines([reason]))
-    return case
-
-
-def _perf_case(p: PerfResult, rec: Record | None) -> ET.Element:
-    case = _set(ET.Element("testcase"), classname=p.config, name=f"perf {p.figure}", time=_time(0))
-    _properties(case, (_record_properties(rec, with_profile=False) if rec else {}) | {"figure": p.figure})
-    if p.regression:
-        _result(case, "failure", "perf-regression", p.message, _capped_lines([p.message]))
-    elif p.message:
-        _system_out(case, _capped_lines([p.message]))
-    return case
-
-
-def _perf_unpaired_case(reason: str) -> ET.Element:
-    config, suite = _unpaired_task(reason)
-    case = _set(ET.Element("testcase"), classname=config, name=f"perf {suite}", time=_time(0))
-    _result(case, "error", "perf-unpaired", reason, _capped_lines([reason]))
+        lines = list(c.detail) + ([f"not a full check: {c.limits}"] if c.limits else [])
+        if lines:
+            _system_out(case, _capped_lines(lines))
     return case
 
 
@@ -233,38 +148,19 @@ def _count(suite: ET.Element) -> dict[str, int]:
                for attr, tag in (("failures", "failure"), ("errors", "error"), ("skipped", "skipped"))}}
 
 
-def junit_element(records: list[Record], comparison: Comparison | None = None,
-                  perf: list[PerfResult] | None = None, name: str = "r9k-validate",
-                  perf_unpaired: list[str] | None = None) -> ET.Element:
-    """The ``<testsuites>`` element that :func:`junit_xml` serialises (same arguments, same content, same
-    errors), for a caller that adds to it before writing."""
+def junit_element(verdict: ReleaseVerdict, name: str = "r9k-validate") -> ET.Element:
+    """The ``<testsuites>`` element that :func:`junit_xml` serialises (same arguments, same content)."""
     suites: dict[str, ET.Element] = {}
-    first: dict[str, Record] = {}
     times: dict[str, float] = {}
     started: dict[str, str] = {}
-
-    def suite(config: str) -> ET.Element:
-        if config not in suites:
-            suites[config] = ET.Element("testsuite")
-            times[config] = 0.0
-        return suites[config]
-
-    for r in records:
-        suite(r.config).append(_record_case(r))
-        first.setdefault(r.config, r)
-        times[r.config] += _seconds(r.wall_s)
-        started[r.config] = min(started.get(r.config, r.started_at), r.started_at)
-    if comparison is not None:
-        by_task = {(r.config, r.suite): r for r in records}
-        for x in comparison.tasks:
-            suite(x.config).append(_paired_case(x, comparison, by_task.get((x.config, x.task))))
-        for reason in comparison.unpaired:
-            suite(_unpaired_task(reason)[0]).append(_unpaired_case(reason, comparison))
-    for p in perf or []:
-        suite(p.config).append(_perf_case(p, first.get(p.config)))
-    for reason in perf_unpaired or []:
-        suite(_unpaired_task(reason)[0]).append(_perf_unpaired_case(reason))
-
+    for c in verdict.checks:
+        if c.config not in suites:
+            suites[c.config] = ET.Element("testsuite")
+            times[c.config] = 0.0
+        suites[c.config].append(_check_case(c, verdict.release))
+        times[c.config] += _seconds(c.time_s)
+        if c.record is not None and c.area == "suite":
+            started[c.config] = min(started.get(c.config, c.record.started_at), c.record.started_at)
     root = _set(ET.Element("testsuites"), name=name)
     total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for config, el in suites.items():
@@ -279,36 +175,22 @@ def junit_element(records: list[Record], comparison: Comparison | None = None,
     return root
 
 
-def junit_xml(records: list[Record], comparison: Comparison | None = None, perf: list[PerfResult] | None = None,
-              name: str = "r9k-validate", perf_unpaired: list[str] | None = None) -> str:
-    """A JUnit XML report of one run, as text.
+def junit_xml(verdict: ReleaseVerdict, name: str = "r9k-validate") -> str:
+    """A JUnit XML report of one verdict, as text.
 
-    Args:
-        records: the run's records; each becomes ``<testcase classname="<configuration>" name="<suite>"
-            time="<wall_s>">`` inside ``<testsuite name="<configuration>">``, one testsuite per configuration in
-            the order the records first name it. Its result follows the module table (``failure`` for findings,
-            ``error`` for a suite that could not run or finish, ``skipped``); the result's ``message`` is the
-            verdict's cause (else its first reason) on one line, its text the cause and every reason, one a line,
-            capped at :data:`DETAIL_MAX_LINES` lines and about :data:`DETAIL_MAX_CHARS` characters.
-        comparison: the paired evals; one testcase per paired task (``classname`` = configuration, ``name`` =
-            ``paired <task> vs <baseline release>``, with `` (<baseline configuration>)`` when it differs), a
-            failure when it regressed; one ``error`` testcase per task that could not be paired.
-        perf: performance-gate results (objects with ``config``, ``figure``, ``regression``, ``message``); one
-            testcase ``perf <figure>`` each, a failure when ``regression``.
-        name: the ``name`` of the root ``<testsuites>``.
-        perf_unpaired: reasons ("<config>/<suite>: ...") the performance gate could not compare something; one
-            ``error`` testcase ``perf <suite>`` each (``gate --perf`` exits 2 on them: the report must not be green).
-
-    Every testcase carries ``<properties>`` (release, config_hash, tree.commit, tree.dirty, tree.source_hash,
-    profile; paired ones also n, b, c, the p values, alpha and the interval) as its first child, as pytest writes
-    them. Each testsuite and the root carry ``tests``, ``failures``, ``errors``, ``skipped`` and ``time``.
-    Characters XML 1.0 cannot hold (terminal escapes in log lines) appear as ``\\xNN``. The text starts with an
-    XML declaration without an encoding pseudo-attribute (UTF-8, XML's default), so it parses as a ``str`` with
-    either ElementTree or lxml.
-
-    Raises nothing for well-formed inputs; an object in ``perf`` without the attributes raises AttributeError.
+    One ``<testsuite name="<configuration>">`` per configuration in the order the checks first name it (the
+    release-level lines under ``release``); one ``<testcase classname="<configuration>" name="<check>">`` per
+    check: the suite's name, ``paired <task> vs <baseline>``, ``perf <figure>``, or the release-level line's
+    name; its result follows the module table, its ``message`` the check's message on one line, its text the
+    message and detail lines, capped at :data:`DETAIL_MAX_LINES` lines and about :data:`DETAIL_MAX_CHARS`
+    characters. Every testcase carries ``<properties>`` (release, config_hash, tree.commit, tree.dirty,
+    tree.source_hash, profile where a record stands behind it; the gate's figures: n, b, c, p values, alpha,
+    interval, medians, passes) as its first child, as pytest writes them. Each testsuite and the root carry
+    ``tests``, ``failures``, ``errors``, ``skipped`` and ``time``. Characters XML 1.0 cannot hold (terminal escapes
+    in log lines) appear as ``\\xNN``. The text starts with an XML declaration without an encoding pseudo-attribute
+    (UTF-8, XML's default), so it parses as a ``str`` with either ElementTree or lxml. Raises nothing.
     """
-    root = junit_element(records, comparison, perf, name, perf_unpaired)
+    root = junit_element(verdict, name)
     ET.indent(root)
     return '<?xml version="1.0"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -329,10 +211,8 @@ def _atomic_write(path: Path, data: bytes) -> Path:
     return path
 
 
-def write_junit(path: str | os.PathLike, records: list[Record], comparison: Comparison | None = None,
-                perf: list[PerfResult] | None = None, name: str = "r9k-validate",
-                perf_unpaired: list[str] | None = None) -> Path:
-    """Write :func:`junit_xml` of the arguments to ``path`` atomically (a temp file in the same folder, fsynced,
+def write_junit(path: str | os.PathLike, verdict: ReleaseVerdict, name: str = "r9k-validate") -> Path:
+    """Write :func:`junit_xml` of the verdict to ``path`` atomically (a temp file in the same folder, fsynced,
     mode 0644, renamed over ``path``; missing folders are made), so a reader never sees a torn report.
 
     Returns the path written.
@@ -340,7 +220,7 @@ def write_junit(path: str | os.PathLike, records: list[Record], comparison: Comp
     Raises:
         OSError: the folder cannot be made or written; a report already at ``path`` is then left as it was.
     """
-    return _atomic_write(Path(path), junit_xml(records, comparison, perf, name, perf_unpaired).encode("utf-8"))
+    return _atomic_write(Path(path), junit_xml(verdict, name).encode("utf-8"))
 
 
 # --- GitHub step summary ----------------------------------------------------------------------------------
@@ -355,16 +235,31 @@ def _row(*cells: Any) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def _verdict_table(records: list[Record]) -> list[str]:
-    configs = list(dict.fromkeys(r.config for r in records))
-    suites = list(dict.fromkeys(r.suite for r in records))
-    cell = {(r.config, r.suite): _MARKER.get(r.verdict.status, _md(r.verdict.status)) for r in records}
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+_CELL = {"pass": "pass", "finding": "**FAIL**", "not-checked": "**NOT CHECKED**", "limited": "*not checked*"}
+
+
+def _cell(c: Check) -> str:
+    if c.area == "suite" and c.outcome != "pass" and c.status in _MARKER:
+        return _MARKER[c.status]
+    return _CELL[c.outcome] + (" *(limited)*" if c.outcome == "pass" and c.limits else "")
+
+
+def _verdict_table(checks: list[Check]) -> list[str]:
+    configs = list(dict.fromkeys(c.config for c in checks))
+    suites = list(dict.fromkeys(c.name for c in checks))
+    cell = {(c.config, c.name): _cell(c) for c in checks}
     out = [_row("configuration", *map(_md, suites)), _row(*[":--"] * (len(suites) + 1))]
     out += [_row(_md(c), *(cell.get((c, s), "–") for s in suites)) for c in configs]
     return out
 
 
-def _paired_table(cmp: Comparison) -> list[str]:
+def _paired_table(verdict: ReleaseVerdict) -> list[str]:
+    cmp = verdict.comparison
+    checks = {(c.config, c.name): c for c in verdict.checks if c.area == "paired"}
     out = [f"### Paired evals: {_md(cmp.candidate)} against {_md(cmp.baseline)} "
            f"(McNemar, Holm across {len(cmp.tasks)} task(s), alpha {cmp.alpha})", ""]
     if cmp.tasks:
@@ -373,73 +268,77 @@ def _paired_table(cmp: Comparison) -> list[str]:
         for x in cmp.tasks:
             cfg = x.config if x.config == x.baseline_config else f"{x.config} vs {x.baseline_config}"
             ci = (f"{_pct(x.diff_ci[0])} to {_pct(x.diff_ci[1])} points" if x.diff_ci else "–")
+            chk = checks.get((x.config, paired_name(x.task, cmp.baseline, x.baseline_config, x.config)))
+            word = "**REGRESSION**" if chk is not None and chk.outcome == "finding" else _md(x.verdict_text)
             out.append(_row(_md(cfg), _md(x.task) + (" (subset)" if x.subset else ""), f"{x.n:,}", f"{x.b} / {x.c}",
-                            f"{x.p_one_sided:.3g} ({x.p_holm:.3g})",
-                            "**REGRESSION**" if x.regression else _md(x.verdict_text), ci))
+                            f"{x.p_one_sided:.3g} ({x.p_holm:.3g})", word, ci))
         out.append("")
         out += [f"- {_md(x.config)} / {_md(x.task)}: {_md(x.sensitivity)}" for x in cmp.tasks if x.sensitivity]
-    for reason in cmp.unpaired:
-        out.append(f"- **NOT PAIRED** {_md(reason)}")
+    for c in verdict.checks:
+        if c.area == "paired" and c.status == "not paired":
+            out.append(f"- **NOT PAIRED** {_md(c.message)}")
     return out
 
 
-def _perf_table(perf: list[PerfResult]) -> list[str]:
-    out = ["### Performance gates", "", _row("configuration", "figure", "verdict", "detail"),
+def _perf_table(checks: list[Check]) -> list[str]:
+    out = ["### Performance gate", "", _row("configuration", "figure", "verdict", "detail"),
            _row(":--", ":--", ":--", ":--")]
-    out += [_row(_md(p.config), _md(p.figure), "**REGRESSION**" if p.regression else "pass", _md(p.message))
-            for p in perf]
+    word = {"finding": "**REGRESSION**", "not-checked": "**NOT CHECKED**", "limited": "*cannot tell*"}
+    out += [_row(_md(c.config), _md(c.name.removeprefix("perf ")),
+                 word.get(c.outcome, "pass") if c.status != "not compared" else "**NOT COMPARED**", _md(c.message))
+            for c in checks]
     return out
 
 
-def _failures(records: list[Record]) -> list[str]:
-    bad = [r for r in records if r.verdict.status != "pass"]
-    bad.sort(key=lambda r: r.verdict.status not in FINDING_STATUSES)  # findings first, in record order
-    out = [f"### Not passed ({len(bad)})", ""]
-    for r in bad[:SUMMARY_MAX_FAILURES]:
-        v = r.verdict
-        reasons = list(v.reasons)
-        head = v.cause or (reasons.pop(0) if reasons else "no cause recorded")
-        out.append(f"- {_MARKER.get(v.status, _md(v.status))} {_md(r.config)} / {_md(r.suite)}: {_md(head)}")
-        out += [f"  - {_md(x)}" for x in reasons[:SUMMARY_REASONS]]
-        if len(reasons) > SUMMARY_REASONS:
-            out.append(f"  - ... {len(reasons) - SUMMARY_REASONS} more reason(s) in the record")
-    if len(bad) > SUMMARY_MAX_FAILURES:
-        out.append(f"- ... {len(bad) - SUMMARY_MAX_FAILURES} more; see the records")
+def _listed(title: str, checks: list[Check]) -> list[str]:
+    out = [f"### {title} ({len(checks)})", ""]
+    for c in checks[:SUMMARY_MAX_FAILURES]:
+        reasons = [x for x in c.detail if x != c.message]
+        head = c.message or c.limits or c.status or "no cause recorded"
+        if c.outcome == "pass" and c.limits:
+            head = f"passed, not a full check: {c.limits}"
+        out.append(f"- {_cell(c)} {_md(c.config)} / {_md(c.name)}: {_md(head)}")
+        if c.outcome in ("finding", "not-checked"):
+            out += [f"  - {_md(x)}" for x in reasons[:SUMMARY_REASONS]]
+            if len(reasons) > SUMMARY_REASONS:
+                out.append(f"  - ... {len(reasons) - SUMMARY_REASONS} more reason(s) in the record")
+    if len(checks) > SUMMARY_MAX_FAILURES:
+        out.append(f"- ... {len(checks) - SUMMARY_MAX_FAILURES} more; see the records")
     return out
 
 
-def github_summary(records: list[Record], comparison: Comparison | None = None,
-                   perf: list[PerfResult] | None = None, *, exit_code: int, why: str) -> str:
-    """GitHub-flavoured markdown for ``$GITHUB_STEP_SUMMARY``.
+def github_summary(verdict: ReleaseVerdict) -> str:
+    """GitHub-flavoured markdown for ``$GITHUB_STEP_SUMMARY``, from one verdict.
 
-    Args:
-        records: the run's records (any order; the table follows their first appearance).
-        comparison: the paired evals, if any.
-        perf: performance-gate results (``config``, ``figure``, ``regression``, ``message``), if any.
-        exit_code: the run's exit status (see :func:`validate.errors.combine_exit`).
-        why: the one line that says what decided it (e.g. :meth:`validate.engine.Outcome.explain`).
-
-    Returns a title naming the release(s) and the exit status, the ``why`` line after a marker (``**PASS**``,
-    ``**FAIL**``, ``**NOT CHECKED**``, ``**INTERRUPTED**``), a verdict table (a row per
-    configuration, a column per suite, markers ``pass``, ``**FAIL**``, ``**WRONG-TREE**``,
-    ``**PLUGIN-INACTIVE**``, ``**ERROR**``, ``*skipped*``, ``–`` for no record), the paired-eval table (task, n,
-    b / c, one-sided p with the Holm-adjusted one in brackets, verdict, 95% interval of the accuracy difference)
-    with each task's sensitivity and the tasks that could not be paired, the performance gates, and every
-    verdict that did not pass with its cause and first reasons. Text from records is escaped for markdown; the
-    whole stays under GitHub's 1 MiB limit. Raises nothing for well-formed inputs.
+    Returns a title naming the release and the exit status, the verdict's one line after a marker (``**PASS**``
+    only when every check passed in full; ``**NO FINDING, NOT FULLY CHECKED**`` at exit 0 with limited checks;
+    ``**FAIL**``, ``**NOT CHECKED**``, ``**INTERRUPTED**``), the baseline and why, a grid of the suite checks
+    (a row per configuration, a column per suite), the paired-eval table with each task's sensitivity and the
+    tasks that could not be paired, the performance gate (a row per figure and per record it could not compare),
+    the findings with their first reasons, and every check not made, by name and reason. Text from records is
+    escaped for markdown; the whole stays under GitHub's 1 MiB limit. Raises nothing.
     """
-    releases = list(dict.fromkeys(r.release for r in records)) or ([comparison.candidate] if comparison else [])
-    title = "r9k-validate" + (" " + ", ".join(releases) if releases else "")
-    marker, meaning = _EXIT_MEANING.get(exit_code, ("FAIL", "unknown status"))
-    out = [f"## {_md(title)}: exit status {exit_code}, {meaning}", "", f"**{marker}**: {_md(why, 2000)}", ""]
-    if records:
-        out += ["### Verdicts", "", *_verdict_table(records), ""]
-    if comparison is not None:
-        out += [*_paired_table(comparison), ""]
+    code = verdict.exit_code()
+    marker, meaning = _EXIT_MEANING.get(code, ("FAIL", "unknown status"))
+    if code == 0 and verdict.not_checked:
+        marker, meaning = "NO FINDING, NOT FULLY CHECKED", "no finding in what was checked; not a full check"
+    title = f"r9k-validate {verdict.what} {verdict.release}"
+    out = [f"## {_md(title)}: exit status {code}, {meaning}", "", f"**{marker}**: {_md(verdict.why(), 2000)}", ""]
+    if verdict.baseline or verdict.baseline_why:
+        out += [f"Baseline: {_md(verdict.baseline or 'none')} ({_md(verdict.baseline_why)})", ""]
+    out += [f"- {_md(n)}" for n in verdict.notes] + ([""] if verdict.notes else [])
+    suites = [c for c in verdict.checks if c.area == "suite"]
+    if suites:
+        out += ["### Verdicts", "", *_verdict_table(suites), ""]
+    if verdict.comparison is not None:
+        out += [*_paired_table(verdict), ""]
+    perf = [c for c in verdict.checks if c.area == "perf"]
     if perf:
         out += [*_perf_table(perf), ""]
-    if any(r.verdict.status != "pass" for r in records):
-        out += [*_failures(records), ""]
+    if verdict.findings:
+        out += [*_listed("Findings", verdict.findings), ""]
+    if verdict.not_checked:
+        out += [*_listed("Not checked", verdict.not_checked), ""]
     text = "\n".join(out)
     if len(text.encode("utf-8")) > SUMMARY_MAX_BYTES:
         cut = text.encode("utf-8")[: SUMMARY_MAX_BYTES - 200].decode("utf-8", "ignore")

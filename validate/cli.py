@@ -6,7 +6,6 @@ Exit status: 0 when every verdict passed; 1 when a gate failed (or a server ran 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import statistics
 import sys
@@ -167,7 +166,8 @@ def _preflight(engine, plan: list[tuple[str, list[str]]], executor: str) -> dict
 
 
 def _run(plan: list[tuple[str, list[str]]], release: str, args, external=None):
-    """Run ``plan``; returns the Outcome (records written, configurations that could not start)."""
+    """Run ``plan``; returns (the Outcome: records written, configurations that could not start; the tree under
+    validation)."""
     from validate.engine import Engine, Outcome
     from validate.record import Verdict, check_release_name
     from validate.suite import find_suite
@@ -217,7 +217,7 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args, external=None):
         else:
             for cfg_name, suites in runnable:
                 engine.run_config(release, cfg_name, suites, outcome)
-    return outcome
+    return outcome, engine.tree
 
 
 def _exit(code: int, why: str) -> int:
@@ -227,8 +227,8 @@ def _exit(code: int, why: str) -> int:
 
 
 def cmd_release(args) -> int:
-    from validate.render import render_release
     from validate.suite import load_checklist
+    from validate.verdict import assess_release, release_check
 
     root = _root()
     checklist = load_checklist(root)
@@ -238,86 +238,46 @@ def cmd_release(args) -> int:
         if unknown:
             raise InputError(f"suite {unknown[0]!r} is not in the checklist for {', '.join(c for c, _ in plan)}")
         plan = [(c, [s for s in suites if s in args.suite]) for c, suites in plan]
-    outcome = _run(plan, args.release, args)
+    outcome, tree = _run(plan, args.release, args)
     opts = _opts(args)
-    why_more = ""
-    try:  # whatever the records written hold, the run ends with its exit line and the CI reports
-        out = _render(root, opts.reports, args.release, checklist, args.baseline)
-        _summary(opts.reports, args.release)
+    # the one verdict: the records as written, the paired and performance gates against the baseline, the tree
+    verdict = assess_release(opts.reports, args.release, root=root, baseline=args.baseline, planned=plan,
+                             configs=[c for c, _ in plan], tree=tree, accept_other_tree=args.accept_other_tree)
+    _print_gates(verdict)
+    try:  # whatever the records hold, the run ends with its exit line and the CI reports
+        out = _render(root, opts.reports, args.release, checklist, verdict)
         console.print(f"release notes: {out}")
-    except InputError as e:
+    except (InputError, ReportsError) as e:
         console.print(f"[red]error: the release notes could not be rendered: {e}[/red]", soft_wrap=True)
-        outcome.launch_failures.setdefault("(notes)", str(e))
-        why_more = "; the release notes could not be rendered"
-    try:
-        gate, cmp, perf = _release_gate(opts.reports, args.release, args.baseline, [c for c, _ in plan])
-    except InputError as e:
-        console.print(f"[yellow]gates against the baseline skipped: {e}[/yellow]", soft_wrap=True)
-        gate, cmp, perf = 0, None, None
-    why = outcome.explain() + why_more + {1: "; a gate against the baseline found a regression",
-                                          2: "; the gates against the baseline could not compare everything they "
-                                             "should (see 'not compared' above)"}.get(gate, "")
-    if cmp is not None:  # in a release an unpairable task is "Not checked", not an error (see _release_gate)
-        cmp = dataclasses.replace(cmp, unpaired=[])
-    if perf is not None:
-        perf = dataclasses.replace(perf, unpaired=[])
-    code = _ci_reports(args, outcome.records, cmp, perf, combine_exit(outcome.exit_code(), gate), why)
-    return _exit(code, why)
+        verdict.checks.append(release_check("notes", f"the release notes could not be rendered: {e}"))
+    return _finish(args, verdict)
 
 
-def _render(root: Path, reports: Path, release: str, checklist, baseline: str | None) -> Path:
+def _print_gates(verdict) -> None:
+    """The baseline and the gates' tables on the console (what the verdict holds; nothing decided here)."""
+    console.print(f"baseline: {verdict.baseline or 'none'} ({verdict.baseline_why})", soft_wrap=True)
+    if verdict.comparison is not None:
+        print_comparison(verdict.comparison)
+    if verdict.perf is not None:
+        print_perf(verdict.perf)
+    for n in verdict.notes:
+        console.print(f"[yellow]note: {n}[/yellow]", soft_wrap=True)
+
+
+def _finish(args, verdict) -> int:
+    """The verdict's table, JUnit and the step summary, then the exit line: all from ``verdict``."""
+    print_verdict(verdict)
+    code = _ci_reports(args, verdict)
+    return _exit(code, verdict.why())
+
+
+def _render(root: Path, reports: Path, release: str, checklist, verdict) -> Path:
     from validate.render import render_release
 
     try:
-        return render_release(root, reports, release, checklist, baseline)
+        return render_release(root, reports, release, checklist, verdict)
     except OSError as e:
         raise ReportsError(f"cannot write the release notes under {reports / release}: {e.strerror or e}") from None
-
-
-def _release_gate(reports: Path, release: str, baseline: str | None, configs: list[str]):
-    """The gates inside ``release``: the paired eval gate and the performance gate against the baseline.
-
-    Returns (code, the eval Comparison or None, the PerfComparison or None). code: 1 on a significant regression
-    of either gate; else 2 when something that should have been compared was not: a named baseline with no
-    records, eval records of the candidate and none in the baseline, two full-set evals that cannot be paired
-    (other scoring params, data or prompts: :attr:`Comparison.blocking`), a baseline file that is not a readable
-    record; else 0. A subset (quick) run against a full baseline, and a task only one side has, are only noted
-    (the notes list them under "Not checked"), so a quick smoke run against a full baseline still passes.
-    """
-    from validate.compare import compare_releases, resolve_baseline
-    from validate.perfgate import compare_perf, specs_of
-    from validate.record import release_records
-    from validate.suite import paired_eval_kinds
-
-    base = resolve_baseline(reports, release, baseline)
-    if base is None:
-        return 0, None, None
-    cmp = perf = None
-    cannot: list[str] = []  # what should have been compared and was not
-    if baseline and not release_records(reports, base, skipped=[]):
-        cannot.append(f"the baseline {base} named with --baseline has no records under {reports}")
-    skipped: list[str] = []  # baseline files that are not readable records: what they held was never compared
-    try:
-        cmp = compare_releases(reports, release, base, configs=configs, skipped=skipped)
-        print_comparison(cmp)
-        cannot += cmp.blocking
-    except InputError as e:
-        console.print(f"[yellow]paired gate against {base} skipped: {e}[/yellow]")
-        kinds = paired_eval_kinds()
-        if any(r.suite_kind in kinds and (not configs or r.config in configs)
-               for r in release_records(reports, release, skipped=[])):
-            cannot.append(f"the candidate has eval records and the paired gate compared none: {e}")
-    try:
-        perf = compare_perf(reports, release, base, specs_of(_root()), configs=configs, skipped=skipped)
-        print_perf(perf)
-    except InputError as e:
-        console.print(f"[yellow]performance gate against {base} skipped: {e}[/yellow]")
-    cannot += [f"a file of the baseline {base} was not compared: {why}" for why in dict.fromkeys(skipped)]
-    for why in cannot:
-        console.print(f"[red]not compared: {why}[/red]", soft_wrap=True)
-    bad = (cmp is not None and any(x.regression for x in cmp.tasks)) or (perf is not None and any(f.regression for f in perf.figures))
-    # what should have been compared and was not may hold the regression: never "no regression"
-    return (1 if bad else 2 if cannot else 0), cmp, perf
 
 
 def print_perf(perf) -> None:
@@ -332,87 +292,93 @@ def print_perf(perf) -> None:
                   f"{f.p_value:.3g}", "[red]regression[/red]" if f.regression else f.mark)
     console.print(t)
     for f in perf.figures:
-        if f.regression or f.mark == "slower":
-            console.print(f"{f.config}/{f.figure}: {f.message}")
-    for u in perf.unpaired:
-        console.print(f"[yellow]not compared:[/yellow] {u}")
+        if f.mark != "within the threshold":
+            console.print(f"{f.config}/{f.figure}: {f.message}", soft_wrap=True)
+    for u in perf.unpaired + perf.limited:
+        console.print(f"[yellow]not compared:[/yellow] {u}", soft_wrap=True)
 
 
-def _ci_reports(args, records, comparison, perf, code: int, why: str) -> int:
-    """Write --junit-xml and append the GitHub step summary when $GITHUB_STEP_SUMMARY is set. Returns the exit
-    status (a report that cannot be written adds 2; a finding still outranks it)."""
+def _ci_reports(args, verdict) -> int:
+    """Write --junit-xml and append the GitHub step summary when $GITHUB_STEP_SUMMARY is set, both from
+    ``verdict``. Returns the exit status (a report that cannot be written adds 2; a finding still outranks it)."""
     from validate.ci_formats import append_github_summary, github_summary, write_junit
 
-    figures = perf.figures if perf is not None else None
+    code = verdict.exit_code()
     if getattr(args, "junit_xml", None):
         try:
-            path = write_junit(args.junit_xml, records, comparison, figures,
-                               perf_unpaired=perf.unpaired if perf is not None else None)
+            path = write_junit(args.junit_xml, verdict)
             console.print(f"JUnit report: {path}")
         except OSError as e:
             console.print(f"[red]error: cannot write the JUnit report {args.junit_xml}: {e.strerror or e}[/red]")
             code = combine_exit(code, 2)
-    if append_github_summary(github_summary(records, comparison, figures, exit_code=code, why=why)) is False:
+    if append_github_summary(github_summary(verdict)) is False:
         console.print("[yellow]warning: cannot append to $GITHUB_STEP_SUMMARY[/yellow]")
     return code
 
 
 def cmd_suite(args) -> int:
+    from validate.record import release_records
+    from validate.verdict import assess, release_check
+
     ext = None
     if args.config is None:
         if args.url:
             ext = _external(_opts(args), args)
             console.print(f"--url without --config: records go under the configuration {ext.name!r}")
         args.config = ext.name if ext else "cpu-smol"
-    outcome = _run([(args.config, [args.name])], args.release, args, external=ext)
-    why = outcome.explain()
-    try:
-        _summary(_opts(args).reports, args.release, only_suite=args.name, only_config=args.config)
-    except InputError as e:  # another file of the release folder; this run's verdict still decides
-        console.print(f"[red]error: the verdict table could not be read back: {e}[/red]", soft_wrap=True)
-        outcome.launch_failures.setdefault("(records)", str(e))
-        why += "; the release folder holds a file that is not its record"
-    code = _ci_reports(args, outcome.records, None, None, outcome.exit_code(), why)
-    return _exit(code, why)
+    outcome, tree = _run([(args.config, [args.name])], args.release, args, external=ext)
+    skipped: list[str] = []  # another file of the release folder that is no record: this run's verdict still holds
+    release_records(_opts(args).reports, args.release, skipped=skipped)
+    extra = [release_check("records", f"the release folder holds a file that is not its record: {w}") for w in skipped]
+    verdict = assess(args.release, outcome.records, tree=tree, extra=extra, what="suite")
+    return _finish(args, verdict)
 
 
 def cmd_render(args) -> int:
-    from validate.render import render_release
     from validate.suite import load_checklist
+    from validate.verdict import assess_release
 
     root = _root()
     reports = Path(args.reports) if args.reports else root / "reports"
     if not (reports / args.release).is_dir():
         raise InputError(f"no records for {args.release} under {reports}")
-    if args.baseline and not (reports / args.baseline).is_dir():
+    if args.baseline and args.baseline != "none" and not (reports / args.baseline).is_dir():
         raise InputError(f"--baseline {args.baseline}: no records under {reports / args.baseline}")
-    out = render_release(root, reports, args.release, load_checklist(root), args.baseline)
-    _summary(reports, args.release)
+    checklist = load_checklist(root)
+    verdict = assess_release(reports, args.release, root=root, baseline=args.baseline, planned=checklist.plan())
+    out = _render(root, reports, args.release, checklist, verdict)
+    print_verdict(verdict)
     console.print(f"release notes: {out}")
+    console.print(f"the release's verdict: exit status {verdict.exit_code()} ({verdict.why()}); render itself exits 0")
     return 0
 
 
-def _summary(reports: Path, release: str, only_suite: str | None = None, only_config: str | None = None) -> None:
-    from validate.record import release_records
+def print_verdict(verdict) -> None:
+    """The verdict's table: a row per check (configuration, check, outcome, its figures or why)."""
     from validate.suite import discover
 
     runners = discover()
-    t = Table(title=f"{release}: verdicts")
-    for col in ("configuration", "suite", "profile", "verdict", "key figures"):
+    t = Table(title=f"{verdict.release}: the {verdict.what}'s verdict")
+    for col in ("configuration", "check", "profile", "verdict", "key figures / why"):
         t.add_column(col)
-    for r in release_records(reports, release):
-        if (only_suite and r.suite != only_suite) or (only_config and r.config != only_config):
-            continue
-        m = r.metrics
-        runner = runners.get(r.suite_kind)
-        fig = (lambda: runner.summary(r)) if runner is not None and runner.summary else (lambda: "")
-        try:
-            figures = fig() if m else ""
-        except KeyError:
-            figures = ""
-        style = {"pass": "green", "fail": "red"}.get(r.verdict.status, "yellow")
-        t.add_row(r.config, r.suite, r.profile, f"[{style}]{r.verdict.status}[/{style}]",
-                  figures or (r.verdict.cause or "")[:80])
+    style = {"pass": "green", "finding": "red", "not-checked": "red", "limited": "yellow"}
+    from validate.verdict import OUTCOME_WORD
+
+    for c in verdict.checks:
+        r = c.record if c.area == "suite" else None
+        figures = ""
+        runner = runners.get(r.suite_kind) if r is not None else None
+        if r is not None and r.metrics and runner is not None and runner.summary:
+            try:
+                figures = runner.summary(r)
+            except (KeyError, TypeError, ValueError):
+                figures = ""
+        word = OUTCOME_WORD[c.outcome] + (f" ({c.status})" if c.status not in ("pass", "") else "")
+        if c.outcome == "pass" and c.limits:
+            word += ", limited"
+        why = figures if c.outcome == "pass" and figures else (c.message or c.limits or "")
+        t.add_row(c.config, c.name, r.profile if r is not None else "", f"[{style[c.outcome]}]{word}[/{style[c.outcome]}]",
+                  why[:120])
     console.print(t)
 
 
@@ -468,39 +434,55 @@ def cmd_compare(args) -> int:
     return 0 if cmp.tasks else 2
 
 
+def _gate_tree(args, kinds: set[str]):
+    """Checks that the candidate's records of ``kinds`` were made by this checkout's tree (verdict.tree_checks)."""
+    from validate.engine import current_tree
+    from validate.record import release_records
+    from validate.verdict import tree_checks
+
+    reports = Path(args.reports) if args.reports else _root() / "reports"
+    recs = [r for r in release_records(reports, args.release, skipped=[])
+            if r.suite_kind in kinds and (not args.config or r.config in args.config)]
+    what = "performance gate" if args.perf else "paired gate"
+    return tree_checks(recs, current_tree(_root()), args.accept_other_tree, what)
+
+
 def cmd_gate(args) -> int:
     """The eval gate (default) or, with --perf, the performance gate. 0: nothing regressed; 1: something did
-    (named), even beside tasks that could not be compared; 2: nothing, or not everything, could be compared."""
+    (named), even beside tasks that could not be compared; 2: nothing, or not everything, could be compared, or
+    the candidate's records were made by another tree (unless --accept-other-tree)."""
+    from validate.suite import paired_eval_kinds
+    from validate.verdict import assess
+
     if args.perf:
         return _perf_gate(args)
     cmp = _comparison(args)
     print_comparison(cmp)
-    bad = [x for x in cmp.tasks if x.regression]
-    for x in bad:
-        console.print(f"[red]gate: {x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, "
-                      f"one-sided p = {x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}[/red]")
+    for x in cmp.tasks:
+        if x.regression:
+            console.print(f"[red]gate: {x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, one-sided p = "
+                          f"{x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}[/red]")
     if cmp.unpaired:
         console.print(f"[red]gate: {len(cmp.unpaired)} task(s) cannot be paired[/red]")
-    code = 1 if bad else 2 if cmp.unpaired else 0  # a measured regression outranks tasks that could not be compared
-    why = (f"{', '.join(f'{x.config}/{x.task}' for x in bad)} regressed" if bad else
-           f"{len(cmp.unpaired)} task(s) cannot be paired" if cmp.unpaired else
-           f"no significant regression at alpha {cmp.alpha} after Holm")
-    return _exit(_ci_reports(args, [], cmp, None, code, why), why)
+    verdict = assess(args.release, [], comparison=cmp, baseline=args.against, baseline_why="named with --against",
+                     extra=_gate_tree(args, paired_eval_kinds()), strict=True, what="gate")
+    return _finish(args, verdict)
 
 
 def _perf_gate(args) -> int:
-    from validate.perfgate import compare_perf, specs_of
+    from validate.perfgate import BENCH_KIND, compare_perf, specs_of
+    from validate.verdict import assess, release_check
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
     perf = compare_perf(reports, args.release, args.against, specs_of(_root()), configs=args.config,
                         reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
     print_perf(perf)
-    bad = [f for f in perf.figures if f.regression]
-    code = 1 if bad else 2 if perf.unpaired or not perf.figures else 0
-    why = (f"{', '.join(f'{f.config}/{f.figure}' for f in bad)} regressed" if bad else
-           f"{len(perf.unpaired)} configuration(s) could not be compared" if perf.unpaired else
-           "no figure to compare" if not perf.figures else "no figure regressed beyond its threshold and band")
-    return _exit(_ci_reports(args, [], None, perf, code, why), why)
+    extra = _gate_tree(args, {BENCH_KIND})
+    if not perf.figures and not perf.unpaired and not perf.limited:
+        extra.append(release_check("performance gate", "no figure to compare"))
+    verdict = assess(args.release, [], perf=perf, baseline=args.against, baseline_why="named with --against",
+                     extra=extra, strict=True, what="gate --perf")
+    return _finish(args, verdict)
 
 
 def cmd_configs(args) -> int:
@@ -580,6 +562,8 @@ def parser() -> argparse.ArgumentParser:
                                       "holds an eval or BetterBench record; 'none': no baseline)")
     p.add_argument("--junit-xml", metavar="FILE", help="also write the verdicts as JUnit XML (one testcase per "
                    "configuration and suite, and per gated task and figure)")
+    p.add_argument("--accept-other-tree", action="store_true", help="let records another tree made (left in the "
+                   "release folder) count, named as such, instead of making the release exit 2")
     _common(p)
     p.set_defaults(fn=cmd_release)
     p = sub.add_parser("suite", help="one suite on one configuration")
@@ -613,6 +597,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--perf", action="store_true", help="the performance gate on BetterBench records instead "
                            "of the paired eval gate")
             p.add_argument("--junit-xml", metavar="FILE", help="also write the gate's result as JUnit XML")
+            p.add_argument("--accept-other-tree", action="store_true", help="gate candidate records another tree "
+                           "made (named as such) instead of exiting 2")
         _common(p, run=False)
         p.set_defaults(fn=fn)
     for name, fn, hlp in (("configs", cmd_configs, "list serving configurations"),

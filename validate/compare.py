@@ -256,7 +256,10 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             tasks.append(pair(b, r))
         except PairingError as e:
             unpaired.append(str(e))
-            if not any(SUBSET_REASON in why for why in e.reasons) and r.verdict.status in ("pass", "fail"):
+            # a quick subset of the candidate against a full baseline is the run's own choice (listed); anything
+            # else, a subset baseline under a full candidate included, should have been compared and was not
+            cand_subset = r.dataset is not None and r.dataset.subset
+            if r.verdict.status in ("pass", "fail") and not (cand_subset and any(SUBSET_REASON in w for w in e.reasons)):
                 blocking.append(str(e))
     # A task the baseline has and the candidate lacks is a gap, never a silent pass.
     have = {(against_config or r.config, r.suite) for r in cand}
@@ -274,30 +277,51 @@ NO_BASELINE = "none"
 
 
 def resolve_baseline(reports: Path, release: str, baseline: str | None) -> str | None:
-    """The baseline a run compares with: ``baseline`` as named, None for :data:`NO_BASELINE`, else
-    :func:`previous_release`."""
+    """The baseline a run compares with (:func:`choose_baseline`'s name)."""
+    return choose_baseline(reports, release, baseline)[0]
+
+
+def choose_baseline(reports: Path, release: str, baseline: str | None) -> tuple[str | None, str]:
+    """(the baseline a run compares with, why that one): ``baseline`` as named; None for :data:`NO_BASELINE`;
+    else :func:`previous_release`. The reason is said in the notes and on the console."""
     if baseline == NO_BASELINE:
+        return None, "--baseline none: no baseline"
+    if baseline:
+        return baseline, "named with --baseline"
+    name = previous_release(reports, release)
+    by_version = _version(release) is not None
+    if name is None:
+        return None, (f"no {'older ' if by_version else 'other '}release under reports/ holds an eval or BetterBench "
+                      "record" + ("" if by_version else f" ({release!r} is not a version: the newest other release is "
+                                  "taken)"))
+    if by_version:
+        return name, (f"the newest release older than {release} by version order that holds an eval or BetterBench "
+                      "record")
+    return name, (f"{release!r} is not a version: the newest other release under reports/ (by when its records "
+                  "ended) that holds an eval or BetterBench record")
+
+
+def _version(name: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(name.lstrip("v"))
+    except InvalidVersion:
         return None
-    return baseline or previous_release(reports, release)
 
 
 def previous_release(reports: Path, release: str) -> str | None:
-    """The newest release under ``reports`` older than ``release`` by version order (v0.3.2 before v0.3.3) that
-    holds a record a gate compares (a paired eval or BetterBench), or a file that is no readable record (which
-    may be one: the gates then say what they could not compare). An aborted or partial run in between whose
-    records are all of other kinds is no baseline: the gates would compare nothing."""
-    from packaging.version import InvalidVersion, Version
-
+    """The baseline release under ``reports`` for ``release``: the newest older one by version order (v0.3.2 before
+    v0.3.3) when ``release`` is a version, else (a name such as ``candidate``) the newest other one by when its
+    records ended; in both cases one that holds a record a gate compares (a paired eval or BetterBench), or a
+    file that is no readable record (which may be one: the gates then say what they could not compare). An
+    aborted or partial run in between whose records are all of other kinds is no baseline: the gates would
+    compare nothing."""
     from validate.perfgate import BENCH_KIND
     from validate.suite import paired_eval_kinds
 
     gated = set(paired_eval_kinds()) | {BENCH_KIND}
-
-    def key(name: str):
-        try:
-            return Version(name.lstrip("v"))
-        except InvalidVersion:
-            return None
+    key = _version
 
     def has_gated(folder: Path) -> bool:  # a file that is no readable record may be one: the gate then says so
         for p in folder.glob("*/*.json"):
@@ -309,9 +333,23 @@ def previous_release(reports: Path, release: str) -> str | None:
                 return True
         return False
 
-    cur = key(release)
-    if cur is None or not reports.is_dir():
+    def ended(folder: Path) -> str:
+        last = ""
+        for p in folder.glob("*/*.json"):
+            try:
+                t = json.loads(p.read_text()).get("ended_at")
+            except (OSError, ValueError, AttributeError):
+                continue
+            last = max(last, t) if isinstance(t, str) else last
+        return last
+
+    if not reports.is_dir():
         return None
+    cur = key(release)
+    if cur is None:
+        others = sorted(((ended(d), d.name) for d in reports.iterdir() if d.is_dir() and d.name != release
+                         and has_gated(d)), reverse=True)
+        return others[0][1] if others else None
     older = sorted(((k, d.name) for d in reports.iterdir() if d.is_dir() and (k := key(d.name)) is not None and k < cur),
                    reverse=True)
     return next((name for _, name in older if has_gated(reports / name)), None)

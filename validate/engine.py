@@ -138,6 +138,16 @@ def engine_hash(root: Path, tree: Path) -> str:
     return h.hexdigest()[:16]
 
 
+def current_tree(root: Path, tree_root: Path | None = None) -> Tree:
+    """The tree under validation: the commit and dirty flag of ``tree_root`` (default: ``root`` when it holds
+    r9k/, else this package's checkout), the hash of its plugin and kernel sources, and the engine hash of its
+    validate/ code with ``root``'s suites (:func:`engine_hash`)."""
+    tree_root = tree_root or (root if (root / "r9k").is_dir() else prov.package_root())
+    commit, dirty = git_state(tree_root)
+    digest, _ = prov.source_hash(tree_root)
+    return Tree(commit=commit, dirty=dirty, source_hash=digest, engine_hash=engine_hash(root, tree_root))
+
+
 def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, launched: bool,
                      has_log: bool | None = None, serving_pid: int | None = None) -> tuple[bool | None, str | None]:
     """(ok, reason) of a server's provenance lines against the tree under validation.
@@ -275,9 +285,7 @@ class Engine:
         self.o = opts
         self.console = console
         self.progress_factory = progress_factory
-        commit, dirty = git_state(opts.tree_root())
-        digest, _ = prov.source_hash(opts.tree_root())
-        self.tree = Tree(commit=commit, dirty=dirty, source_hash=digest, engine_hash=engine_hash(opts.root, opts.tree_root()))
+        self.tree = current_tree(opts.root, opts.tree_root())
 
     def say(self, msg: str) -> None:
         if self.console is not None:
@@ -391,8 +399,11 @@ class Engine:
             return None
         try:
             rec = read_record(path)
-        except InputError:
+        except InputError as e:
+            self.say(f"[yellow]{cfg.name}/{s.spec.name}: the record found is not kept (--resume): {e}[/yellow]")
             return None
+        if rec.rechecked:
+            self.say(f"[yellow]{cfg.name}/{s.spec.name}: {rec.rechecked}; it is kept as {rec.verdict.status}[/yellow]")
         same = (rec.verdict.status in ("pass", "fail") and rec.tree.source_hash == self.tree.source_hash
                 and rec.tree.engine_hash == self.tree.engine_hash and rec.suite_hash == s.spec_hash()
                 and rec.params_hash == s.params_hash() and rec.config_hash == cfg.digest() and rec.profile == s.profile)
@@ -555,6 +566,7 @@ class Engine:
             model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
             server_metrics=result.server_metrics, client=result.client_tally,
+            gate=s.spec.gate.model_dump(), perf_gate=s.perf_gate(),
         )
         path = record_path(self.o.reports, release, cfg.name, s.spec.name)
         try:

@@ -3,7 +3,8 @@
 A figure is one number of one suite (e.g. BetterBench's combined decode). Its *band* for a release and a
 configuration is the min-max over every run of that suite on identical code (same plugin source, engine,
 suite and configuration hashes: the current record plus ``history/``); for BetterBench each run's passes
-count too. A change from the baseline is *within the band* when either value lies inside the other's band.
+count too. The bands are shown, not judged: a figure the performance gate judges carries the gate's mark
+(validate.perfgate), the one rule for "slower"; other figures show their change alone.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class FigureSpec:
     higher_is_better: bool
     get: Callable[[Record], float | None]
     band: Callable[[Record], tuple[float, float] | None] | None = None
+    per_pass: str | None = None  # the per-pass figure the performance gate judges (BetterBench), if any
 
 
 def metric(*path: str) -> Callable[[Record], float | None]:
@@ -43,14 +45,15 @@ def metric(*path: str) -> Callable[[Record], float | None]:
 
 
 def banded(key: str):
-    """(getter, band getter) of a figure a record keeps as ``metrics.summary[key] = {median, min, max}``."""
+    """(getter, band getter, ``key``) of a figure a record keeps as ``metrics.summary[key] = {median, min, max}``
+    and per pass as ``metrics.per_pass[i][key]``."""
     def get(r: Record):
         return metric("summary", key, "median")(r)
 
     def band(r: Record):
         lo, hi = metric("summary", key, "min")(r), metric("summary", key, "max")(r)
         return None if lo is None or hi is None else (lo, hi)
-    return get, band
+    return get, band, key
 
 
 KV_CACHE = FigureSpec("kv", "KV cache", "*", "tokens", 0, True,
@@ -83,6 +86,7 @@ class FigureRow:
     band: tuple[float, float] | None  # the candidate's run-to-run band
     baseline_band: tuple[float, float] | None
     runs: int
+    mark: str | None = None  # the performance gate's mark, for a figure it judged
 
     @property
     def change_pct(self) -> float | None:
@@ -90,13 +94,6 @@ class FigureRow:
             return None
         return 100.0 * (self.candidate - self.baseline) / self.baseline
 
-    @property
-    def within_band(self) -> bool:
-        """The baseline lies inside the candidate's band, or the candidate inside the baseline's."""
-        if self.baseline is None or self.candidate is None:
-            return False
-        inside = lambda x, b: b is not None and b[0] <= x <= b[1]  # noqa: E731
-        return inside(self.baseline, self.band) or inside(self.candidate, self.baseline_band)
 
 
 def _same_code(runs: list[Record]) -> list[Record]:
@@ -124,23 +121,30 @@ def _value_and_band(spec: FigureSpec, runs: list[Record]) -> tuple[float | None,
     return vals[0], band, len(runs)
 
 
-def compare_figures(base: dict[str, list[Record]], cand: dict[str, list[Record]]) -> list[FigureRow]:
-    """Rows for every figure either side has. ``base``/``cand``: suite -> runs (newest first)."""
+def compare_figures(base: dict[str, list[Record]], cand: dict[str, list[Record]],
+                    marks: dict[str, str] | None = None) -> list[FigureRow]:
+    """Rows for every figure either side has. ``base``/``cand``: suite -> runs (newest first); a figure of a suite
+    is compared with the baseline's runs of the same suite only (the caller leaves out suites whose records do
+    not measure the same thing). ``marks``: per-pass figure name -> the performance gate's mark."""
     every = [r for runs in list(base.values()) + list(cand.values()) for r in runs]
     rows = []
+    marks = marks or {}
     for spec in figure_specs(every):
-        def pick(side: dict[str, list[Record]]):
-            for runs in side.values():  # the first suite of the figure's kind (any, for '*') that has it
+        def pick(side: dict[str, list[Record]], suite: str | None = None):
+            for name, runs in side.items():  # the first suite of the figure's kind (any, for '*') that has it
+                if suite is not None and name != suite:
+                    continue
                 if runs and (spec.kind == "*" or runs[0].suite_kind == spec.kind):
                     v = _value_and_band(spec, runs)
                     if v[0] is not None:
-                        return v
-            return None, None, 0
-        bv, bband, _ = pick(base)
-        cv, cband, n = pick(cand)
+                        return (name, *v)
+            return None, None, None, 0
+        suite, cv, cband, n = pick(cand)
+        _, bv, bband, _ = pick(base, suite) if suite is not None else pick(base)
         if bv is None and cv is None:
             continue
-        rows.append(FigureRow(spec.label, spec.unit, spec.digits, bv, cv, cband, bband, n))
+        mark = marks.get(spec.per_pass) if spec.per_pass and bv is not None and cv is not None else None
+        rows.append(FigureRow(spec.label, spec.unit, spec.digits, bv, cv, cband, bband, n, mark))
     return rows
 
 

@@ -1,22 +1,24 @@
 """The performance gate: BetterBench figures of a candidate release against a baseline, pass by pass.
 
-A figure regresses only when all three hold, so that neither noise nor a trivial move fails a release:
+A figure regresses when both hold:
 
 1. practical: the candidate's median is worse than the baseline's by more than the figure's threshold (percent
-   of the baseline median; the suite file's ``perf_gate``, default decode step +3 %, combined decode -3 %,
-   prefill -5 %);
-2. outside the band: the candidate's median lies beyond the baseline's run-to-run band (:func:`run_band`: the
-   10th to 90th percentile of its passes where there are five or more, else their min and max), the passes of the
-   baseline record and of earlier runs of it that measured the same thing;
-3. significant: a one-sided Mann-Whitney rank test of the candidate's per-pass values against the baseline's
-   (scipy.stats.mannwhitneyu, exact where no values tie) gives p < alpha. With n and m passes the smallest p it
-   can give is 1 / C(n + m, n) (1/6 for 2 and 2): a gate on too few passes says that it cannot be significant.
+   of the baseline median; the ``perf_gate`` stored in the baseline's record, else the suite file's; defaults
+   decode step +3 %, combined decode -3 %, prefill -5 %);
+2. significant: a one-sided Mann-Whitney rank test of the candidate's per-pass values against the baseline's
+   (scipy.stats.mannwhitneyu, exact where no values tie) gives p < alpha.
 
-Each figure is marked "slower" or "faster" when its median lies beyond the baseline's band in that direction by
-more than the figure's threshold (conditions 1 and 2, either way); else "within the band" when it lies inside the
-band, "within the threshold" when it lies past it by less than the threshold (a median just past a narrow band is
-not a move). A "slower" figure is a regression only when the rank test agrees. Lower is better for
-figures in milliseconds (``_ms``), higher for rates.
+A shift that is significant and larger than the threshold is a regression wherever it lies against the band:
+the band (:func:`run_band`: the 10th to 90th percentile of the baseline's passes where there are five or more,
+else their min and max) is shown to tell noise from a change, never to excuse one.
+
+With n and m passes the smallest p the rank test can give is 1 / C(n + m, n) (1/6 for 2 and 2). Where that is
+not below alpha the gate *cannot tell*: the figure is neither a regression nor a pass, whatever its move, and
+the message says how many passes a side would let it decide (:func:`passes_needed`).
+
+Marks: "slower" (a regression), "faster" (the same two conditions in the good direction), "within the
+threshold" (moved by no more than its threshold), "not significant" (moved by more, but the rank test does not
+separate the passes), "cannot tell". Lower is better for figures in milliseconds (``_ms``), higher for rates.
 """
 from __future__ import annotations
 
@@ -69,7 +71,8 @@ class PerfFigure:
     ``base`` / ``cand``: per-pass values (unit of the figure). ``change_pct``: candidate median against the
     baseline's, signed (positive = higher). ``worse_pct``: the same move counted in the bad direction.
     ``p_value``: one-sided Mann-Whitney p for "the candidate is worse"; ``min_p``: the least p these pass counts
-    allow. ``mark``: "slower", "faster", "within the band" or "within the threshold". ``regression``: all three conditions hold.
+    allow. ``mark``: see the module docstring. ``regression``: both conditions hold. ``cannot_tell``: ``min_p`` is
+    not below alpha.
     """
 
     config: str
@@ -87,8 +90,9 @@ class PerfFigure:
     p_value: float = 1.0
     min_p: float = 1.0
     outside_band: bool = False
-    mark: str = "within the band"
+    mark: str = "within the threshold"
     regression: bool = False
+    cannot_tell: bool = False  # the pass counts cannot give p < alpha: neither a regression nor a pass
     message: str = ""
     base_band: tuple[float, float] = (0.0, 0.0)  # run_band of each side
     cand_band: tuple[float, float] = (0.0, 0.0)
@@ -105,10 +109,31 @@ def run_band(values: list[float]) -> tuple[float, float]:
     return min(values), max(values)
 
 
+def passes_needed(n_base: int, alpha: float) -> int:
+    """The fewest candidate passes with which a rank test against ``n_base`` baseline passes can give
+    p < ``alpha`` (least p 1 / C(n_base + n, n)); with ``n_base`` below that, the same count a side."""
+    for n in range(1, 200):
+        if 1.0 / math.comb(n_base + n, n) < alpha:
+            return n
+    return 200
+
+
+def passes_a_side(alpha: float) -> int:
+    """The fewest passes a side with which the rank test can give p < ``alpha`` (least p 1 / C(2n, n))."""
+    n = 1
+    while 1.0 / math.comb(2 * n, n) >= alpha:
+        n += 1
+    return n
+
+
 def judge(config: str, figure: str, base: list[float], cand: list[float], threshold_pct: float,
           alpha: float = 0.05) -> PerfFigure:
-    """Apply the three conditions of the module docstring to one figure.
+    """Apply the rule of the module docstring to one figure.
 
+    Args:
+        base, cand: per-pass values of the figure (its unit; ``_ms`` figures lower is better).
+        threshold_pct: the practical threshold, percent of the baseline median.
+        alpha: the rank test's significance level.
     Raises:
         ValueError: either side has no values.
     """
@@ -127,26 +152,35 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     better_outside = (f.cand_median < lo) if lower else (f.cand_median > hi)
     # exact where it is valid (no ties) and cheap; else the normal approximation with tie correction
     exact = len(set(base) | set(cand)) == len(base) + len(cand) and len(base) * len(cand) <= 10_000
-    f.p_value = float(mannwhitneyu(cand, base, alternative="greater" if lower else "less",
-                                   method="exact" if exact else "asymptotic").pvalue)
+    worse_way = "greater" if lower else "less"
+    f.p_value = float(mannwhitneyu(cand, base, alternative=worse_way, method="exact" if exact else "asymptotic").pvalue)
+    p_better = float(mannwhitneyu(cand, base, alternative="less" if lower else "greater",
+                                  method="exact" if exact else "asymptotic").pvalue)
     f.min_p = 1.0 / math.comb(len(base) + len(cand), len(cand))
-    f.mark = ("slower" if f.outside_band and f.worse_pct > threshold_pct else
-              "faster" if better_outside and -f.worse_pct > threshold_pct else
-              "within the threshold" if f.outside_band or better_outside else "within the band")
-    f.regression = f.worse_pct > threshold_pct and f.outside_band and f.p_value < alpha
-    why = []
+    f.cannot_tell = f.min_p >= alpha
+    f.regression = not f.cannot_tell and f.worse_pct > threshold_pct and f.p_value < alpha
+    band = "beyond the baseline's band" if f.outside_band or better_outside else "inside the baseline's band"
+    move = f"{f.worse_pct:+.1f}% in the bad direction (threshold {threshold_pct:g}%), {band}"
+    if f.cannot_tell:
+        n = passes_needed(len(base), alpha)
+        f.mark = "cannot tell"
+        f.message = (f"cannot tell: {len(base)} and {len(cand)} passes cannot be significant (the least rank-test p "
+                     f"is {f.min_p:.3g}, not below {alpha:g}); {move}; at least {n} candidate passes against these "
+                     f"{len(base)} (or {passes_a_side(alpha)} a side) would let the gate decide")
+        return f
     if f.regression:
-        why.append(f"a regression: {f.worse_pct:+.1f}% worse (threshold {threshold_pct:g}%), beyond the baseline's "
-                   f"band, rank-test p = {f.p_value:.3g} < {alpha:g}")
+        f.mark = "slower"
+        f.message = f"a regression: {move}, rank-test p = {f.p_value:.3g} < {alpha:g}"
+    elif -f.worse_pct > threshold_pct and p_better < alpha:
+        f.mark = "faster"
+        f.message = f"faster: {-f.worse_pct:+.1f}% in the good direction, {band}, rank-test p = {p_better:.3g}"
+    elif abs(f.worse_pct) <= threshold_pct:
+        f.mark = "within the threshold"
+        f.message = f"{move}: within the {threshold_pct:g}% threshold; rank-test p = {f.p_value:.3g}"
     else:
-        if f.worse_pct <= threshold_pct:
-            why.append(f"{f.worse_pct:+.1f}% in the bad direction, within the {threshold_pct:g}% threshold")
-        if not f.outside_band:
-            why.append("inside the baseline's run-to-run band")
-        if f.p_value >= alpha:
-            why.append(f"rank-test p = {f.p_value:.3g}" + (f" (the least {len(base)} and {len(cand)} passes can give is "
-                                                           f"{f.min_p:.3g}: cannot be significant)" if f.min_p >= alpha else ""))
-    f.message = "; ".join(why)
+        f.mark = "not significant"
+        f.message = (f"{move}, but the rank test does not separate the passes "
+                     f"(p = {min(f.p_value, p_better):.3g}, alpha {alpha:g})")
     return f
 
 
@@ -158,10 +192,50 @@ def _passes(records: list[Record], figure: str) -> list[float]:
 
 @dataclass
 class PerfComparison:
+    """The performance gate of one candidate against one baseline.
+
+    ``unpaired``: one reason per configuration and suite that should have been compared and could not (other
+    measuring parameters, server settings, model or hardware; a side that did not complete; a gated figure the
+    candidate lost): the gate cannot say "no regression". ``limited``: what was not compared by the run's own
+    choice (a quick-profile run against a full one, a suite the baseline does not have): listed, never a pass.
+    ``notes``: thresholds that differ between the two records, or that came from the checkout."""
+
     candidate: str
     baseline: str
     figures: list[PerfFigure] = field(default_factory=list)
-    unpaired: list[str] = field(default_factory=list)  # one reason per configuration that could not be compared
+    unpaired: list[str] = field(default_factory=list)
+    limited: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def comparable(b: Record, c: Record) -> list[str]:
+    """Why the figures of record ``b`` (baseline) and ``c`` (candidate) of one suite measure different things, or
+    [] when they measure the same: both completed, the same suite kind, the same measuring parameters
+    (:data:`MEASURING_PARAMS`), server settings (:data:`MEASURING_SERVER`), model, hardware and metrics formula.
+    The performance gate, the notes' Numbers table, their title and the pictures pair by this one rule."""
+    bad = []
+    for label, r in (("baseline", b), ("candidate", c)):
+        if r.verdict.status not in ("pass", "fail"):
+            bad.append(f"the {label} did not complete ({r.verdict.status})")
+    if b.suite_kind != c.suite_kind:
+        bad.append(f"other suite kinds ({b.suite_kind} vs {c.suite_kind})")
+    diff = [k for k in MEASURING_PARAMS if b.params.get(k) != c.params.get(k)]
+    if diff:
+        bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}" for k in diff) + ")")
+    sb, sc = b.config_snapshot.get("server", {}), c.config_snapshot.get("server", {})
+    moved = [k for k in MEASURING_SERVER if sb.get(k) != sc.get(k)]
+    if moved:
+        bad.append("the server settings that define the figures differ (" + ", ".join(
+            f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
+    if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
+        bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
+    hb, hc = b.hardware or {}, c.hardware or {}
+    moved = [k for k in ("kind", "gpus") if hb.get(k) != hc.get(k)]
+    if moved:
+        bad.append("the hardware differs (" + ", ".join(f"{k}: {hb.get(k)!r} vs {hc.get(k)!r}" for k in moved) + ")")
+    if b.metrics_formula_version != c.metrics_formula_version:
+        bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
+    return bad
 
 
 def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
@@ -196,21 +270,57 @@ def specs_of(root: Path) -> dict[str, PerfGateSpec]:
     return out
 
 
-def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, PerfGateSpec] | None = None,
-                 configs: list[str] | None = None, reports_baseline: Path | None = None,
-                 skipped: list[str] | None = None) -> PerfComparison:
-    """Gate every BetterBench record of ``candidate`` against the baseline's record of the same configuration,
-    with the thresholds of its suite (``specs``: suite name -> spec; default thresholds otherwise).
-    ``skipped``: see :func:`validate.record.release_records` (for the baseline's files).
+def gate_spec(b: Record, c: Record, checkout: dict[str, PerfGateSpec], notes: list[str]) -> PerfGateSpec:
+    """The thresholds a comparison of ``c`` against ``b`` is judged by: those stored in the baseline's record
+    (a pull request cannot loosen its own gate), else the checkout's suite file's (said in ``notes``). A
+    candidate recorded under other thresholds is said in ``notes``.
 
     Raises:
-        InputError: the candidate has no BetterBench record.
+        InputError: a stored ``perf_gate`` that is not a valid one (naming the record).
+    """
+    def stored(r: Record) -> PerfGateSpec | None:
+        if r.perf_gate is None:
+            return None
+        try:
+            return PerfGateSpec.model_validate(r.perf_gate)
+        except ValueError as e:
+            raise InputError(f"{r.release}/{r.config}/{r.suite}.json: perf_gate: {e}") from None
+
+    where = f"{c.config}/{c.suite}"
+    sb, sc = stored(b), stored(c)
+    if sb is None:
+        spec = checkout.get(c.suite) or PerfGateSpec()
+        notes.append(f"{where}: the baseline {b.release} was recorded before thresholds were stored: the checkout's "
+                     f"thresholds are used ({_thresholds(spec)})")
+    else:
+        spec = sb
+    if sc is not None and sc != spec:
+        notes.append(f"{where}: the candidate was recorded under other thresholds ({_thresholds(sc)}) than the "
+                     f"baseline's ({_thresholds(spec)}): the baseline's are used")
+    return spec
+
+
+def _thresholds(spec: PerfGateSpec) -> str:
+    return ", ".join(f"{k} {v:g}%" for k, v in spec.thresholds_pct.items()) + f", alpha {spec.alpha:g}"
+
+
+def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, PerfGateSpec] | None = None,
+                 configs: list[str] | None = None, reports_baseline: Path | None = None,
+                 skipped: list[str] | None = None, records: list[Record] | None = None) -> PerfComparison:
+    """Gate every BetterBench record of ``candidate`` against the baseline's record of the same configuration
+    and suite (:func:`comparable`), with the thresholds :func:`gate_spec` picks (``specs``: the checkout's, by
+    suite name). ``skipped``: see :func:`validate.record.release_records` (for the baseline's files).
+    ``records``: the candidate's records as already read (default: read from ``reports``).
+
+    Raises:
+        InputError: the candidate has no BetterBench record; a stored perf_gate is malformed.
     """
     specs = specs or {}
     if candidate == baseline and (reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()):
         raise InputError(f"{candidate} against itself: a release is never its own baseline")
     breports = reports_baseline or reports
-    cand = [r for r in release_records(reports, candidate) if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
+    cand = [r for r in (records if records is not None else release_records(reports, candidate))
+            if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
     base = {(r.config, r.suite): r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND}
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
@@ -219,34 +329,20 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         b = base.get((c.config, c.suite))
         where = f"{c.config}/{c.suite}"
         if b is None:
-            out.unpaired.append(f"{where}: the baseline {baseline} has no such record")
+            out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
-        bad = []
+        bad = comparable(b, c)
         for label, r in (("baseline", b), ("candidate", c)):
-            if r.verdict.status not in ("pass", "fail"):
-                bad.append(f"the {label} did not complete ({r.verdict.status})")
-            elif not r.metrics.get("per_pass"):
+            if r.verdict.status in ("pass", "fail") and not r.metrics.get("per_pass"):
                 bad.append(f"the {label} record holds no per-pass values")
-        diff = [k for k in MEASURING_PARAMS if b.params.get(k) != c.params.get(k)]
-        if diff:
-            bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}" for k in diff) + ")")
-        sb, sc = b.config_snapshot.get("server", {}), c.config_snapshot.get("server", {})
-        moved = [k for k in MEASURING_SERVER if sb.get(k) != sc.get(k)]
-        if moved:
-            bad.append("the server settings that define the figures differ (" + ", ".join(
-                f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
-        if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
-            bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
-        hb, hc = b.hardware or {}, c.hardware or {}
-        moved = [k for k in ("kind", "gpus") if hb.get(k) != hc.get(k)]
-        if moved:
-            bad.append("the hardware differs (" + ", ".join(f"{k}: {hb.get(k)!r} vs {hc.get(k)!r}" for k in moved) + ")")
-        if b.metrics_formula_version != c.metrics_formula_version:
-            bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
         if bad:
-            out.unpaired.append(f"{where}: cannot compare: " + "; ".join(bad))
+            if b.profile != c.profile and all(r.verdict.status in ("pass", "fail") for r in (b, c)):
+                out.limited.append(f"{where}: the candidate ran the {c.profile} profile and the baseline the "
+                                   f"{b.profile} one: their figures measure other things ({'; '.join(bad)})")
+            else:
+                out.unpaired.append(f"{where}: cannot compare: " + "; ".join(bad))
             continue
-        spec = specs.get(c.suite) or PerfGateSpec()
+        spec = gate_spec(b, c, specs, out.notes)
         bruns, cruns = _same_tree_runs(breports, b), _same_tree_runs(reports, c)
         names = sorted({k for r in (b, c) for row in r.metrics["per_pass"] for k in row if k != "pass"})
         for name in names:
@@ -257,6 +353,8 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             if bv and not cv:  # a gated figure the candidate lost is never a silent pass
                 out.unpaired.append(f"{where}: {name} is gated and measured in the baseline but missing from the "
                                     "candidate (every pass failed it, or it was not measured)")
+            elif cv and not bv:
+                out.limited.append(f"{where}: {name} is gated but the baseline {baseline} did not measure it")
             elif bv and cv:
                 out.figures.append(judge(c.config, name, bv, cv, t, spec.alpha))
     return out

@@ -737,7 +737,8 @@ def history_panels(by_release: dict[str, list[Record]]) -> list[HistoryPanel]:
     ]
 
 
-def render_figures(reports: Path, release: str, baseline: str | None = None) -> list[PlotFile]:
+def render_figures(reports: Path, release: str, baseline: str | None = None,
+                   notes: list[str] | None = None) -> list[PlotFile]:
     """Draw the release's pictures from its records (and the baseline's, and every earlier release's for the
     history view) into ``reports/<release>/figures/``.
 
@@ -756,7 +757,10 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
         reports: the reports folder (``reports/<release>/<config>/<suite>.json``).
         release: the candidate release.
         baseline: the release to draw beside it, or None for none (pass the notes' baseline, e.g.
-            ``validate.compare.resolve_baseline(reports, release, None)``).
+            ``validate.compare.resolve_baseline(reports, release, None)``). Its record of a suite is drawn only
+            where it measured the same thing (:func:`validate.perfgate.comparable`, the performance gate's rule).
+        notes: where given, a line per figure that could not be drawn (a record holding values no figure can
+            show) or per baseline left out, and why; the figure is then not written, and nothing raises.
 
     Returns:
         What was written, per configuration in name order (concurrency, latency, memory), then the history.
@@ -766,6 +770,8 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
             other releases that do not read are left out of the history).
         OSError: the figures folder cannot be written.
     """
+    from validate.perfgate import comparable
+
     check_release_name(release)
     if baseline == release:
         baseline = None
@@ -774,25 +780,35 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
     rel_dir = reports / release
     out_dir = rel_dir / FIGURES
     cand = release_records(reports, release)
-    base = release_records(reports, baseline) if baseline else []
+    base = release_records(reports, baseline, skipped=[]) if baseline else []
     base_by = {(r.config, r.suite): r for r in base if r.verdict.status in DRAWN}
     written: list[PlotFile] = []
 
     def emit(name: str, title: str, config: str | None, kind: PlotKind, plot, *args) -> None:
-        plot(out_dir / name, title, *args)
+        try:
+            plot(out_dir / name, title, *args)
+        except (TypeError, ValueError, OverflowError, KeyError) as e:
+            if notes is None:
+                raise
+            notes.append(f"{name}: not drawn: the records hold values it cannot show ({type(e).__name__}: {e})")
+            return
         written.append(PlotFile(f"{FIGURES}/{name}", title, config, kind))
 
     def status_note(rec: Record) -> str:
         return "" if rec.verdict.status == "pass" else f" [{rec.release} verdict: {rec.verdict.status}]"
 
-    for cfg in sorted({r.config for r in cand}):
+    def draw_config(cfg: str) -> None:
         recs = [r for r in cand if r.config == cfg and r.verdict.status in DRAWN]
         for rec in sorted((r for r in recs if r.suite_kind == "betterbench"), key=lambda r: r.suite):
             b = base_by.get((cfg, rec.suite))
-            b = b if b is not None and b.suite_kind == "betterbench" else None
+            if b is not None and comparable(b, rec):
+                if notes is not None:
+                    notes.append(f"{cfg}/{rec.suite}: {b.release}'s record is not drawn beside it: "
+                                 + "; ".join(comparable(b, rec)))
+                b = None
             stem = f"{_safe(cfg)}/{_safe(rec.suite)}"
             who = f"{b.release} vs {release}" if b else release
-            notes = (status_note(b) if b else "") + status_note(rec)
+            verdicts = (status_note(b) if b else "") + status_note(rec)
             sides = ([b] if b else []) + [rec]
             # a figure is drawn when the candidate has its data; the baseline joins it where it has them too
             bands = [concurrency_bands(r, r.release) for r in sides]
@@ -800,13 +816,13 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
             per = [p for _, p in bands if p] if bands[-1][1] else []
             if agg or per:
                 mns = (rec.config_snapshot.get("server") or {}).get("max_num_seqs")
-                emit(f"{stem}-concurrency.png", f"{cfg}: BetterBench throughput against concurrency, {who} (tok/s){notes}",
+                emit(f"{stem}-concurrency.png", f"{cfg}: BetterBench throughput against concurrency, {who} (tok/s){verdicts}",
                      cfg, "concurrency", plot_concurrency, agg, per, mns if isinstance(mns, int) else None)
             lat = [latency_series(r) for r in sides]
             ttft = [s for t, _ in lat for s in t] if lat[-1][0] else []
             itl = [s for _, i in lat for s in i] if lat[-1][1] else []
             if ttft or itl:
-                emit(f"{stem}-latency.png", f"{cfg}: BetterBench TTFT and ITL distributions, {who} (ms){notes}",
+                emit(f"{stem}-latency.png", f"{cfg}: BetterBench TTFT and ITL distributions, {who} (ms){verdicts}",
                      cfg, "latency", plot_latency, ttft, itl, release)
         for rec in sorted((r for r in recs if r.suite_kind == "soak"), key=lambda r: r.suite):
             series = memory_series(rec)
@@ -822,10 +838,24 @@ def render_figures(reports: Path, release: str, baseline: str | None = None) -> 
                  f"{cfg}: soak memory over time, {release}{span} (MiB){status_note(rec)}", cfg, "memory",
                  plot_memory, series, _num_or_none(m.get("max_slope_mib_per_min")), died)
 
+    for cfg in sorted({r.config for r in cand}):
+        try:  # a record holding values no figure can show (edited by hand) costs its figures, never the notes
+            draw_config(cfg)
+        except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as e:
+            if notes is None:
+                raise
+            notes.append(f"{cfg}: figures not drawn: the records hold values they cannot show ({type(e).__name__}: {e})")
+
     names = history_releases(reports, release)
     by_release = {rel: (cand if rel == release else base if rel == baseline else _readable_records(reports, rel))
                   for rel in names}
-    panels = history_panels(by_release)
+    try:
+        panels = history_panels(by_release)
+    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as e:
+        if notes is None:
+            raise
+        notes.append(f"history.png: not drawn: the records hold values it cannot show ({type(e).__name__}: {e})")
+        panels, names = [], []
     with_data = [i for i, rel in enumerate(names)
                  if any(ln.values[i] is not None for p in panels for ln in p.lines)]
     if len(with_data) >= 2:

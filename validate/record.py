@@ -6,6 +6,7 @@ atomically the moment the suite ends, so nothing already measured is lost when l
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -17,7 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from validate.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Record schema versions this engine reads: 1 (no gate stored) and the current one (the suite's gate and
+#: performance-gate thresholds stored with the run). Anything else is refused, naming the file.
+READABLE_SCHEMA_VERSIONS = (1, 2)
 # Formula versions: bump when a metric's definition changes, so records of different formulas never compare.
 METRICS_FORMULA_VERSION = 2
 
@@ -123,6 +127,13 @@ class Record(BaseModel):
     # the server's Prometheus metrics over the suite (validate.server_metrics): {"available", "why", "delta", "series"}
     server_metrics: dict[str, Any] | None = None
     client: dict[str, Any] | None = None  # the same requests as the client saw them (validate.client.Tally.summary)
+    # the suite's gate as it ran ({"max": {metric: bound}, "min": {...}}) and, for BetterBench, its performance
+    # gate ({"thresholds_pct": {...}, "alpha": a}): a reader judges by these, never by the checkout's suite files.
+    # None in schema 1 records.
+    gate: dict[str, Any] | None = None
+    perf_gate: dict[str, Any] | None = None
+    #: set by :func:`read_record` (never stored): why the verdict read was not the one stored
+    rechecked: str | None = Field(None, exclude=True)
 
     @property
     def passed(self) -> bool:
@@ -226,10 +237,55 @@ def write_record(path: Path, record: Record) -> Path:
     return path
 
 
+def gate_reasons(gate: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+    """Reasons the bounds ``gate`` (``{"max": {metric: bound}, "min": {...}}``) fail on ``metrics``; empty when
+    it holds. A gated metric that is missing, not a number, or not finite (NaN compares false with every bound; a
+    record stores it as null) is a failure."""
+    reasons = []
+    for side, worse, sign in (("max", lambda v, b: v > b, ">"), ("min", lambda v, b: v < b, "<")):
+        for name, bound in (gate.get(side) or {}).items():
+            v = metrics.get(name)
+            if v is None:
+                reasons.append(f"gate: metric {name} missing")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                reasons.append(f"gate: metric {name} = {v!r} is not a finite number")
+            elif worse(v, bound):
+                reasons.append(f"gate: {name} = {v} {sign} {bound}")
+    return reasons
+
+
+def recheck(rec: Record, gate: dict[str, Any] | None, whose: str) -> Record:
+    """Re-apply ``gate`` to a record's metrics: a record that says "pass" while its metrics fail the gate (edited
+    by hand, or written by a runner that did not gate) reads as "fail", with the gate's reasons and
+    ``rec.rechecked`` saying so. ``whose``: where the gate comes from ("its own", "the checkout's suite file").
+    Other verdicts are left as they are."""
+    if gate is None or rec.verdict.status != "pass":
+        return rec
+    reasons = gate_reasons(gate, rec.metrics)
+    if reasons:
+        why = f"the record says pass, but its metrics fail {whose} gate"
+        rec.verdict = Verdict(status="fail", cause=f"{why}: {reasons[0]}", reasons=reasons)
+        rec.rechecked = why
+    return rec
+
+
 def read_record(path: Path) -> Record:
-    """Load a record. Raises InputError naming the file and field when it is malformed."""
+    """Load a record, refusing a schema version this engine does not read (:data:`READABLE_SCHEMA_VERSIONS`),
+    and re-apply the gate it stores to its metrics (:func:`recheck`).
+
+    Raises:
+        InputError: naming the file and field when it is malformed, or its schema version.
+    """
     try:
-        return Record.model_validate(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            ver = data.get("schema_version", 1)
+            if isinstance(ver, bool) or ver not in READABLE_SCHEMA_VERSIONS:
+                raise InputError(f"{path}: schema_version: {ver!r} is not a record schema this engine reads "
+                                 f"({', '.join(map(str, READABLE_SCHEMA_VERSIONS))}): written by a newer engine, or "
+                                 "edited")
+        rec = Record.model_validate(data)
+        return recheck(rec, rec.gate, "its own")
     except FileNotFoundError:
         raise InputError(f"{path}: record not found") from None
     except UnicodeDecodeError as e:

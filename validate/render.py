@@ -12,8 +12,7 @@ from typing import Any
 
 import jinja2
 
-from validate.errors import InputError
-from validate.record import Record, release_records
+from validate.record import Record
 from validate.suite import Checklist
 
 
@@ -33,14 +32,20 @@ def fmt_num(value: Any, digits: int = 0) -> str:
     """Thousands separators and fixed decimals: 93184 -> '93,184', (26.137, 1) -> '26.1'. None -> '–'."""
     if _missing(value):
         return "–"
-    if isinstance(value, (int, float)):
-        return f"{value:,.{digits}f}"
-    return str(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if not _finite(value):
+        return f"not a number ({value!r})"
+    return f"{value:,.{digits}f}"
 
 
 def fmt_pct(value: float | None, digits: int = 2) -> str:
     """0.0215 -> '2.15%'. None -> '–'."""
-    return "–" if _missing(value) else f"{100 * value:.{digits}f}%"
+    if _missing(value):
+        return "–"
+    if not _finite(value):
+        return f"not a number ({value!r})"
+    return f"{100 * value:.{digits}f}%"
 
 
 @dataclass
@@ -60,25 +65,31 @@ def group_gaps(gaps: list[Gap]) -> list[Gap]:
 
 @dataclass
 class ReleaseView:
+    """What the template lays out. Everything that says whether the release passed comes from ``verdict``
+    (:class:`validate.verdict.ReleaseVerdict`): the opening line, Checked, Not checked, Failures."""
+
     release: str
     records: list[Record]
     by_config: dict[str, dict[str, Record]]
+    verdict: Any = None
     by_kind: dict[str, dict[str, Record]] = field(default_factory=dict)  # config -> suite kind -> its first record
-    checked: list[Record] = field(default_factory=list)
+    checked: list = field(default_factory=list)  # validate.verdict.Check, full checks
     not_checked: list[Gap] = field(default_factory=list)
-    failures: list[Record] = field(default_factory=list)
+    failures: list = field(default_factory=list)  # validate.verdict.Check, findings and what could not be made
     tree_hash: str | None = None
     headline: str = ""
     paired: Any = None  # validate.compare.Comparison against the baseline, when there is one
     paired_note: str = ""  # why there is no paired table
     perf: Any = None  # validate.perfgate.PerfComparison against the baseline, when both have BetterBench records
     perf_note: str = ""  # why there is no performance gate
-    baseline_note: str = ""  # why the baseline named or found is not compared with
     plots: list = field(default_factory=list)  # validate.plots.PlotFile, written beside RELEASE.md
+    plot_notes: list[str] = field(default_factory=list)  # figures that could not be drawn, and why
     baseline: str | None = None
+    baseline_why: str = ""
     first_started: str = "–"
     last_ended: str = "–"
     numbers: dict[str, list] = field(default_factory=dict)  # config -> [FigureRow]
+    numbers_notes: dict[str, list[str]] = field(default_factory=dict)  # config -> what was not compared, why
     settings: dict[str, list[str]] = field(default_factory=dict)  # config -> changed settings vs the baseline
     server: dict[str, "ServerRow"] = field(default_factory=dict)  # config -> the server's own counters
     changes_md: str = ""  # reports/<release>/changes.md, written by people
@@ -95,53 +106,46 @@ HEADLINE_FIGURES = (
 
 
 def fmt_change(row) -> str:
-    """'+6.3%', '-4.7% (within the band)', '=' for no change, '–' without a baseline."""
+    """'+6.3%', '-4.7% (slower: regression)', '=' for no change, '–' without a baseline; the performance gate's
+    mark beside a figure it gates."""
     c = row.change_pct
     if c is None:
         return "–"
     text = "=" if abs(c) < 0.05 else f"{c:+.1f}%"
-    return text + (" (within the band)" if row.within_band else "")
+    if row.mark:
+        text += f" ({'slower: regression' if row.mark == 'slower' else row.mark})"
+    return text
 
 
 def fmt_fig(value, digits: int, unit: str, band=None) -> str:
-    """A figure with its unit and, when there is one, its band: '188.0 tok/s (186.2–189.1)'."""
+    """A figure with its unit and, when there is one, its band: '188.0 tok/s (186.2–189.1)'. A value that is
+    not a finite number (a record edited by hand) is shown as what it is, never an error."""
     if _missing(value):
         return "–"
+    if not _finite(value):
+        return f"not a number ({value!r})"
     u = "%" if unit == "%" else (f" {unit}" if unit else "")
     text = f"{fmt_num(value, digits)}{u}"
-    if band:
+    if band and all(_finite(x) for x in band):
         text += f" ({fmt_num(band[0], digits)}–{fmt_num(band[1], digits)})"
     return text
 
 
-def gap_reason(rec: Record, tree_hash: str | None) -> str | None:
-    """Why a record does not count as a full check, or None when it does."""
-    st = rec.verdict.status
-    if st == "error":
-        return f"did not complete: {rec.verdict.cause}"
-    if st == "wrong-tree":
-        return f"ran on another tree: {rec.verdict.cause}"
-    if st == "plugin-inactive":
-        return f"the plugin was not active: {rec.verdict.cause}"
-    if st == "skipped":
-        return f"skipped: {rec.verdict.cause}"
-    reasons = []
-    if rec.profile != "full":
-        reasons.append(f"{rec.profile} profile")
-    if rec.dataset is not None and rec.dataset.subset:
-        reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
-    if tree_hash and rec.tree.source_hash != tree_hash:
-        reasons.append(f"plugin source {rec.tree.source_hash}, not the release's {tree_hash}")
-    if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
-        reasons.append("provenance not verified (external server)")
-    return "; ".join(reasons) or None
+def _finite(x: Any) -> bool:
+    import math
+
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def build_view(reports: Path, release: str, checklist: Checklist | None, baseline: str | None = None,
-               perf_specs: dict | None = None) -> ReleaseView:
-    """Collect the records of ``release``, classify them against the checklist, pair evals with ``baseline``
-    (default: the previous release under ``reports``)."""
-    records = release_records(reports, release)
+#: How the notes' "Not checked" introduces a suite record of each status that did not pass.
+GAP_PREFIX = {"error": "did not complete", "skipped": "skipped", "wrong-tree": "ran on another tree",
+              "plugin-inactive": "the plugin was not active"}
+
+
+def build_view(reports: Path, release: str, checklist: Checklist | None, verdict) -> ReleaseView:
+    """The notes' view of ``release``: its records by configuration, and ``verdict``'s checks sorted into
+    Checked, Not checked and Failures (the template decides nothing)."""
+    records = verdict.records
     by_config: dict[str, dict[str, Record]] = {}
     for r in records:
         by_config.setdefault(r.config, {})[r.suite] = r
@@ -149,46 +153,36 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, baselin
     planned = checklist.plan() if checklist else [(c, list(s)) for c, s in by_config.items()]
     order = [c for c, _ in planned]
     by_config = dict(sorted(by_config.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
-    view = ReleaseView(release, records, by_config, tree_hash=hashes.most_common(1)[0][0] if hashes else None)
+    view = ReleaseView(release, records, by_config, verdict=verdict,
+                       tree_hash=hashes.most_common(1)[0][0] if hashes else None)
     for cfg, suites in by_config.items():
         for r in suites.values():
             view.by_kind.setdefault(cfg, {}).setdefault(r.suite_kind, r)
     if records:
         view.first_started = min(r.started_at for r in records).replace("T", " ").replace("+00:00", "")
         view.last_ended = max(r.ended_at for r in records).replace("T", " ").replace("+00:00", "")
-    seen = set()
-    for cfg, suites in planned:
-        for s in suites:
-            seen.add((cfg, s))
-            rec = by_config.get(cfg, {}).get(s)
-            if rec is None:
-                view.not_checked.append(Gap(cfg, s, "did not run (no record)"))
-                continue
-            why = gap_reason(rec, view.tree_hash)
-            if why:
-                view.not_checked.append(Gap(cfg, s, why))
-            else:
-                view.checked.append(rec)
-    for r in records:  # records outside the checklist still count for what they are
-        if (r.config, r.suite) not in seen:
-            why = gap_reason(r, view.tree_hash)
-            (view.not_checked.append(Gap(r.config, r.suite, why)) if why else view.checked.append(r))
-    view.not_checked = group_gaps(view.not_checked)
-    view.failures = [r for r in records if r.verdict.status != "pass"]
-    from validate.compare import resolve_baseline
-
-    view.baseline = resolve_baseline(reports, release, baseline)
-    if view.baseline:
-        try:  # the baseline's records must read before anything is compared with them
-            release_records(reports, view.baseline)
-        except InputError as e:
-            view.baseline_note = f"the baseline {view.baseline}'s records cannot be read: {e}"
-            view.baseline = None
+    view.checked = [c for c in verdict.checks if c.full_check and c.area == "suite"]
+    gaps = []
+    for c in verdict.not_checked:
+        why = c.message if c.outcome != "pass" else c.limits
+        if c.area == "suite" and c.status in GAP_PREFIX:
+            why = f"{GAP_PREFIX[c.status]}: {why}"
+        if c.outcome != "pass" and c.limits:
+            why += f" ({c.limits})"
+        gaps.append(Gap(c.config, c.name, why))
+    view.not_checked = group_gaps(gaps)
+    view.failures = verdict.findings + [c for c in verdict.of("not-checked") if c.area == "suite"]
+    view.baseline, view.baseline_why = verdict.baseline, verdict.baseline_why
+    view.paired, view.perf = verdict.comparison, verdict.perf
+    if view.paired is None:
+        view.paired_note = (f"no baseline: {view.baseline_why}" if view.baseline is None else
+                            f"no eval record of {release} could be paired with {view.baseline}")
+    if view.perf is None:
+        view.perf_note = (f"no baseline: {view.baseline_why}" if view.baseline is None else
+                          "no BetterBench record of both releases")
     attach_numbers(view, reports)
     view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
     view.headline = headline(view)
-    attach_paired(view, reports, view.baseline)
-    attach_perf(view, reports, view.baseline, perf_specs)
     for name in ("changes", "upgrading"):
         f = reports / release / f"{name}.md"
         if f.is_file():
@@ -218,6 +212,7 @@ class ServerRow:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     spec_acceptance: float | None = None
     why: str | None = None
+    oddities: list[str] = field(default_factory=list)  # counters left out, reset (a restart) or impossible
 
     @property
     def client_share_ms(self) -> float | None:
@@ -230,83 +225,84 @@ SERVER_ROW_SUITES = ("probe", "betterbench", "soak")  # suite kinds, in order of
 
 
 def server_row(records: dict[str, Record]) -> ServerRow:
-    """:class:`ServerRow` of one configuration's records (suite name -> record)."""
-    with_metrics = [r for r in records.values() if r.server_metrics and r.server_metrics.get("available")]
+    """:class:`ServerRow` of one configuration's records (suite name -> record). Values that are missing stay
+    missing (a server without ``num_preemptions`` shows no preemption count, not 0); counters a suite could not
+    use (not finite, reset by a restart, impossible) are named in ``oddities``."""
+    def num(x):
+        return float(x) if _finite(x) else None
+
+    with_metrics = [r for r in records.values() if isinstance(r.server_metrics, dict) and r.server_metrics.get("available")
+                    and isinstance(r.server_metrics.get("delta"), dict)]
     if not with_metrics:
-        whys = sorted({(r.server_metrics or {}).get("why") or "not recorded" for r in records.values()})
+        whys = sorted({str((r.server_metrics or {}).get("why") or "not recorded") if isinstance(r.server_metrics, dict)
+                       else "not recorded" for r in records.values()})
         return ServerRow(why="; ".join(whys))
     rank = {k: i for i, k in enumerate(SERVER_ROW_SUITES)}
     best = min(with_metrics, key=lambda r: rank.get(r.suite_kind, len(rank)))
     d = best.server_metrics["delta"]
-    h = d.get("histograms", {})
-    mean = lambda k: (h.get(k) or {}).get("mean_ms")  # noqa: E731
-    row = ServerRow(suite=best.suite, requests=(h.get("ttft") or {}).get("count"),
-                    client_ttft_ms=(best.client or {}).get("ttft_mean_ms"), server_ttft_ms=mean("ttft"),
+    h = d.get("histograms") if isinstance(d.get("histograms"), dict) else {}
+    mean = lambda k: num((h.get(k) or {}).get("mean_ms")) if isinstance(h.get(k), dict) else None  # noqa: E731
+    row = ServerRow(suite=best.suite, requests=num((h.get("ttft") or {}).get("count")) if isinstance(h.get("ttft"), dict) else None,
+                    client_ttft_ms=num((best.client or {}).get("ttft_mean_ms")), server_ttft_ms=mean("ttft"),
                     queue_ms=mean("queue"), prefill_ms=mean("prefill"), decode_ms=mean("decode"), itl_ms=mean("itl"),
-                    prefix_hit_rate=d.get("prefix_cache_hit_rate"), spec_acceptance=d.get("spec_acceptance_rate"))
-    row.preemptions = sum(r.server_metrics["delta"].get("counters", {}).get("preemptions", 0.0) for r in with_metrics)
+                    prefix_hit_rate=num(d.get("prefix_cache_hit_rate")), spec_acceptance=num(d.get("spec_acceptance_rate")))
+    pre = [num((r.server_metrics["delta"].get("counters") or {}).get("preemptions")) for r in with_metrics]
+    row.preemptions = sum(x for x in pre if x is not None) if any(x is not None for x in pre) else None
     for r in with_metrics:
-        for reason, n in r.server_metrics["delta"].get("requests_by_finish_reason", {}).items():
-            row.finish_reasons[reason] = row.finish_reasons.get(reason, 0) + n
-        for _, sample in r.server_metrics.get("series", []):
-            if "kv_cache_usage" in sample:
-                row.kv_usage_peak = max(row.kv_usage_peak or 0.0, sample["kv_cache_usage"])
+        dd = r.server_metrics["delta"]
+        for reason, n in (dd.get("requests_by_finish_reason") or {}).items():
+            if _finite(n):
+                row.finish_reasons[reason] = row.finish_reasons.get(reason, 0) + n
+        for item in r.server_metrics.get("series") or []:
+            sample = item[1] if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[1], dict) else {}
+            u = num(sample.get("kv_cache_usage"))
+            if u is not None:
+                row.kv_usage_peak = max(row.kv_usage_peak or 0.0, u)
+        for key, why in (dd.get("invalid") or {}).items():
+            row.oddities.append(f"{r.suite}: {key} left out, the server reported {why}")
+        for key in dd.get("resets") or []:
+            row.oddities.append(f"{r.suite}: {key} went backwards: the server restarted during the suite")
+        for what in dd.get("impossible") or []:
+            row.oddities.append(f"{r.suite}: impossible value {what}")
+    if row.kv_usage_peak is not None and row.kv_usage_peak > 1.0:
+        row.oddities.append(f"KV-cache usage peaked at {row.kv_usage_peak:g}, above 1: an impossible value")
+    if row.requests is not None:
+        row.requests = int(row.requests)
     return row
 
 
 def attach_numbers(view: ReleaseView, reports: Path) -> None:
-    """Baseline against candidate, figure by figure, per configuration, with run-to-run bands."""
+    """Baseline against candidate, figure by figure, per configuration, pairing only records that measured the
+    same thing (:func:`validate.perfgate.comparable`, the rule the performance gate pairs by): the baseline's
+    record of the same suite. A suite whose baseline record is of another kind of measurement shows the
+    candidate alone and says why in ``view.numbers_notes``. Figures the performance gate judged carry its mark."""
     from validate.figures import compare_figures, setting_changes
+    from validate.perfgate import comparable
     from validate.record import record_history, release_records
 
     base_by: dict[str, dict[str, Record]] = {}
     if view.baseline:
-        for r in release_records(reports, view.baseline):
+        for r in release_records(reports, view.baseline, skipped=[]):
             base_by.setdefault(r.config, {})[r.suite] = r
+    marks = {(f.config, f.figure): f.mark for f in (view.perf.figures if view.perf else [])}
     for cfg, suites in view.by_config.items():
         cand = {s: record_history(reports, view.release, cfg, s) for s in suites}
-        base = {s: record_history(reports, view.baseline, cfg, s) for s in base_by.get(cfg, {})} if view.baseline else {}
-        view.numbers[cfg] = compare_figures(base, cand)
+        base: dict[str, list[Record]] = {}
+        notes = []
+        for s, c in suites.items():
+            b = base_by.get(cfg, {}).get(s)
+            if b is None:
+                continue
+            why = comparable(b, c)
+            if why:
+                notes.append(f"{s}: not compared with {view.baseline}'s record: {'; '.join(why)}")
+            else:
+                base[s] = record_history(reports, view.baseline, cfg, s)
+        view.numbers[cfg] = compare_figures(base, cand, {k[1]: m for k, m in marks.items() if k[0] == cfg})
+        view.numbers_notes[cfg] = notes
         if cfg in base_by:
             b0, c0 = next(iter(base_by[cfg].values())), next(iter(suites.values()))
             view.settings[cfg] = setting_changes(b0, c0)
-
-
-def attach_paired(view: ReleaseView, reports: Path, baseline: str | None) -> None:
-    """Pair the release's eval records with the baseline's; an unpairable task is listed under Not checked."""
-    from validate.compare import compare_releases, resolve_baseline
-    from validate.errors import InputError
-
-    base = resolve_baseline(reports, view.release, baseline)
-    if base is None:
-        view.paired_note = "no baseline release under reports/ to pair with"
-        return
-    try:
-        view.paired = compare_releases(reports, view.release, base)
-    except InputError as e:
-        view.paired_note = f"no paired comparison against {base}: {e}"
-        return
-    for u in view.paired.unpaired:
-        cfg_task, _, why = u.partition(": ")
-        view.not_checked.append(Gap(cfg_task.split("/")[0], "paired eval", u))
-
-
-def attach_perf(view: ReleaseView, reports: Path, baseline: str | None, specs: dict | None) -> None:
-    """The performance gate against the baseline (validate.perfgate); a configuration it cannot compare is listed
-    under Not checked."""
-    from validate.errors import InputError
-    from validate.perfgate import compare_perf
-
-    if baseline is None:
-        view.perf_note = "no baseline release under reports/ to compare with"
-        return
-    try:
-        view.perf = compare_perf(reports, view.release, baseline, specs)
-    except InputError as e:
-        view.perf_note = str(e)
-        return
-    for u in view.perf.unpaired:
-        view.not_checked.append(Gap(u.split("/")[0], "performance gate", u))
 
 
 def headline(view: ReleaseView) -> str:
@@ -335,15 +331,23 @@ def headline(view: ReleaseView) -> str:
     return "; ".join(parts) or "no measurements"
 
 
-def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None,
+def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None, verdict=None,
                    baseline: str | None = None) -> Path:
-    """Render ``reports/<release>/RELEASE.md`` and return its path."""
-    from validate.perfgate import specs_of
+    """Render ``reports/<release>/RELEASE.md`` from ``verdict`` (default: :func:`validate.verdict.assess_release`
+    of the records with ``baseline``) and return its path. A figure that cannot be drawn is named in the notes,
+    never an error.
 
+    Raises:
+        OSError: the notes cannot be written.
+    """
     from validate.plots import render_figures
+    from validate.verdict import assess_release
 
-    view = build_view(reports, release, checklist, baseline, perf_specs=specs_of(root))
-    view.plots = render_figures(reports, release, view.baseline)
+    if verdict is None:
+        verdict = assess_release(reports, release, root=root, baseline=baseline,
+                                 planned=checklist.plan() if checklist else None)
+    view = build_view(reports, release, checklist, verdict)
+    view.plots = render_figures(reports, release, view.baseline, notes=view.plot_notes)
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=_Dash,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters["num"] = fmt_num

@@ -12,7 +12,17 @@ What a record keeps (``Record.server_metrics``), all as deltas over the suite un
 - gauges at the end: KV-cache usage, requests running and waiting; their series when sampled.
 
 A server without ``/metrics`` (or one that answers something else) is recorded as ``available: false`` with the
-reason, never as zeros. Metric names are vLLM 0.32's (``vllm/v1/metrics/loggers.py``).
+reason, never as zeros. A lying counter costs that counter, never the suite: a histogram or counter that is NaN
+or infinite, or a bucket without ``le``, is left out and named under ``invalid``; a counter that went backwards
+(a server restarted mid-suite) is named under ``resets`` (evidence of a restart) and has no delta; values that
+cannot be (KV-cache usage above 1, prefix-cache hits above queries, accepted above drafted tokens) are named
+under ``impossible`` and no share is derived from them; a counter the server does not have is missing, never 0.
+Metric names are vLLM 0.32's (``vllm/v1/metrics/loggers.py``).
+
+The text is parsed in a worker process (:func:`parse_elsewhere`), never on the event loop that stamps the
+client's streams: prometheus_client's parser is pure Python (a thread would still hold the GIL), and a few
+hundred KB of ``/metrics`` cost tens of milliseconds. The text is bounded (:data:`MAX_METRICS_BYTES`) and so is
+the parse (:data:`PARSE_TIMEOUT_S`).
 """
 from __future__ import annotations
 
@@ -70,10 +80,13 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     by_reason: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)  # metric key -> why it was left out
 
 
 def parse(text: str, t: float | None = None) -> Snapshot:
-    """A :class:`Snapshot` of the Prometheus text exposition ``text`` (only the metrics named in this module).
+    """A :class:`Snapshot` of the Prometheus text exposition ``text`` (only the metrics named in this module). A
+    metric whose samples are not finite, or a histogram bucket without ``le``, is left out and named in
+    ``Snapshot.invalid``; the others are kept.
 
     Raises:
         ValueError: ``text`` is not in the exposition format (prometheus_client's parser raises it).
@@ -86,27 +99,40 @@ def parse(text: str, t: float | None = None) -> Snapshot:
     gauge_names = {v: k for k, v in GAUGES.items()}
     for fam in text_string_to_metric_families(text):
         name = fam.name
+        key = hist_names.get(name) or counter_names.get(name) or gauge_names.get(name)
+        if key is None:
+            continue
+        samples = [x for x in fam.samples if not x.name.endswith("_created")]
+        bad = next((x for x in samples if not math.isfinite(x.value)), None)
+        if bad is not None:
+            snap.invalid[key] = f"{bad.name} = {bad.value!r}"
+            continue
         if name in hist_names:
-            h = snap.histograms.setdefault(hist_names[name], Histogram())
-            for s in fam.samples:
-                if s.name.endswith("_bucket"):
-                    le = float(s.labels["le"])
-                    h.buckets[le] = h.buckets.get(le, 0.0) + s.value
-                elif s.name.endswith("_sum"):
-                    h.sum += s.value
-                elif s.name.endswith("_count"):
-                    h.count += s.value
+            if any(x.name.endswith("_bucket") and "le" not in x.labels for x in samples):
+                snap.invalid[key] = f"{name}: a bucket without le"
+                continue
+            try:
+                edges = [float(x.labels["le"]) for x in samples if x.name.endswith("_bucket")]
+            except ValueError:
+                snap.invalid[key] = f"{name}: a bucket whose le is not a number"
+                continue
+            h = Histogram()
+            for x, le in zip([x for x in samples if x.name.endswith("_bucket")], edges):
+                h.buckets[le] = h.buckets.get(le, 0.0) + x.value
+            for x in samples:
+                if x.name.endswith("_sum"):
+                    h.sum += x.value
+                elif x.name.endswith("_count"):
+                    h.count += x.value
+            snap.histograms[key] = h
         elif name in counter_names:
-            key = counter_names[name]
-            for s in fam.samples:
-                if s.name.endswith("_created"):
-                    continue
-                snap.counters[key] = snap.counters.get(key, 0.0) + s.value
-                if key == "requests" and "finished_reason" in s.labels:
-                    r = s.labels["finished_reason"]
-                    snap.by_reason[r] = snap.by_reason.get(r, 0.0) + s.value
-        elif name in gauge_names:
-            snap.gauges[gauge_names[name]] = sum(s.value for s in fam.samples)
+            for x in samples:
+                snap.counters[key] = snap.counters.get(key, 0.0) + x.value
+                if key == "requests" and "finished_reason" in x.labels:
+                    r = x.labels["finished_reason"]
+                    snap.by_reason[r] = snap.by_reason.get(r, 0.0) + x.value
+        else:
+            snap.gauges[key] = sum(x.value for x in samples)
     return snap
 
 
@@ -133,44 +159,138 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 
 def delta(start: Snapshot, end: Snapshot) -> dict[str, Any]:
     """What the server did between two scrapes: per histogram {count, mean_ms, p50_ms, p99_ms}; per counter the
-    increase; requests by finish reason; the gauges at ``end``; and derived shares (prefix-cache hit rate,
-    speculative-decoding acceptance rate) where their counters moved. Values in milliseconds are rounded to 0.001.
+    increase; requests by finish reason; the gauges at ``end``; derived shares (prefix-cache hit rate,
+    speculative-decoding acceptance rate) where their counters moved and are possible; and ``invalid``,
+    ``resets`` and ``impossible`` (see the module docstring). Values in milliseconds are rounded to 0.001.
     """
     out: dict[str, Any] = {"interval_s": round(end.t - start.t, 3), "histograms": {}, "counters": {}}
+    invalid = {**start.invalid, **end.invalid}
+    resets: list[str] = []
+    impossible: list[str] = []
     for key, h1 in end.histograms.items():
         h0 = start.histograms.get(key, Histogram())
         n = h1.count - h0.count
-        if n <= 0:
+        if n < 0 or any(c < h0.buckets.get(le, 0.0) for le, c in h1.buckets.items()):
+            resets.append(key)
+            continue
+        if n == 0:
             continue
         cum = sorted((le, c - h0.buckets.get(le, 0.0)) for le, c in h1.buckets.items())
         ms = lambda x: None if x is None else round(1e3 * x, 3)  # noqa: E731
         out["histograms"][key] = {"count": int(round(n)), "mean_ms": ms((h1.sum - h0.sum) / n),
                                   "p50_ms": ms(quantile(0.5, cum)), "p99_ms": ms(quantile(0.99, cum))}
     for key, v in end.counters.items():
-        out["counters"][key] = round(v - start.counters.get(key, 0.0), 3)
+        if key not in start.counters and start.counters:
+            continue  # appeared mid-suite: no start to count from
+        d = v - start.counters.get(key, 0.0)
+        if d < 0:
+            resets.append(key)
+            continue
+        out["counters"][key] = round(d, 3)
     out["requests_by_finish_reason"] = {r: int(round(v - start.by_reason.get(r, 0.0)))
                                         for r, v in end.by_reason.items() if v - start.by_reason.get(r, 0.0) > 0}
     out["gauges_at_end"] = dict(end.gauges)
+    u = end.gauges.get("kv_cache_usage")
+    if u is not None and not 0.0 <= u <= 1.0:
+        impossible.append(f"kv_cache_usage = {u:g} (a share: 0 to 1)")
     c = out["counters"]
-    if c.get("prefix_cache_queries"):
+    if c.get("prefix_cache_hits", 0.0) > c.get("prefix_cache_queries", 0.0):
+        impossible.append(f"prefix_cache_hits {c['prefix_cache_hits']:g} > prefix_cache_queries "
+                          f"{c.get('prefix_cache_queries', 0.0):g}")
+    elif c.get("prefix_cache_queries"):
         out["prefix_cache_hit_rate"] = round(c.get("prefix_cache_hits", 0.0) / c["prefix_cache_queries"], 6)
-    if c.get("spec_draft_tokens"):
+    if c.get("spec_accepted_tokens", 0.0) > c.get("spec_draft_tokens", 0.0):
+        impossible.append(f"spec_accepted_tokens {c['spec_accepted_tokens']:g} > spec_draft_tokens "
+                          f"{c.get('spec_draft_tokens', 0.0):g}")
+    elif c.get("spec_draft_tokens"):
         out["spec_acceptance_rate"] = round(c.get("spec_accepted_tokens", 0.0) / c["spec_draft_tokens"], 6)
+    if invalid:
+        out["invalid"] = invalid
+    if resets:
+        out["resets"] = sorted(set(resets))
+    if impossible:
+        out["impossible"] = impossible
     return out
+
+
+#: The most of ``/metrics`` a scrape reads (a real vLLM's is a few hundred KB).
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+#: The longest a parse may take in the worker process.
+PARSE_TIMEOUT_S = 10.0
+_POOL = None
+
+
+def _pool():
+    """The one worker process that parses ``/metrics`` (spawned: no state of the engine is forked into it)."""
+    global _POOL
+    if _POOL is None:
+        import atexit
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        _POOL = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        atexit.register(_POOL.shutdown, wait=False, cancel_futures=True)
+    return _POOL
+
+
+def _drop_pool() -> None:
+    global _POOL
+    if _POOL is not None:
+        for proc in list(getattr(_POOL, "_processes", {}).values()):
+            proc.kill()  # a parse that overran: its worker is ended, not waited for
+        _POOL.shutdown(wait=False, cancel_futures=True)
+        _POOL = None
+
+
+def _parse_at(text: str, t: float) -> Snapshot:
+    return parse(text, t)
+
+
+async def parse_elsewhere(text: str, t: float) -> Snapshot:
+    """:func:`parse` of ``text`` in the worker process, at most :data:`PARSE_TIMEOUT_S`; the event loop only
+    waits. Raises ValueError (not Prometheus text) or asyncio.TimeoutError (the parse overran; the worker is
+    ended)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    loop = asyncio.get_running_loop()
+    try:
+        return await within(loop.run_in_executor(_pool(), _parse_at, text, t), PARSE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        _drop_pool()
+        raise
+    except BrokenProcessPool as e:
+        _drop_pool()
+        raise ValueError(f"the parser process died ({e})") from None
 
 
 async def scrape(http: httpx.AsyncClient, url: str) -> tuple[Snapshot | None, str | None]:
     """(snapshot, None), or (None, why) when ``url``/metrics cannot be read as Prometheus text."""
+    async def read() -> tuple[int, bytes | None]:
+        async with http.stream("GET", url.rstrip("/") + "/metrics", timeout=10.0) as r:
+            if r.status_code != 200:
+                return r.status_code, None
+            body = bytearray()
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    return r.status_code, b""
+            return r.status_code, bytes(body)
+
     try:  # bounded whole: a server trickling one byte at a time must not hold the suite
-        r = await within(http.get(url.rstrip("/") + "/metrics", timeout=10.0), 20.0)
+        status, body = await within(read(), 20.0)
     except asyncio.TimeoutError:
         return None, "GET /metrics gave no whole answer within 20 s"
     except httpx.HTTPError as e:
         return None, f"GET /metrics failed: {type(e).__name__}: {e}"
-    if r.status_code != 200:
-        return None, f"GET /metrics answered HTTP {r.status_code}"
+    if body is None:
+        return None, f"GET /metrics answered HTTP {status}"
+    if body == b"":
+        return None, f"GET /metrics is larger than {MAX_METRICS_BYTES // 2**20} MiB"
+    t = time.monotonic()
     try:
-        snap = parse(r.text)
+        snap = await parse_elsewhere(body.decode("utf-8", "replace"), t)
+    except asyncio.TimeoutError:
+        return None, f"GET /metrics took more than {PARSE_TIMEOUT_S:g} s to parse"
     except ValueError as e:
         return None, f"GET /metrics is not Prometheus text: {e}"
     if not (snap.histograms or snap.counters or snap.gauges):

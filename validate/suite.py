@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from validate.errors import InputError
 from validate.loader import format_validation_error, load_model, read_yaml
-from validate.record import check_name
+from validate.record import check_name, gate_reasons
 
 Profile = Literal["quick", "full"]
 
@@ -41,19 +41,8 @@ class Gate(_Strict):
         return v
 
     def check(self, metrics: dict[str, Any]) -> list[str]:
-        """Reasons the gate fails (empty = holds). A gated metric that is missing, not a number, or not finite
-        (NaN compares false with every bound; a record would store it as null) is a failure."""
-        reasons = []
-        for bounds, worse, sign in ((self.max, lambda v, b: v > b, ">"), (self.min, lambda v, b: v < b, "<")):
-            for name, bound in bounds.items():
-                v = metrics.get(name)
-                if v is None:
-                    reasons.append(f"gate: metric {name} missing")
-                elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                    reasons.append(f"gate: metric {name} = {v!r} is not a finite number")
-                elif worse(v, bound):
-                    reasons.append(f"gate: {name} = {v} {sign} {bound}")
-        return reasons
+        """Reasons the gate fails (empty = holds): :func:`validate.record.gate_reasons`."""
+        return gate_reasons(self.model_dump(), metrics)
 
 
 class SuiteSpec(_Strict):
@@ -209,9 +198,18 @@ class LoadedSuite:
 
     def spec_hash(self) -> str:
         """Hash of kind, resolved params and gate: what makes two runs of this suite the same check."""
-        blob = json.dumps({"kind": self.spec.kind, "params": self.params_dict, "gate": self.spec.gate.model_dump()},
-                          sort_keys=True).encode()
+        blob = json.dumps({"kind": self.spec.kind, "params": self.params_dict, "gate": self.spec.gate.model_dump(),
+                           "perf_gate": self.perf_gate()}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def perf_gate(self) -> dict[str, Any] | None:
+        """The performance gate's thresholds this suite runs under (a BetterBench suite without ``perf_gate``
+        gets the defaults), as the record stores them; None for other kinds."""
+        from validate.perfgate import BENCH_KIND, PerfGateSpec
+
+        if self.spec.kind != BENCH_KIND:
+            return None
+        return (self.spec.perf_gate or PerfGateSpec()).model_dump()
 
     def preflight(self, root: Path, data_dir: Path | None) -> None:
         """Check what the suite needs before any server launches (data files, prompt files).

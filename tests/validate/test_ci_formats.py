@@ -16,7 +16,9 @@ from junitparser import Error, Failure, JUnitXml, Skipped
 from validate import ci_formats
 from validate.ci_formats import append_github_summary, github_summary, junit_xml, write_junit
 from validate.compare import Comparison, PairedTask, apply_holm, attach_sensitivity
+from validate.perfgate import PerfComparison, judge
 from validate.record import Record, ServerInfo, Tree, Verdict
+from validate.verdict import assess
 from validate.stats import mcnemar
 
 
@@ -133,15 +135,16 @@ def test_layout_checker_accepts_what_pytest_itself_writes(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_junit_counts_per_configuration_and_in_total():
-    text = junit_xml(release_records())
+    text = junit_xml(assess("v9", release_records()))
     xml = parse(text)
     got = {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in xml}
-    assert got == {"cpu-smol": (3, 1, 1, 0), "gpu-box": (2, 1, 0, 1)}
-    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (5, 2, 1, 1)
+    # a skipped suite is an error: the release exits 2 on it, so the report must not read green
+    assert got == {"cpu-smol": (3, 1, 1, 0), "gpu-box": (2, 1, 1, 0)}
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (5, 2, 2, 0)
     # the written counts agree with junitparser's own count of the testcases
     again = recount(text)
     assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in again} == got
-    assert (again.tests, again.failures, again.errors, again.skipped) == (5, 2, 1, 1)
+    assert (again.tests, again.failures, again.errors, again.skipped) == (5, 2, 2, 0)
     c = cases(xml)
     assert list(c) == [("cpu-smol", "sanity"), ("cpu-smol", "gsm8k"), ("cpu-smol", "probe"),
                        ("gpu-box", "sanity"), ("gpu-box", "probe")]
@@ -154,7 +157,7 @@ def test_junit_counts_per_configuration_and_in_total():
 
 @pytest.mark.timeout(60)
 def test_junit_results_carry_causes_and_reasons():
-    c = cases(parse(junit_xml(release_records())))
+    c = cases(parse(junit_xml(assess("v9", release_records()))))
     [fail] = c["cpu-smol", "sanity"].result
     assert isinstance(fail, Failure) and fail.type == "fail"
     assert fail.message == "bad 3 > 0"  # no cause: the first reason
@@ -167,15 +170,15 @@ def test_junit_results_carry_causes_and_reasons():
     assert isinstance(wrong, Failure) and wrong.type == "wrong-tree"
     assert wrong.message == "plugin source bbbb, not the tree's aaaa"
     [skip] = c["gpu-box", "probe"].result
-    assert isinstance(skip, Skipped) and skip.message == "not run: the server died in an earlier suite"
-    inactive = cases(parse(junit_xml([rec("c", "s", "plugin-inactive", cause="pid 7 lacks gdn")])))
+    assert isinstance(skip, Error) and skip.type == "skipped" and skip.message == "not run: the server died in an earlier suite"
+    inactive = cases(parse(junit_xml(assess("v9", [rec("c", "s", "plugin-inactive", cause="pid 7 lacks gdn")]))))
     [r] = inactive["c", "s"].result
     assert isinstance(r, Failure) and r.type == "plugin-inactive" and r.message == "pid 7 lacks gdn"
 
 
 @pytest.mark.timeout(60)
 def test_junit_matches_pytest_layout_and_carries_properties():
-    root = ET.fromstring(junit_xml(release_records(), name="ci"))
+    root = ET.fromstring(junit_xml(assess("v9", release_records()), name="ci"))
     check_layout(root)
     assert root.get("name") == "ci"
     for case in root.iter("testcase"):
@@ -190,15 +193,15 @@ def test_junit_matches_pytest_layout_and_carries_properties():
 @pytest.mark.timeout(60)
 def test_junit_caps_long_reasons_and_survives_odd_text():
     reasons = [f"log line {i}: " + "x" * 100 for i in range(5000)]
-    text = junit_xml([rec("c", "soak", "error", cause="boom\x00" + "y" * 5000, reasons=reasons)])
+    text = junit_xml(assess("v9", [rec("c", "soak", "error", cause="boom\x00" + "y" * 5000, reasons=reasons)]))
     [err] = cases(parse(text))["c", "soak"].result
     assert len(err.message) <= ci_formats.MESSAGE_MAX_CHARS and "\n" not in err.message
     assert err.message.startswith("boom\\x00yyy") and err.message.endswith(" ...")
     lines = err.text.splitlines()
     assert len(lines) <= ci_formats.DETAIL_MAX_LINES + 1 and len(err.text) < ci_formats.DETAIL_MAX_CHARS + 200
     assert re.fullmatch(r"\.\.\. \(\d+ more line\(s\) not shown\)", lines[-1])
-    assert "\udcff" not in junit_xml([rec("c", "s", "fail", cause="bytes \udcff")])  # a lone surrogate
-    empty = parse(junit_xml([]))
+    assert "\udcff" not in junit_xml(assess("v9", [rec("c", "s", "fail", cause="bytes \udcff")]))  # a lone surrogate
+    empty = parse(junit_xml(assess("v9", [])))
     assert (empty.tests, empty.failures, empty.errors, empty.skipped, len(empty)) == (0, 0, 0, 0, 0)
 
 
@@ -224,12 +227,15 @@ def test_a_paired_regression_is_one_failure_and_an_unpaired_task_an_error():
     cmp = comparison()
     gsm = cmp.tasks[0]
     records = [rec("cpu-smol", "gsm8k"), rec("cpu-smol", "humaneval")]
-    text = junit_xml(records, comparison=cmp)
+    text = junit_xml(assess("v9", records, comparison=cmp))
     check_layout(ET.fromstring(text))
     xml = parse(text)
+    # in a release a task only the candidate has is limited (a skip); a gate on its own (strict) cannot pass it
     assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in xml} == \
-        {"cpu-smol": (4, 1, 0, 0), "gpu-box": (1, 0, 1, 0)}
-    assert (xml.tests, xml.failures, xml.errors) == (5, 1, 1)
+        {"cpu-smol": (4, 1, 0, 0), "gpu-box": (1, 0, 0, 1)}
+    assert (xml.tests, xml.failures, xml.errors) == (5, 1, 0)
+    strict = parse(junit_xml(assess("v9", records, comparison=cmp, strict=True)))
+    assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in strict}["gpu-box"] == (1, 0, 1, 0)
     c = cases(xml)
     [f] = c["cpu-smol", "paired gsm8k vs v8"].result
     assert isinstance(f, Failure) and f.type == "regression"
@@ -240,7 +246,7 @@ def test_a_paired_regression_is_one_failure_and_an_unpaired_task_an_error():
     ok = c["cpu-smol", "paired humaneval vs v8"]
     assert ok.is_passed and cmp.tasks[1].sensitivity in ok.system_out and cmp.tasks[1].verdict_text in ok.system_out
     [u] = c["gpu-box", "paired gsm8k vs v8"].result
-    assert isinstance(u, Error) and u.type == "unpaired" and u.message == cmp.unpaired[0]
+    assert isinstance(u, Skipped) and u.type == "not paired" and u.message == cmp.unpaired[0]
     root = ET.fromstring(text)
     props = {p.get("name"): p.get("value") for p in
              root.find("testsuite/testcase[@name='paired gsm8k vs v8']/properties")}
@@ -252,24 +258,37 @@ def test_a_paired_regression_is_one_failure_and_an_unpaired_task_an_error():
 
 @pytest.mark.timeout(60)
 def test_performance_gate_results():
-    perf = [SimpleNamespace(config="cpu-smol", figure="combined decode", regression=True,
-                            message="combined decode 20.1 tok/s, below the baseline's band 25.0-26.3"),
-            SimpleNamespace(config="cpu-smol", figure="TTFT p50", regression=False, message="61 ms, within the band")]
-    xml = parse(junit_xml([rec("cpu-smol", "betterbench")], perf=perf))
-    assert [(s.tests, s.failures, s.errors) for s in xml] == [(3, 1, 0)]
+    """A regression is a failure, a figure within its threshold a pass, one the pass counts cannot decide a skip
+    in a release (never a pass) and an error in ``gate --perf``; a record the gate could not compare an error."""
+    slow = judge("cpu-smol", "combined_decode_tok_s", [100.0 + i for i in range(8)], [80.0 + i for i in range(8)], 3.0)
+    same = judge("cpu-smol", "decode_step_ms", [38.0 + 0.1 * i for i in range(8)], [38.05 + 0.1 * i for i in range(8)], 3.0)
+    few = judge("cpu-smol", "prefill_2048_tok_s", [5000.0, 5010.0], [2500.0, 2510.0], 5.0)
+    perf = PerfComparison("v9", "v8", figures=[slow, same, few],
+                          unpaired=["gpu-box/betterbench: cannot compare: suite parameters differ (decode_tokens: 128 vs 512)"])
+    xml = parse(junit_xml(assess("v9", [rec("cpu-smol", "betterbench")], perf=perf)))
+    assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in xml} == \
+        {"cpu-smol": (4, 1, 0, 1), "gpu-box": (1, 0, 1, 0)}
     c = cases(xml)
-    [f] = c["cpu-smol", "perf combined decode"].result
-    assert isinstance(f, Failure) and f.type == "perf-regression" and f.message == perf[0].message
-    assert c["cpu-smol", "perf TTFT p50"].is_passed and c["cpu-smol", "perf TTFT p50"].system_out == perf[1].message
-    md = github_summary([], perf=perf, exit_code=1, why="a performance gate failed")
-    assert ("| cpu-smol | combined decode | **REGRESSION** | "
-            "combined decode 20.1 tok/s, below the baseline's band 25.0-26.3 |") in md
+    [f] = c["cpu-smol", "perf combined_decode_tok_s"].result
+    assert isinstance(f, Failure) and f.type == "perf-regression" and f.message == slow.message
+    assert c["cpu-smol", "perf decode_step_ms"].is_passed and same.message in c["cpu-smol", "perf decode_step_ms"].system_out
+    [k] = c["cpu-smol", "perf prefill_2048_tok_s"].result
+    assert isinstance(k, Skipped) and k.type == "cannot tell" and k.message.startswith("cannot tell: 2 and 2 passes")
+    [e] = c["gpu-box", "perf betterbench"].result
+    assert isinstance(e, Error) and "decode_tokens: 128 vs 512" in e.message
+    strict = cases(parse(junit_xml(assess("v9", [], perf=perf, strict=True))))
+    [k] = strict["cpu-smol", "perf prefill_2048_tok_s"].result
+    assert isinstance(k, Error)
+    md = github_summary(assess("v9", [], perf=perf))
+    assert f"| cpu-smol | combined\\_decode\\_tok\\_s | **REGRESSION** | {ci_formats._md(slow.message)} |" in md
+    assert "| cpu-smol | prefill\\_2048\\_tok\\_s | *cannot tell* |" in md
+    assert "| gpu-box | betterbench | **NOT COMPARED** |" in md
 
 
 @pytest.mark.timeout(60)
 def test_write_junit_is_atomic(tmp_path, monkeypatch):
     path = tmp_path / "out" / "junit.xml"
-    assert write_junit(path, release_records()) == path
+    assert write_junit(path, assess("v9", release_records())) == path
     assert JUnitXml.fromfile(str(path)).tests == 5
     assert oct(path.stat().st_mode & 0o777) == "0o644" and os.listdir(path.parent) == ["junit.xml"]
     before = path.read_bytes()
@@ -279,23 +298,25 @@ def test_write_junit_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ci_formats.os, "replace", refuse)
     with pytest.raises(OSError, match="No space left"):
-        write_junit(path, [rec("c", "s")])
+        write_junit(path, assess("v9", [rec("c", "s")]))
     assert path.read_bytes() == before and os.listdir(path.parent) == ["junit.xml"]
     monkeypatch.undo()
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError):
-        write_junit(tmp_path / "file" / "junit.xml", [])
+        write_junit(tmp_path / "file" / "junit.xml", assess("v9", []))
 
 
 @pytest.mark.timeout(60)
 def test_github_summary_tables():
-    md = github_summary(release_records(), comparison(), exit_code=1,
-                        why="2 finding(s): cpu-smol/sanity fail, gpu-box/sanity wrong-tree")
+    md = github_summary(assess("v9", release_records(), comparison=comparison(), baseline="v8",
+                               baseline_why="named with --baseline"))
     lines = md.splitlines()
-    assert lines[0] == "## r9k-validate v9: exit status 1, a finding"
-    assert "**FAIL**: 2 finding(s): cpu-smol/sanity fail, gpu-box/sanity wrong-tree" in lines
+    assert lines[0] == "## r9k-validate release v9: exit status 1, a finding"
+    assert lines[2].startswith("**FAIL**: 3 finding(s): cpu-smol/sanity fail, gpu-box/sanity wrong-tree, "
+                               "cpu-smol/paired gsm8k vs v8 regression; 2 check(s) could not be made:")
+    assert "Baseline: v8 (named with --baseline)" in lines
     assert "| configuration | sanity | gsm8k | probe |" in lines
-    assert "| cpu-smol | **FAIL** | **ERROR** | pass |" in lines
+    assert "| cpu-smol | **FAIL** | **ERROR** | pass *(limited)* |" in lines
     assert "| gpu-box | **WRONG-TREE** | – | *skipped* |" in lines
     gsm, he = comparison().tasks
     assert "| configuration | task | n | b / c | one-sided p (Holm) | verdict | 95% interval |" in lines
@@ -304,23 +325,28 @@ def test_github_summary_tables():
     assert (f"| cpu-smol | humaneval (subset) | 164 | 3 / 2 | {he.p_one_sided:.3g} ({he.p_holm:.3g}) | "
             f"{he.verdict_text} |") in md
     assert "- **NOT PAIRED** gpu-box/gsm8k: the baseline v8 has no record of gpu-box/gsm8k" in lines
-    # failures with their first reasons; findings before what could not be checked; markdown escaped
-    fails = md.split("### Not passed (4)")[1].splitlines()
+    # findings with their first reasons; what could not be checked named, each with why; markdown escaped
+    fails = md.split("### Findings (3)")[1].splitlines()
     assert fails[2] == "- **FAIL** cpu-smol / sanity: bad 3 \\> 0"
     assert fails[3] == "  - p1: garbage under overload x2.0 \\| 'xx'"
     assert fails[4] == "- **WRONG-TREE** gpu-box / sanity: plugin source bbbb, not the tree's aaaa"
-    assert fails[5] == "- **ERROR** cpu-smol / gsm8k: server died during the suite"
-    assert "*skipped* gpu-box / probe: not run: the server died in an earlier suite" in md
-    ok = github_summary([rec("cpu-smol", "probe")], exit_code=0, why="1 suite(s), every verdict pass")
-    assert ok.splitlines()[0] == "## r9k-validate v9: exit status 0, every verdict passed" and "Not passed" not in ok
+    nc = md.split("### Not checked (")[1]
+    assert "- **ERROR** cpu-smol / gsm8k: server died during the suite" in nc
+    assert "*skipped* gpu-box / probe: not run: the server died in an earlier suite" in nc
+    ok = github_summary(assess("v9", [rec("cpu-smol", "probe", profile="full")]))
+    assert ok.splitlines()[0] == "## r9k-validate release v9: exit status 0, every verdict passed"
+    assert "**PASS**" in ok and "Not checked" not in ok and "Findings" not in ok
+    quick = github_summary(assess("v9", [rec("cpu-smol", "probe")]))  # a quick profile: no finding, not a full check
+    assert "exit status 0" in quick.splitlines()[0] and "**PASS**" not in quick
+    assert "**NO FINDING, NOT FULLY CHECKED**" in quick and "passed, not a full check: quick profile" in quick
 
 
 @pytest.mark.timeout(60)
 def test_github_summary_stays_bounded():
     many = [rec(f"cfg{i}", "soak", "error", cause="x" * 5000, reasons=[f"r{j}" for j in range(10)]) for i in range(80)]
-    md = github_summary(many, exit_code=2, why="80 suite(s) not checked")
-    assert md.splitlines()[0] == "## r9k-validate v9: exit status 2, not everything could be checked"
-    assert "**NOT CHECKED**: 80 suite(s) not checked" in md
+    md = github_summary(assess("v9", many))
+    assert md.splitlines()[0] == "## r9k-validate release v9: exit status 2, not everything could be checked"
+    assert "**NOT CHECKED**: 80 check(s) could not be made" in md
     assert "- ... 30 more; see the records" in md and "  - ... 7 more reason(s) in the record" in md
     assert len(md.encode()) < ci_formats.SUMMARY_MAX_BYTES
     assert all(len(line) < 2 * ci_formats.MESSAGE_MAX_CHARS for line in md.splitlines())
@@ -359,7 +385,7 @@ def test_gate_perf_writes_what_it_could_not_compare_as_errors(tmp_path):
     for r in (b, c):
         write_record(record_path(tmp_path, r.release, r.config, r.suite), r)
     junit = tmp_path / "j.xml"
-    assert main(["gate", "v2", "--against", "v1", "--perf", "--reports", str(tmp_path), "--junit-xml", str(junit)]) == 2
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--perf", "--reports", str(tmp_path), "--junit-xml", str(junit)]) == 2
     root = ET.parse(junit).getroot()
     assert root.get("errors") == "1" and root.get("failures") == "0"
     [err] = [case for case in root.iter("testcase") if case.find("error") is not None]

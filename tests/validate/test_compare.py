@@ -63,8 +63,8 @@ def test_gate_exit_codes_follow_p(tmp_path, capsys):
     save(tmp_path, eval_record("v0.1.0", base))
     save(tmp_path, eval_record("v0.2.0", base - set(range(3)) | {150}))          # 3 lost, 1 gained: p > 0.05
     save(tmp_path, eval_record("v0.3.0", base - set(range(30)) | {150, 151}))    # 30 lost, 2 gained
-    assert main(["gate", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 0
-    assert main(["gate", "v0.3.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 1
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 0
+    assert main(["gate", "--accept-other-tree", "v0.3.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "gate: cpu-smol/gsm8k regressed: 30 lost vs 2 gained" in out
     assert "right only in v0.1.0: test-0, test-1," in out
@@ -72,7 +72,7 @@ def test_gate_exit_codes_follow_p(tmp_path, capsys):
 
 def test_gate_refuses_unpairable(tmp_path, capsys):
     save(tmp_path, eval_record("v1", set()), eval_record("v2", set(), subset=True))
-    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
     assert "a subset never pairs with a full-set record" in capsys.readouterr().out.replace("\n", "")
 
 
@@ -119,21 +119,21 @@ def test_scoring_parameters_must_match_and_ids_be_unique():
 def test_a_task_missing_from_the_candidate_is_not_a_pass(tmp_path, capsys):
     save(tmp_path, eval_record("v1", set(range(50))), eval_record("v1", set(range(50)), suite="humaneval"),
          eval_record("v2", set(range(50))))
-    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
     assert "cpu-smol/humaneval: the candidate v2 has no record of it" in capsys.readouterr().out.replace("\n", "")
 
 
 def test_regression_is_named_even_beside_an_unpairable_task(tmp_path, capsys):
     save(tmp_path, eval_record("v1", set(range(100))), eval_record("v1", set(), suite="humaneval"),
          eval_record("v2", set(range(30, 100))), eval_record("v2", set(), suite="humaneval", subset=True))
-    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 1
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 1
     out = capsys.readouterr().out.replace("\n", "")
     assert "gate: cpu-smol/gsm8k regressed: 30 lost vs 0 gained" in out and "1 task(s) cannot be paired" in out
 
 
 def test_alpha_must_be_a_probability(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        main(["gate", "v2", "--against", "v1", "--alpha", "5", "--reports", str(tmp_path)])
+        main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--alpha", "5", "--reports", str(tmp_path)])
     assert e.value.code == 2 and "5 is not in (0, 1)" in capsys.readouterr().err
 
 
@@ -180,16 +180,16 @@ def test_a_copied_record_cannot_stand_in_for_another(tmp_path, capsys):
 
     base, cand = eval_record("v1", set(range(100))), eval_record("v2", set(range(70)))  # 30 lost, none gained
     save(tmp_path, base, cand)
-    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 1
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 1
     planted = tmp_path / "v2" / "backup" / "gsm8k.json"
     planted.parent.mkdir()
     shutil.copy(record_path(tmp_path, "v1", "cpu-smol", "gsm8k"), planted)
-    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
     assert "lies at v2/backup/gsm8k.json: it is not this release's record" in capsys.readouterr().out.replace("\n", " ")
     shutil.rmtree(planted.parent)
     shutil.copytree(tmp_path / "v1", tmp_path / "v3")
-    assert main(["gate", "v3", "--against", "v1", "--reports", str(tmp_path)]) == 2
-    assert main(["gate", "v1", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v3", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v1", "--against", "v1", "--reports", str(tmp_path)]) == 2
     assert "a release is never its own baseline" in capsys.readouterr().out.replace("\n", " ")
 
 

@@ -23,7 +23,7 @@ def test_repository_files_load():
     names = [c.name for c in all_configs(REPO)]
     assert sorted(names) == ["27b-tp2", "cpu-smol", "cpu-smol-fp32", "fn-tp2", "fn-tp4"]
     cl = load_checklist(REPO)
-    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench"])]
+    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["unit-gates", "allreduce", "sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench"])]
     quick = find_suite(REPO, "sanity", "quick")
     full = find_suite(REPO, "sanity", "full")
     assert quick.params.overload == [2.0] and full.params.overload == [1.0625, 1.5, 2.0]

@@ -29,10 +29,10 @@ def test_a_ten_percent_slower_decode_step_is_a_regression():
     assert f.message.startswith("a regression: +")
 
 
-def test_no_shift_passes_and_is_within_the_band():
+def test_no_shift_passes_and_is_within_the_threshold():
     base, cand = passes(10, 38.0, 0.01, seed=3), passes(10, 38.0, 0.01, seed=4)
     f = judge("cpu-smol", "decode_step_ms", base, cand, 3.0)
-    assert not f.regression and f.mark == "within the band"
+    assert not f.regression and not f.cannot_tell and f.mark == "within the threshold"
 
 
 def test_a_rate_that_rises_is_faster_and_one_that_falls_inside_the_threshold_is_within_it():
@@ -44,10 +44,27 @@ def test_a_rate_that_rises_is_faster_and_one_that_falls_inside_the_threshold_is_
     assert "within the 3% threshold" in down.message
 
 
-def test_two_passes_cannot_be_significant_and_say_so():
+def test_two_passes_cannot_tell_and_say_what_would():
+    """2 passes a side: the least rank-test p is 1/6, so a +18% decode step is "cannot tell", never a pass; 5
+    candidate passes against 2 (1/C(7, 5) = 1/21) or 4 a side (1/70) would let the gate decide."""
     f = judge("cpu-smol", "decode_step_ms", [38.0, 38.2], [45.0, 45.3], 3.0)
-    assert not f.regression and f.mark == "slower" and f.min_p == pytest.approx(1 / 6)
-    assert "cannot be significant" in f.message
+    assert not f.regression and f.cannot_tell and f.mark == "cannot tell" and f.min_p == pytest.approx(1 / 6)
+    assert "cannot be significant" in f.message and "+18.5% in the bad direction" in f.message
+    assert "beyond the baseline's band" in f.message
+    assert "at least 5 candidate passes against these 2 (or 4 a side)" in f.message
+    one = judge("cpu-smol", "decode_step_ms", [38.0], [57.0, 57.1, 57.2], 3.0)  # a 1-pass baseline: +50%
+    assert one.cannot_tell and one.min_p == pytest.approx(1 / 4) and not one.regression
+
+
+def test_a_significant_shift_beyond_the_threshold_is_a_regression_whatever_the_band():
+    """Three slow baseline passes of twenty widen its band over the candidate; a candidate 31.6% slower with
+    every pass above the baseline's median passes is still a regression."""
+    base = [38.0 + 0.01 * i for i in range(17)] + [60.0, 61.0, 62.0]
+    cand = [50.0 + 0.01 * i for i in range(20)]
+    f = judge("cpu-smol", "decode_step_ms", base, cand, 3.0)
+    assert f.base_band[1] >= 50.0 and not f.outside_band  # the candidate's median lies inside the band
+    assert f.regression and f.mark == "slower" and f.p_value < 1e-4
+    assert "inside the baseline's band" in f.message
 
 
 def test_thresholds_by_prefix():
@@ -69,18 +86,18 @@ def _bench(release: str, step: float, seed: int, n: int = 8):
 def test_gate_perf_exit_status_follows_the_eval_gate(tmp_path, capsys):
     for r in (_bench("v1", 38.0, 1), _bench("v2", 38.0, 2), _bench("v3", 41.8, 3)):
         write_record(record_path(tmp_path, r.release, r.config, r.suite), r)
-    assert main(["gate", "v2", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 0
-    assert main(["gate", "v3", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 1
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 0
+    assert main(["gate", "--accept-other-tree", "v3", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 1
     out = capsys.readouterr().out.replace("\n", " ")
     assert "cpu-smol/decode_step_ms" in out and "a regression" in out
     cmp = compare_perf(tmp_path, "v3", "v1")
     by = {f.figure: f for f in cmp.figures}
     assert by["decode_step_ms"].regression and by["combined_decode_tok_s"].regression
-    assert not by["prefill_1024_tok_s"].regression and by["prefill_1024_tok_s"].mark == "within the band"
+    assert not by["prefill_1024_tok_s"].regression and by["prefill_1024_tok_s"].mark == "within the threshold"
     other = _bench("v4", 38.0, 4)
     other.params["decode_tokens"] = 512
     write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), other)
-    assert main(["gate", "v4", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 2  # cannot compare
+    assert main(["gate", "--accept-other-tree", "v4", "--against", "v1", "--perf", "--reports", str(tmp_path)]) == 2  # cannot compare
     assert "decode_tokens: 128 vs 512" in capsys.readouterr().out.replace("\n", " ")
 
 

@@ -71,10 +71,11 @@ def test_release_notes_carry_figures_and_gaps(tmp_path):
     assert "- gpu-box / sanity: did not complete: launch failed: port 8000 on 127.0.0.1 is already in use." in nc
     assert "- gpu-box / gsm8k: did not run (no record)." in nc
     assert "- cpu-smol / sanity, probe: quick profile." not in nc  # full-profile records are checked
-    assert "- gpu-box / probe: plugin source bbbb, not the release's aaaa." in nc
+    assert ("- gpu-box / probe: made by another tree (plugin source bbbb, this tree's is aaaa): this tree's own run "
+            "of it is missing") in nc
     ck = md.split("## Checked")[1].split("##")[0]
     assert "cpu-smol / sanity: pass, full profile" in ck and "cpu-smol / probe" in ck and "gsm8k" not in ck
-    assert "**Not ready to ship:** 1 suite(s) did not pass" in md
+    assert "**Not ready to ship: not everything could be checked:** 2 check(s) could not be made" in md
     assert "`R9K-PROVENANCE version=0.1.0 source_hash=aaaa files=5` (matches the tree)" in md
 
 

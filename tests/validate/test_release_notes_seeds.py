@@ -110,12 +110,12 @@ def test_numbers_carry_the_seeds_figures_and_changes(notes):
     assert notes.startswith("# v0.3.3: fn-tp4: decode step 15.00 -> 14.30 ms, BetterBench combined decode 176.8 -> 188.0 tok/s")
     assert row(notes, "fn-tp4", "decode step p50 (probe)") == "| decode step p50 (probe) | 15.00 ms | 14.30 ms | -4.7% |"
     assert row(notes, "fn-tp4", "single-stream decode (probe)") == "| single-stream decode (probe) | 219.0 tok/s | 225.0 tok/s | +2.7% |"
-    assert row(notes, "fn-tp4", "BetterBench combined decode") == "| BetterBench combined decode | 176.8 tok/s | 188.0 tok/s | +6.3% |"
+    assert row(notes, "fn-tp4", "BetterBench combined decode") == "| BetterBench combined decode | 176.8 tok/s | 188.0 tok/s | +6.3% (faster) |"
     for c, pct in ((1, "+1.7%"), (2, "+6.1%"), (4, "+1.7%"), (8, "+3.1%")):
         b, a = SEEDS["fn-tp4"]["conc"][c]
         assert row(notes, "fn-tp4", f"concurrency {c} (aggregate)") == f"| concurrency {c} (aggregate) | {b:.1f} tok/s | {a:.1f} tok/s | {pct} |"
     assert row(notes, "fn-tp4", "prefill 8,192 tokens") == \
-        "| prefill 8,192 tokens | 6,741 tok/s (6,729–6,753) | 6,751 tok/s (6,723–6,780) | +0.1% (within the band) |"
+        "| prefill 8,192 tokens | 6,741 tok/s (6,729–6,753) | 6,751 tok/s (6,723–6,780) | +0.1% (within the threshold) |"
     assert row(notes, "fn-tp4", "KV cache") == "| KV cache | 515,577 tokens | 513,088 tokens | -0.5% |"
     assert row(notes, "fn-tp4", "aggregate at max_num_seqs streams (probe)") == \
         "| aggregate at max_num_seqs streams (probe) | 841.0 tok/s | 868.0 tok/s | +3.2% |"

@@ -14,11 +14,18 @@ import yaml
 from tests.conftest import fake_procs
 from tests.validate.test_compare import eval_record, save
 from tests.validate.test_records_render import rec
-from validate.cli import _release_gate, main
+from validate.cli import main
+from validate.verdict import assess_release
 from validate.compare import compare_releases
 from validate.engine import Outcome, tree_mismatch
 from validate.errors import combine_exit
 from validate.record import Tree, Verdict, record_history, record_path, write_record
+
+
+def _release_gate(reports, release, baseline, configs):
+    """The release's verdict on its records against ``baseline``: (exit status, paired comparison, perf)."""
+    v = assess_release(reports, release, baseline=baseline, configs=configs)
+    return v.exit_code(), v.comparison, v.perf
 
 
 def _placeholder(scratch, name: str, **extra) -> None:
@@ -57,7 +64,7 @@ def test_placeholder_configurations_do_not_end_the_release(scratch, capsys):
     assert "- seed-a / fake-sanity: did not complete: not run: serve/seed-a.yaml: model.path:" in nc
     assert "- seed-b / fake-sanity: did not complete: not run: serve/seed-b.yaml:" in nc
     assert "fake-ok" not in nc
-    assert "exit status 2: 2 suite(s) not checked: seed-a/fake-sanity, seed-b/fake-sanity" in out
+    assert "exit status 2: 2 check(s) could not be made: seed-a/fake-sanity error, seed-b/fake-sanity error" in out
     assert fake_procs(tag) == []
 
 
@@ -68,7 +75,8 @@ def test_a_failure_is_not_hidden_behind_an_error(scratch, capsys):
     _placeholder(scratch, "seed-a")
     assert main(["release", "v8", "--baseline", "none"]) == 1
     out = capsys.readouterr().out.replace("\n", " ")
-    assert "exit status 1: 1 finding(s): fake-ok/fake-sanity fail; 1 suite(s) not checked: seed-a/fake-sanity" in out
+    assert ("exit status 1: 1 finding(s): fake-ok/fake-sanity fail; 1 check(s) could not be made: seed-a/fake-sanity "
+            "error") in out
 
 
 @pytest.mark.parametrize("statuses,code", [
@@ -238,7 +246,7 @@ def test_release_junit_and_step_summary_read_back(scratch, tmp_path, monkeypatch
     junit.parent.mkdir()
     assert main(["release", "vj", "--baseline", "none", "--junit-xml", str(junit)]) == 1
     xml = JUnitXml.fromfile(str(junit))
-    assert (xml.tests, xml.failures, xml.errors) == (2, 1, 1)
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (3, 1, 1, 1)  # --baseline none: no gate ran
     cases = {(s.name, c.name): c for s in xml for c in s}
     (fail,) = cases[("fake-ok", "fake-sanity")].result
     (err,) = cases[("seed-a", "fake-sanity")].result
@@ -273,11 +281,11 @@ def test_an_unreadable_baseline_never_ends_the_release_without_notes(scratch, ca
     # nothing could be compared: exit 2, never the "no regression" of 0 (a stray file hid a regression so)
     assert main(["release", "v0.0.2"]) == 2
     notes = (scratch.root / "reports" / "v0.0.2" / "RELEASE.md").read_text()
-    assert "Not compared with a baseline: the baseline v0.0.1's records cannot be read:" in notes
-    out = capsys.readouterr().out
-    assert "a file of the baseline v0.0.1 was not compared:" in out
-    assert ("exit status 2: 1 suite(s), every verdict pass; the gates against the baseline could not compare "
-            "everything they should (see 'not compared' above)") in out
+    nc = notes.split("## Not checked")[1].split("##")[0]
+    assert "- release / baseline records: a file of the baseline v0.0.1 was not compared:" in nc
+    assert notes.split("\n")[2].startswith("**Not ready to ship: not everything could be checked:**")
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "exit status 2: 1 check(s) could not be made: release/baseline records error" in out
 
 
 def test_resume_runs_again_on_other_data_or_after_an_unverified_external_run(scratch, external_server, tmp_path,

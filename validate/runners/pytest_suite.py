@@ -25,6 +25,10 @@ class PytestParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     paths: list[str] = Field(min_length=1, description="test files or folders, relative to the checkout")
     markers: str | None = Field(None, description="pytest -m expression")
+    gpu_markers: str | None = Field(None, description="pytest -m expression on a configuration with GPUs "
+                                    "(hardware.gpus > 0), instead of markers: the gates at full shapes on its card")
+    world_size_env: str | None = Field(None, description="a variable set to the configuration's tensor-parallel size "
+                                       "where it is above 1 (the tests' world sizes); else env's value stands")
     keyword: str | None = Field(None, description="pytest -k expression")
     workers: int = Field(0, ge=0, description="pytest-xdist workers (0 = no xdist)")
     env: dict[str, str] = Field(default_factory=dict)
@@ -117,6 +121,18 @@ def summary(rec) -> str:
     return f"{m['passed']} of {m['tests']} tests passed, {m['failed']} failed"
 
 
+def run_settings(p: PytestParams, config) -> tuple[str | None, dict[str, str]]:
+    """(the -m expression, the suite's environment) for a run on ``config``: ``gpu_markers`` where the
+    configuration has GPUs, and ``world_size_env`` set to its tensor-parallel size where that is above 1."""
+    gpus = getattr(getattr(config, "hardware", None), "gpus", 0) or 0
+    markers = p.gpu_markers if gpus > 0 and p.gpu_markers else p.markers
+    env = dict(p.env)
+    tp = getattr(getattr(config, "server", None), "tensor_parallel_size", 1) or 1
+    if p.world_size_env and tp > 1:
+        env[p.world_size_env] = str(tp)
+    return markers, env
+
+
 @register_runner("pytest", PytestParams, preflight=preflight, metrics_model=PytestMetrics, summary=summary, order=70,
                  dataset_hash=tests_hash)
 async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
@@ -124,15 +140,16 @@ async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
     folder.mkdir(parents=True, exist_ok=True)
     junit = folder / f"junit-{os.getpid()}-{time.time_ns()}.xml"
     cmd = [sys.executable, "-m", "pytest", *p.paths, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "-rN"]
-    if p.markers:
-        cmd += ["-m", p.markers]
+    markers, env = run_settings(p, ctx.config)
+    if markers:
+        cmd += ["-m", markers]
     if p.keyword:
         cmd += ["-k", p.keyword]
     if p.workers:
         cmd += ["-n", str(p.workers)]
     ctx.progress(0, total=100, description="pytest")
     digest = tests_hash(p, ctx.root)
-    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ctx.root, env=test_environ(dict(os.environ), p.env),
+    proc = await asyncio.create_subprocess_exec(*cmd, cwd=ctx.root, env=test_environ(dict(os.environ), env),
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                 start_new_session=True)
     tail: list[str] = []

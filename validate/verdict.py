@@ -1,0 +1,441 @@
+"""The release's verdict, decided once: the suites' records, the paired eval gate and the performance gate (each
+with what it could not compare), the baseline chosen and why, and the release's own faults (records of another
+tree, notes that did not render), as one list of :class:`Check` lines.
+
+Every output that says whether a release passed is rendered from one :class:`ReleaseVerdict`: the notes'
+opening line and their "Checked / Not checked / Failures", the console's table, JUnit, the GitHub step summary
+and the exit status. None of them works "passed" out on its own.
+
+A check's ``outcome`` is one of:
+
+- ``pass``: checked, and it held;
+- ``finding``: a fact about the release that blocks it (a failed gate, a paired regression, a slower figure, a
+  server of the wrong tree or with an inactive plugin): exit status 1;
+- ``not-checked``: something that should have been checked and could not be (a suite that did not complete,
+  evals or figures that cannot be paired, records of another tree, notes that did not render): exit status 2;
+- ``limited``: not checked by the run's own choice or reach (a quick subset against a full baseline, a
+  performance gate on too few passes to tell, no baseline, a suite of the checklist not run): listed under
+  "Not checked", never called a pass, and it does not change the exit status.
+
+A suite that passed at a quick profile or on a subset is a ``pass`` whose ``limits`` say so: the notes list it
+under "Not checked" with that reason, as they list limited checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from validate.errors import EXIT_FAIL, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError, combine_exit
+from validate.record import FINDING_STATUSES, Record, Tree, recheck
+
+Outcome = Literal["pass", "finding", "not-checked", "limited"]
+Area = Literal["suite", "paired", "perf", "release"]
+
+#: The word each outcome is shown with, everywhere.
+OUTCOME_WORD = {"pass": "pass", "finding": "FAIL", "not-checked": "NOT CHECKED", "limited": "not checked"}
+
+
+@dataclass
+class Check:
+    """One line of the verdict.
+
+    Attributes:
+        config: the configuration it is about ("release" for the release as a whole).
+        name: the suite, ``paired <task> vs <baseline>``, ``perf <figure>``, or what the release-level line is.
+        area: suite, paired, perf or release.
+        outcome: see the module docstring.
+        status: the finer word: a record's verdict status, "regression", "cannot tell", "not compared", ...
+        message: one line saying why.
+        detail: further lines (reasons, figures), for JUnit and the summary.
+        limits: for a passing suite, why it is not a full check (quick profile, a subset, ...); else None.
+        record: the record it comes from, where there is one.
+        properties: name -> value, JUnit's testcase properties (figures of the gate).
+    """
+
+    config: str
+    name: str
+    area: Area
+    outcome: Outcome
+    status: str
+    message: str = ""
+    detail: list[str] = field(default_factory=list)
+    limits: str | None = None
+    record: Record | None = None
+    properties: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def time_s(self) -> float:
+        return self.record.wall_s if self.record is not None and self.area == "suite" else 0.0
+
+    @property
+    def full_check(self) -> bool:
+        """Passed and nothing limits it: listed under "Checked"."""
+        return self.outcome == "pass" and not self.limits
+
+
+@dataclass
+class ReleaseVerdict:
+    """Every check of one run of ``release`` (or of one gate), in the order the outputs show them."""
+
+    release: str
+    checks: list[Check] = field(default_factory=list)
+    baseline: str | None = None
+    baseline_why: str = ""
+    comparison: Any = None  # validate.compare.Comparison, when evals were paired
+    perf: Any = None  # validate.perfgate.PerfComparison, when BetterBench figures were compared
+    notes: list[str] = field(default_factory=list)  # said beside the verdict (thresholds that differ, ...)
+    interrupted: bool = False
+    what: str = "release"  # release, suite, gate, gate --perf: what the verdict is of
+
+    def of(self, outcome: Outcome) -> list[Check]:
+        return [c for c in self.checks if c.outcome == outcome]
+
+    @property
+    def findings(self) -> list[Check]:
+        return self.of("finding")
+
+    @property
+    def not_checked(self) -> list[Check]:
+        """Checks that should have been made and were not, then the limited ones, then passes with limits."""
+        return self.of("not-checked") + self.of("limited") + [c for c in self.of("pass") if c.limits]
+
+    @property
+    def records(self) -> list[Record]:
+        return [c.record for c in self.checks if c.area == "suite" and c.record is not None]
+
+    def exit_code(self) -> int:
+        """130 interrupted; 1 any finding; 2 anything not checked that should have been; else 0
+        (:func:`validate.errors.combine_exit`)."""
+        codes = [EXIT_INTERRUPTED if self.interrupted else EXIT_OK]
+        codes += [EXIT_FAIL if c.outcome == "finding" else EXIT_INPUT if c.outcome == "not-checked" else EXIT_OK
+                  for c in self.checks]
+        return combine_exit(*codes)
+
+    def why(self) -> str:
+        """The one line that says what decided :meth:`exit_code`."""
+        def names(cs: list[Check]) -> str:
+            shown = [f"{c.config}/{c.name}" + (f" {c.status}" if c.status not in ("", c.outcome) else "") for c in cs]
+            return ", ".join(shown[:6]) + (" ..." if len(shown) > 6 else "")
+
+        parts = []
+        if self.interrupted:
+            parts.append("interrupted")
+        if self.findings:
+            parts.append(f"{len(self.findings)} finding(s): {names(self.findings)}")
+        nc = self.of("not-checked")
+        if nc:
+            parts.append(f"{len(nc)} check(s) could not be made: {names(nc)}")
+        limited = self.of("limited") + [c for c in self.of("pass") if c.limits]
+        if limited and not self.findings and not nc:
+            parts.append(f"no finding; {len(limited)} check(s) limited or not run: {names(limited)}")
+        n = len([c for c in self.checks if c.area == "suite"])
+        return "; ".join(parts) or f"every check passed ({n} suite(s), {len(self.checks) - n} gate check(s))"
+
+    def opening(self) -> str:
+        """The notes' opening line (markdown)."""
+        code = self.exit_code()
+        if code == EXIT_FAIL:
+            return (f"**Not ready to ship:** {len(self.findings)} finding(s) (see \"Failures\"): "
+                    + "; ".join(f"{c.config} / {c.name}: {c.message or c.status}" for c in self.findings[:5])
+                    + (" ..." if len(self.findings) > 5 else "") + ".")
+        if code == EXIT_INPUT:
+            nc = self.of("not-checked")
+            return (f"**Not ready to ship: not everything could be checked:** {len(nc)} check(s) could not be made "
+                    "(see \"Not checked\"): " + "; ".join(f"{c.config} / {c.name}" for c in nc[:6])
+                    + (" ..." if len(nc) > 6 else "") + ".")
+        if code == EXIT_INTERRUPTED:
+            return "**Interrupted:** the run did not finish; these notes hold what was recorded."
+        limited = self.not_checked
+        if limited:
+            return (f"No finding in what was checked, and {len(limited)} check(s) were limited or not made (see "
+                    "\"Not checked\"): this is not a full check of the release.")
+        return "Every check passed: every suite of the checklist, the paired evals and the performance gate."
+
+
+# --- building it --------------------------------------------------------------------------------------------
+
+
+def record_limits(rec: Record) -> str | None:
+    """Why a completed record is not a full check (its profile, a subset, an unverified external server), or
+    None when it is one."""
+    reasons = []
+    if rec.profile != "full":
+        reasons.append(f"{rec.profile} profile")
+    if rec.dataset is not None and rec.dataset.subset:
+        reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
+    if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
+        reasons.append("provenance not verified (external server)")
+    return "; ".join(reasons) or None
+
+
+def other_tree(rec: Record, tree: Tree | None) -> str | None:
+    """Why ``rec`` was not made by ``tree`` (its plugin and kernel source, its engine and suites), or None.
+    Commits and the dirty flag do not count: a dirty working tree of the same sources is the same tree."""
+    if tree is None:
+        return None
+    why = []
+    if tree.source_hash and rec.tree.source_hash != tree.source_hash:
+        why.append(f"plugin source {rec.tree.source_hash}, this tree's is {tree.source_hash}")
+    if tree.engine_hash and rec.tree.engine_hash != tree.engine_hash:
+        why.append(f"engine and suites {rec.tree.engine_hash}, this tree's are {tree.engine_hash}")
+    return "; ".join(why) or None
+
+
+def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool = False) -> Check:
+    """The check of one suite record: its verdict, limits, and whether ``tree`` made it."""
+    v = rec.verdict
+    detail = ([v.cause] if v.cause else []) + list(v.reasons)
+    base = dict(config=rec.config, name=rec.suite, area="suite", status=v.status, record=rec)
+    if v.status in FINDING_STATUSES:
+        chk = Check(outcome="finding", message=v.cause or (v.reasons[0] if v.reasons else v.status), detail=detail, **base)
+    elif v.status == "pass":
+        chk = Check(outcome="pass", message="", detail=detail, limits=record_limits(rec), **base)
+    else:
+        chk = Check(outcome="not-checked", message=v.cause or (v.reasons[0] if v.reasons else "no cause recorded"),
+                    detail=detail, **base)
+    stale = other_tree(rec, tree)
+    if stale and chk.outcome != "finding":
+        why = f"made by another tree ({stale})"
+        if accept_other_tree:
+            chk.limits = "; ".join(x for x in (chk.limits, why + ", accepted with --accept-other-tree") if x)
+        else:
+            chk.outcome, chk.status = "not-checked", "other-tree"
+            chk.message = why + ": this tree's own run of it is missing (run the suite, or pass --accept-other-tree)"
+    return chk
+
+
+def _paired_lines(x, cmp) -> list[str]:
+    lines = [f"{x.b} lost vs {x.c} gained of {x.n:,} (b = right only in {cmp.baseline}, c = right only in "
+             f"{cmp.candidate}); one-sided p = {x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g}, alpha {cmp.alpha}; "
+             f"two-sided p = {x.p_two_sided:.3g}",
+             f"accuracy {100 * x.acc_baseline:.2f}% -> {100 * x.acc_candidate:.2f}%" + (" (subset)" if x.subset else "")]
+    if x.diff_ci:
+        lines.append(f"difference {100 * (x.acc_candidate - x.acc_baseline):+.1f} points, "
+                     f"95% interval {100 * x.diff_ci[0]:+.1f} to {100 * x.diff_ci[1]:+.1f}")
+    lines.append(f"verdict: {x.verdict_text}" + (f"; {x.sensitivity}" if x.sensitivity else ""))
+    if x.lost:
+        lines.append(f"right only in {cmp.baseline}: " + ", ".join(x.lost[:40]) + (" ..." if len(x.lost) > 40 else ""))
+    return lines
+
+
+def paired_name(task: str, baseline: str, baseline_config: str | None = None, config: str | None = None) -> str:
+    name = f"paired {task} vs {baseline}"
+    return name + (f" ({baseline_config})" if baseline_config and baseline_config != config else "")
+
+
+def _task_of(reason: str) -> tuple[str, str]:
+    """(configuration, task) named at the start of a gate's reason ("<config>/<suite>: ...")."""
+    import re
+
+    m = re.match(r"^([^/\s:]+)/([^\s:(]+)", reason)
+    return (m.group(1), m.group(2)) if m else ("release", "?")
+
+
+def paired_checks(cmp, strict: bool, records: list[Record] = ()) -> list[Check]:
+    """Checks of the paired eval gate: one per task paired, one per task that could not be. ``strict``
+    (``gate``): every task that could not be paired is not-checked; else (``release``) only the
+    :attr:`Comparison.blocking` ones, the rest limited. ``records``: the candidate's, each task's check carries
+    its own (JUnit's properties)."""
+    out = []
+    by_task = {(r.config, r.suite): r for r in records}
+    for x in cmp.tasks:
+        props = {"baseline": cmp.baseline, "baseline_config": x.baseline_config, "n": x.n, "b": x.b, "c": x.c,
+                 "p_one_sided": f"{x.p_one_sided:.6g}", "p_holm": f"{x.p_holm:.6g}",
+                 "p_two_sided": f"{x.p_two_sided:.6g}", "alpha": cmp.alpha}
+        if x.diff_ci:
+            props.update({"diff_ci_low": f"{x.diff_ci[0]:.6g}", "diff_ci_high": f"{x.diff_ci[1]:.6g}"})
+        name = paired_name(x.task, cmp.baseline, x.baseline_config, x.config)
+        if x.regression:
+            out.append(Check(x.config, name, "paired", "finding", "regression",
+                             f"{x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, one-sided p = {x.p_one_sided:.3g}, Holm-adjusted "
+                             f"{x.p_holm:.3g} < alpha {cmp.alpha}", _paired_lines(x, cmp), properties=props,
+                             record=by_task.get((x.config, x.task))))
+        else:
+            limits = "too few questions to detect a regression" if "too few" in x.verdict_text else None
+            if x.subset:
+                limits = "; ".join(y for y in ("a subset", limits) if y)
+            out.append(Check(x.config, name, "paired", "pass", x.verdict_text, x.verdict_text, _paired_lines(x, cmp),
+                             limits=limits, properties=props, record=by_task.get((x.config, x.task))))
+    for reason in cmp.unpaired:
+        cfg, task = _task_of(reason)
+        blocking = strict or reason in cmp.blocking
+        out.append(Check(cfg, paired_name(task, cmp.baseline), "paired", "not-checked" if blocking else "limited",
+                         "not paired", reason, [reason]))
+    return out
+
+
+def perf_checks(perf, strict: bool) -> list[Check]:
+    """Checks of the performance gate: one per figure; one per record it could not compare (not-checked) or did
+    not by the run's choice (limited). A figure the pass counts cannot decide is not-checked with ``strict``
+    (``gate --perf``), else limited; never a pass."""
+    out = []
+    for f in perf.figures:
+        props = {"figure": f.figure, "baseline": perf.baseline, "base_median": f"{f.base_median:.6g}",
+                 "cand_median": f"{f.cand_median:.6g}", "change_pct": f"{f.change_pct:.3f}",
+                 "threshold_pct": f.threshold_pct, "p_value": f"{f.p_value:.6g}", "passes_base": len(f.base),
+                 "passes_cand": len(f.cand)}
+        detail = [f.message, f"{perf.baseline} median {f.base_median:.4g} {f.unit} over {len(f.base)} passes (band "
+                  f"{f.base_band[0]:.4g}-{f.base_band[1]:.4g}); {perf.candidate} {f.cand_median:.4g} {f.unit} over "
+                  f"{len(f.cand)} (band {f.cand_band[0]:.4g}-{f.cand_band[1]:.4g}); change {f.change_pct:+.1f}%"]
+        outcome = ("finding" if f.regression else ("not-checked" if strict else "limited") if f.cannot_tell else "pass")
+        out.append(Check(f.config, f"perf {f.figure}", "perf", outcome, "regression" if f.regression else f.mark,
+                         f.message, detail, properties=props))
+    for reason in perf.unpaired:
+        cfg, suite = _task_of(reason)
+        out.append(Check(cfg, f"perf {suite}", "perf", "not-checked", "not compared", reason, [reason]))
+    for reason in perf.limited:
+        cfg, suite = _task_of(reason)
+        out.append(Check(cfg, f"perf {suite}", "perf", "not-checked" if strict else "limited", "not compared",
+                         reason, [reason]))
+    return out
+
+
+def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: bool, what: str) -> list[Check]:
+    """For a gate on its own (``gate``, ``gate --perf``): a line per candidate record that ``tree`` did not make
+    (:func:`other_tree`), not-checked unless ``accept_other_tree`` (then limited). ``what``: the gate's name."""
+    out = []
+    for r in records:
+        why = other_tree(r, tree)
+        if why:
+            msg = f"the {what} would judge a record made by another tree ({why})"
+            out.append(Check(r.config, f"{r.suite} (tree)", "release", "limited" if accept_other_tree else "not-checked",
+                             "other-tree", msg + (", accepted with --accept-other-tree" if accept_other_tree else
+                                                  ": run the suite on this tree, or pass --accept-other-tree"),
+                             [msg], record=r))
+    return out
+
+
+def release_check(name: str, message: str, outcome: Outcome = "not-checked", status: str = "error") -> Check:
+    """A line about the release as a whole (a baseline that cannot be read, notes that did not render)."""
+    return Check("release", name, "release", outcome, status, message, [message])
+
+
+def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
+    """Re-apply to each schema-1 record (no gate stored) the gate of the checkout's suite file of the same name
+    and kind (:func:`validate.record.recheck`); records that store their gate were re-checked when read."""
+    if root is None:
+        return records
+    from validate.suite import find_suite
+
+    for r in records:
+        if r.gate is not None or r.verdict.status != "pass":
+            continue
+        try:
+            s = find_suite(root, r.suite, "quick" if r.profile == "quick" else "full")
+        except InputError:
+            continue
+        if s.spec.kind == r.suite_kind:
+            recheck(r, s.spec.gate.model_dump(), "the checkout's suite file's")
+    return records
+
+
+def assess(release: str, records: list[Record], *, comparison=None, perf=None, baseline: str | None = None,
+           baseline_why: str = "", planned: list[tuple[str, list[str]]] | None = None, tree: Tree | None = None,
+           accept_other_tree: bool = False, extra: list[Check] | None = None, strict: bool = False,
+           what: str = "release", notes: list[str] | None = None) -> ReleaseVerdict:
+    """The one verdict of ``release`` from its records and gates.
+
+    Args:
+        records: the candidate's records (re-checked against their gates when read).
+        comparison: the paired eval gate's :class:`validate.compare.Comparison`, or None.
+        perf: the performance gate's :class:`validate.perfgate.PerfComparison`, or None.
+        baseline, baseline_why: the baseline compared with and why that one (None: no baseline).
+        planned: the checklist's (configuration, suites) this run covers; a suite without a record is limited.
+        tree: the tree under validation; a record another tree made is not-checked unless ``accept_other_tree``.
+        extra: release-level checks the caller found (the baseline unreadable, the notes not rendered).
+        strict: a gate on its own (``gate``, ``gate --perf``): what it could not compare is not-checked.
+        what: what the verdict is of (release, suite, gate, gate --perf), for the outputs' titles.
+        notes: lines to say beside the verdict.
+    """
+    v = ReleaseVerdict(release, baseline=baseline, baseline_why=baseline_why, comparison=comparison, perf=perf,
+                       notes=list(notes or []), what=what)
+    seen = set()
+    for r in records:
+        seen.add((r.config, r.suite))
+        v.checks.append(suite_check(r, tree, accept_other_tree))
+    for cfg, suites in planned or []:
+        for s in suites:
+            if (cfg, s) not in seen:
+                v.checks.append(Check(cfg, s, "suite", "limited", "not run", "did not run (no record)"))
+    if comparison is not None:
+        v.checks += paired_checks(comparison, strict, records)
+    if perf is not None:
+        v.checks += perf_checks(perf, strict)
+        v.notes += perf.notes
+    v.checks += extra or []
+    return v
+
+
+def newest_tree(records: list[Record]) -> Tree | None:
+    """The tree most of the release's records were made by (plugin source and engine hashes; the newest record's
+    among equals): what ``render`` checks the others against."""
+    from collections import Counter
+
+    done = [r for r in records if r.tree.source_hash]
+    if not done:
+        return None
+    votes = Counter((r.tree.source_hash, r.tree.engine_hash) for r in done)
+    return max(done, key=lambda r: (votes[(r.tree.source_hash, r.tree.engine_hash)], r.ended_at)).tree
+
+
+def assess_release(reports: Path, release: str, *, root: Path | None = None, baseline: str | None = None,
+                   planned: list[tuple[str, list[str]]] | None = None, configs: list[str] | None = None,
+                   tree: Tree | None = None, accept_other_tree: bool = False, extra: list[Check] | None = None,
+                   say=None) -> ReleaseVerdict:
+    """Read ``release``'s records, choose the baseline, run the paired eval gate and the performance gate against
+    it once, and return the verdict (:func:`assess`). What the gates could not compare is in it; nothing here
+    raises for a record or a baseline that cannot be read: it becomes a not-checked line.
+
+    Args:
+        reports: the reports folder; root: the checkout (its suite files re-check schema-1 records, its
+            BetterBench thresholds stand in for a baseline that stored none).
+        baseline: ``--baseline`` as given (None: the automatic choice, ``none``: no baseline).
+        configs: only these configurations' records (``release --config``).
+        tree: the tree under validation (None: the newest record's, as ``render`` uses).
+        say: a callable for console lines (the gates' tables are printed by the caller from the verdict).
+    """
+    from validate.compare import choose_baseline, compare_releases
+    from validate.perfgate import BENCH_KIND, compare_perf, specs_of
+    from validate.record import release_records
+    from validate.suite import paired_eval_kinds
+
+    extra = list(extra or [])
+    skipped: list[str] = []
+    records = [r for r in release_records(reports, release, skipped=skipped) if not configs or r.config in configs]
+    extra += [release_check("records", f"a file of {release} is not a readable record: {why}") for why in skipped]
+    records = reapply_gates(records, root)
+    if tree is None:
+        tree = newest_tree(records)
+    base, why = choose_baseline(reports, release, baseline)
+    cmp = perf = None
+    notes: list[str] = []
+    if base is not None:
+        bskipped: list[str] = []
+        base_records = release_records(reports, base, skipped=bskipped)
+        if not base_records and not bskipped:
+            if baseline:
+                extra.append(release_check("baseline", f"the baseline {base} named with --baseline has no records "
+                                                       f"under {reports}"))
+        kinds = paired_eval_kinds()
+        has_evals = any(r.suite_kind in kinds for r in records)
+        if has_evals:
+            try:
+                cmp = compare_releases(reports, release, base, configs=configs, skipped=[])
+            except InputError as e:
+                extra.append(release_check("paired evals", f"the candidate has eval records and the paired gate "
+                                                           f"compared none: {e}"))
+        if any(r.suite_kind == BENCH_KIND for r in records):
+            try:
+                perf = compare_perf(reports, release, base, specs_of(root) if root else None, configs=configs,
+                                    skipped=[], records=records)
+            except InputError as e:
+                extra.append(release_check("performance gate", f"the performance gate compared nothing: {e}"))
+        extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")
+                  for w in dict.fromkeys(bskipped)]
+    elif records:
+        extra.append(Check("release", "baseline", "release", "limited", "no baseline",
+                           f"no baseline: {why}; no paired eval or performance gate ran"))
+    return assess(release, records, comparison=cmp, perf=perf, baseline=base, baseline_why=why, planned=planned,
+                  tree=tree, accept_other_tree=accept_other_tree, extra=extra, notes=notes)
+
