@@ -306,3 +306,28 @@ def test_the_marker_is_a_strict_configuration_field(tmp_path):
         p.write_text(yaml.safe_dump({**base, "think_end": bad}))
         with pytest.raises(InputError, match="think_end"):
             load_config(p)
+
+
+# ------------------------------------------------------------------------------------------------ notes
+
+
+def test_release_notes_show_the_thinking_figures_and_flag_a_gap(tmp_path):
+    from tests.validate.test_records_render import GSM, rec
+    from validate.record import Dataset, record_path, write_record
+    from validate.render import render_release
+
+    sub = Dataset(name="gsm8k-test", sha256="x", n_total=1319, n_used=40, subset=True, seed=1234)
+    think = {**GSM, "correct": 4, "accuracy": 0.1, "accuracy_strict": 0.1, "accuracy_flexible": 0.85,
+             "after_thinking": 30, "unclosed_thinking": 10, "think_end": "</think>"}
+    for r in (rec("qwen-think", "gsm8k", metrics=think, dataset=sub), rec("cpu-smol", "gsm8k", metrics=GSM, dataset=sub)):
+        write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
+    notes = render_release(REPO, tmp_path, "v9", None).read_text()
+    assert "| qwen-think | gsm8k | 30 of 40 (75.0%) | 10 (25.0%) | `</think>` | +75.0 points: **likely extraction problem** |" in notes
+    assert "| cpu-smol | gsm8k | – of 40 (–) | – (–) | – | +2.5 points |" in notes  # a record from before the figures
+    assert ("- qwen-think / gsm8k: the flexible and strict figures differ by 75.0 points, more than 5: a likely "
+            "extraction problem") in notes
+    assert notes.index("## Quality gate") < notes.index("Thinking: each answer") < notes.index("## Validation record")
+    # nothing thinks and no gap: no block
+    for cfg in ("qwen-think",):
+        (tmp_path / "v9" / cfg / "gsm8k.json").unlink()
+    assert "Thinking: each answer" not in render_release(REPO, tmp_path, "v9", None).read_text()
