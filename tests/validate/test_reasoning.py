@@ -258,6 +258,23 @@ def test_strict_sanity_judges_the_answer_after_the_thinking(scratch, mode):
     assert all(i["reasoning"].endswith("Recall the example: 7.") for i in solo)
 
 
+def test_sanity_garbage_is_judged_on_the_answer_and_the_thinkings_characters():
+    from validate.client import RequestResult
+    from validate.runners.sanity import garbage_reason
+
+    def why(text, reasoning=""):
+        r = RequestResult(ok=True, text=text, reasoning=reasoning, token_ids=[1, 2], finish_reason="length")
+        return garbage_reason(r, 12, split_reply(r.text, r.reasoning))
+
+    assert why("<think>Wait. Wait. Wait. Wait. Paris?</think>Paris.") is None  # a thinking model may hesitate
+    assert why("Paris.", "Wait. Wait. Wait. Wait.") is None
+    assert why("<think>Paris\ufffd</think>Paris.") == "replacement character in the thinking"
+    assert why("Paris.", "Paris\x07") == "control character in the thinking"
+    assert why("<think>Paris</think>Paris. Paris. Paris. Paris.").startswith("the phrase 'Paris' repeated")
+    assert why("<think>Paris</think>  ") == "empty answer"
+    assert why("<think>The answer is Paris") == "no answer: the thinking never ended (finish reason length)"
+
+
 # ------------------------------------------------------------------------------------------------ pairing
 
 
