@@ -62,12 +62,12 @@ class Scratch:
         return tag
 
 
-def tiny_gsm8k(folder: Path) -> Path:
-    """A made-up GSM8K-shaped data folder (10 test, 30 train problems) for tests that need data but not the
-    real set: the synthetic server answers whatever it is asked."""
+def tiny_gsm8k(folder: Path, n_test: int = 10) -> Path:
+    """A made-up GSM8K-shaped data folder (``n_test`` test, 30 train problems) for tests that need data but not
+    the real set: the synthetic server answers whatever it is asked."""
     d = folder / "gsm8k"
     d.mkdir(parents=True, exist_ok=True)
-    for split, n in (("test", 10), ("train", 30)):
+    for split, n in (("test", n_test), ("train", 30)):
         rows = [{"question": f"A farmer has {i} cows and buys {i + 3} more. How many cows does the farmer have now?",
                  "answer": f"The farmer has {i} + {i + 3} = {2 * i + 3} cows.\n#### {2 * i + 3}"} for i in range(n)]
         (d / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

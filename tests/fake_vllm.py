@@ -18,6 +18,14 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
   and the API server lives on, as vLLM's does when its engine core dies: it logs the engine's death once, answers
   /health with 503 and every generation at once with HTTP 500 (EngineDeadError).
 - ``garbage``: like ok, but every answer is replacement characters (U+FFFD), alone and under load.
+- ``think-separate``, ``think-inline``, ``think-recite``, ``think-unclosed``: a reasoning model that thinks out
+  loud, then answers right: a GSM8K question (found in ``FAKE_VLLM_GSM8K``, a test.jsonl) with ``#### <gold>``,
+  a HumanEval prompt with its canonical solution in a python block, anything else with "The answer is N."
+  (N the prompt's last number). Its thinking recites an example's answer (``FAKE_VLLM_RECITE``, default
+  ``#### 72``; for HumanEval a wrong draft of the function in a python block), except in ``think-inline``.
+  ``think-separate`` sends the thinking apart, as vLLM's reasoning parser does (deltas carrying ``reasoning``
+  and ``reasoning_content``); ``think-inline`` and ``think-recite`` inside the text, between ``<think>`` and
+  ``</think>``; ``think-unclosed`` opens ``<think>`` and thinks until ``max_tokens`` runs out.
 
 ``FAKE_VLLM_DISPATCH`` / ``FAKE_VLLM_DISPATCH_FAILED`` (comma-separated names) fill the provenance line's
 ``dispatch=`` / ``failed=`` fields, as the plugin prints them; it prints one line for itself and one for a
@@ -50,6 +58,59 @@ def engine_dead() -> bool:
 
 
 _death_logged = False
+
+
+THINK_MODES = ("think-separate", "think-inline", "think-recite", "think-unclosed")
+RECITE = os.environ.get("FAKE_VLLM_RECITE", "#### 72")
+_golds: dict[str, str] | None = None
+_problems: list | None = None
+
+
+def gsm8k_gold(question: str) -> str | None:
+    global _golds
+    if _golds is None:
+        path = os.environ.get("FAKE_VLLM_GSM8K")
+        rows = [json.loads(ln) for ln in open(path)] if path else []
+        _golds = {r["question"]: r["answer"].split("####")[-1].strip() for r in rows}
+    return _golds.get(question)
+
+
+def humaneval_problem(prompt: str):
+    global _problems
+    if "Complete the following Python function" not in prompt:
+        return None
+    if _problems is None:
+        from validate.evals.humaneval import load_problems
+
+        _problems = list(load_problems())
+    return next((p for p in _problems if p.prompt in prompt), None)
+
+
+def thinking_pieces(prompt: str, max_tokens: int) -> list[tuple[str, str]]:
+    """(field, text) per token of a thinking mode's reply: field "reasoning" (sent apart) or "content"."""
+    gold, problem = gsm8k_gold(prompt), humaneval_problem(prompt)
+    if gold is not None:
+        thought, answer = "Add the amounts step by step.", f"So the total is {gold}.\n#### {gold}"
+        recital = f" Recall the example: {RECITE}."
+    elif problem is not None:
+        thought, answer = "Read the docstring.", f"```python\n{problem.prompt}{problem.canonical_solution}```"
+        recital = (f" A first draft:\n```python\ndef {problem.entry_point}(*args):\n    raise NotImplementedError('draft')"
+                   "\n```\nNo.")
+    else:
+        nums = re.findall(r"\d+", prompt)
+        thought, answer = "The user wants the number.", f"The answer is {nums[-1] if nums else 'unknown'}."
+        recital = f" Recall the example: {RECITE}."
+    if MODE != "think-inline":
+        thought += recital
+    split = lambda text: re.findall(r"\s*\S+", text)  # noqa: E731
+    if MODE == "think-separate":
+        return [("reasoning", w) for w in split(thought)] + [("content", w) for w in split(answer)]
+    if MODE == "think-unclosed":
+        words = split("<think>\n" + thought)
+        while len(words) < max_tokens:
+            words += split(" Let me check that again.")
+        return [("content", w) for w in words[:max_tokens]]
+    return [("content", w) for w in split(f"<think>\n{thought}\n</think>\n\n{answer}")]
 
 
 def answer_words(prompt: str) -> list[str]:
@@ -110,7 +171,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         chat = self.path == "/v1/chat/completions"
         prompt = req["messages"][-1]["content"] if chat else str(req.get("prompt"))
-        words = answer_words(prompt)[: req.get("max_tokens", TOKENS)]
+        if MODE in THINK_MODES:
+            pieces = thinking_pieces(prompt, req.get("max_tokens", TOKENS))[: req.get("max_tokens", TOKENS)]
+        else:
+            pieces = [("content", w) for w in answer_words(prompt)[: req.get("max_tokens", TOKENS)]]
+        words = [w for _, w in pieces]
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("connection", "close")
@@ -120,9 +185,11 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
             self.wfile.flush()
 
-        def choice(text, ids, finish=None):
+        def choice(text, ids, finish=None, field="content"):
             c = {"index": 0, "finish_reason": finish, "token_ids": ids}
-            if chat:
+            if chat and field == "reasoning":  # vLLM sends both names of the field, equal
+                c["delta"] = {"reasoning": text, "reasoning_content": text}
+            elif chat:
                 c["delta"] = {"content": text}
             else:
                 c["text"] = text
@@ -130,12 +197,12 @@ class Handler(BaseHTTPRequestHandler):
 
         if chat:
             send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-        for i, w in enumerate(words):
+        for i, (field, w) in enumerate(pieces):
             time.sleep(ITL_S)
             if MODE == "cut" and i == 2:
                 self.close_connection = True
                 return
-            send(choice(w, [100 + i]))
+            send(choice(w, [100 + i], field=field if chat else "content"))
         send(choice("", [2], finish="length" if len(words) == req.get("max_tokens") else "stop"))
         send({"choices": [], "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
                                        "total_tokens": len(prompt.split()) + len(words)}})

@@ -25,7 +25,9 @@ Failure modes (server-wide flags or per request in the body's ``synth`` object, 
 (no final chunk, no [DONE], no terminating HTTP chunk); ``error_after`` N sends vLLM's error object
 (``data: {"error": {...}}``) then ``data: [DONE]`` after N content chunks; ``usage`` false ignores
 ``stream_options.include_usage`` (no usage chunk); ``empty_text`` sends every token chunk with its token ids
-and empty text. ``tokens_per_chunk`` >= ``max_tokens`` sends the whole answer in one chunk.
+and empty text. ``tokens_per_chunk`` >= ``max_tokens`` sends the whole answer in one chunk. ``reasoning`` N
+sends a chat answer's first N tokens as thinking apart from the content (``reasoning`` and ``reasoning_content``
+deltas, as vLLM's reasoning parser does).
 
 The HTTP/1.1 server is raw asyncio (a Protocol, keep-alive, chunked transfer encoding): no framework sits
 between the scheduled send and the socket. Run ``python -m tests.synth_server --port P [--ttft-ms X ...]``,
@@ -57,6 +59,7 @@ class Script:
     error_after: int = -1        # send an error object after this many content chunks
     usage: bool = True           # honour stream_options.include_usage (False: a server that ignores it)
     empty_text: bool = False     # token chunks carry their token ids with empty text (special tokens)
+    reasoning: int = 0           # chat: the first this many tokens come as thinking, apart (a reasoning parser)
     seed: int = 0
 
 
@@ -151,9 +154,12 @@ class _Stream:
         # loop.time() is time.monotonic(), the same clock as perf_counter on Linux; keep the mapping explicit
         return self.srv.loop.time() + (perf_s - time.perf_counter())
 
-    def _choice(self, text: str | None, ids: list[int], finish: str | None, role: bool = False) -> dict:
+    def _choice(self, text: str | None, ids: list[int], finish: str | None, role: bool = False,
+                thinking: bool = False) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {"content": text}
+            if thinking:  # as vLLM's reasoning parser sends it: both names of the field, equal, and no content
+                delta = {"reasoning": text, "reasoning_content": text}
             c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             c = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -193,7 +199,8 @@ class _Stream:
         last = self.sent_tokens >= self.rec.max_tokens
         finish = "length" if last and not sc.final_empty else None
         text = "" if sc.empty_text else "".join(f" t{i}" for i in ids)
-        events.append(("content", k, _sse(self._choice(text, ids, finish))))
+        thinking = self.sent_tokens - k < sc.reasoning  # a chunk that crosses the boundary is thinking, whole
+        events.append(("content", k, _sse(self._choice(text, ids, finish, thinking=thinking))))
         if last:
             if sc.final_empty:
                 events.append(("final", 0, _sse(self._choice("", [], "length"))))

@@ -42,7 +42,8 @@ class RequestResult:
     ok: bool = False
     error: str | None = None
     text: str = ""
-    reasoning: str = ""
+    reasoning: str = ""  # the thinking, when the server's reasoning parser sent it apart from the text
+    reasoning_tokens: int = 0  # tokens of the chunks before the first text (the thinking, when ``reasoning``)
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     output_tokens: int | None = None
@@ -51,6 +52,7 @@ class RequestResult:
     t_done: float = 0.0
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    chunk_chars: list[int] = field(default_factory=list)  # characters of ``text`` each token-bearing chunk added
 
     @property
     def ttft_s(self) -> float | None:
@@ -337,13 +339,20 @@ class OpenAIClient:
                 return
             delta = choice.get("delta")
             content = delta.get("content") if delta is not None else choice.get("text")
-            reasoning = (delta or {}).get("reasoning_content") or (delta or {}).get("reasoning")
+            # vLLM's reasoning parser: `reasoning`, formerly `reasoning_content` (newer servers send both, equal)
+            reasoning = (delta or {}).get("reasoning") or (delta or {}).get("reasoning_content")
             ids = choice.get("token_ids")
             if ids:
                 res.token_ids.extend(ids)
             if content or reasoning or ids:  # token ids with empty text are tokens too
+                n = len(ids) if ids else 1
                 res.chunk_times.append(t - res.t_sent)
-                res.chunk_tokens.append(len(ids) if ids else 1)
+                res.chunk_tokens.append(n)
+                res.chunk_chars.append(len(content) if content else 0)
+                if not content and not res.text:
+                    # before the answer's first text: thinking, if any came (with return_token_ids vLLM sends the
+                    # <think> and </think> tokens as chunks of an empty delta)
+                    res.reasoning_tokens += n
                 res.text += content or ""
                 res.reasoning += reasoning or ""
             if choice.get("finish_reason"):

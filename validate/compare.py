@@ -2,7 +2,8 @@
 
 Two records pair only when they evaluated the same questions the same way: equal dataset content hash, the
 same subset flag (a subset never pairs with a full set), the same question ids, equal prompt hashes per
-question and equal generation parameters and primary extraction. Otherwise :class:`PairingError` says what
+question and equal generation parameters and primary extraction, both thinking or neither, with one
+end-of-thinking marker (validate.reasoning). Otherwise :class:`PairingError` says what
 differs. Per task: b = questions right only in the baseline, c = right only in the candidate; exact McNemar
 (validate.stats) two-sided and one-sided for a regression (b > c), Holm across the tasks of the comparison.
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from validate.errors import InputError
+from validate.reasoning import pairing_reasons
 from validate.record import Record, release_records
 from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
 
@@ -123,6 +125,7 @@ def pair(base: Record, cand: Record) -> PairedTask:
             if k not in NON_SCORING_PARAMS and base.params.get(k) != cand.params.get(k)]
     if diff:
         reasons.append("suite parameters differ (" + ", ".join(diff[:5]) + ")")
+    reasons += pairing_reasons(base, cand)  # thinking against none, or other end-of-thinking markers
     for label, r in (("baseline", base), ("candidate", cand)):
         ids = [i.id for i in r.items]
         if len(ids) != len(set(ids)):

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from validate.errors import InputError
 from validate.loader import line_of, load_model, read_yaml
+from validate.reasoning import DEFAULT_THINK_END
 from validate.record import RESERVED_CONFIG_NAMES, check_name
 
 
@@ -94,6 +95,17 @@ class ServeConfig(_Strict):
     expects_plugin: bool = Field(True, description="the r9k plugin must announce itself with this tree's hash")
     hardware: Hardware = Field(default_factory=Hardware)
     launch_timeout_s: float = Field(900, gt=0)
+    think_end: str = Field(DEFAULT_THINK_END, min_length=1, max_length=64,
+                           description="end-of-thinking marker: answers are scored on the text after its last "
+                                       "occurrence (validate.reasoning)")
+
+    @field_validator("think_end")
+    @classmethod
+    def _one_marker(cls, v: str) -> str:
+        if v != v.strip() or any(c.isspace() and c != " " for c in v):
+            raise ValueError(f"{v!r}: a marker without leading or trailing spaces and without line breaks or tabs, "
+                             "as the model writes it (e.g. '</think>')")
+        return v
 
     @field_validator("env")
     @classmethod
@@ -102,8 +114,12 @@ class ServeConfig(_Strict):
 
     def digest(self) -> str:
         """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup.
-        The description and the launch timeout change nothing that is measured and are left out."""
-        blob = json.dumps(self.model_dump(mode="json", exclude={"description", "launch_timeout_s"}), sort_keys=True).encode()
+        The description and the launch timeout change nothing that is measured and are left out; so is the
+        end-of-thinking marker at its default, so that a configuration keeps its hash from before the field."""
+        d = self.model_dump(mode="json", exclude={"description", "launch_timeout_s"})
+        if d["think_end"] == DEFAULT_THINK_END:
+            del d["think_end"]
+        blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

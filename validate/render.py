@@ -94,6 +94,7 @@ class ReleaseView:
     server: dict[str, "ServerRow"] = field(default_factory=dict)  # config -> the server's own counters
     changes_md: str = ""  # reports/<release>/changes.md, written by people
     upgrading_md: str = ""  # reports/<release>/upgrading.md, written by people
+    thinking: list = field(default_factory=list)  # validate.reasoning.ThinkingRow per eval record
 
 
 # (name in the title, figure labels in order of preference)
@@ -183,6 +184,9 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
     attach_numbers(view, reports)
     view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
     view.headline = headline(view)
+    from validate.reasoning import thinking_rows
+
+    view.thinking = thinking_rows(view.by_kind)
     for name in ("changes", "upgrading"):
         f = reports / release / f"{name}.md"
         if f.is_file():

@@ -25,6 +25,14 @@ from validate.evals.gsm8k import build_messages, extract_answer, normalize_numbe
     ("#### 5/2", None, "2"),
     ("#### 12,34", None, "34"),
     ("#### 1.2.3", None, "0.3"),
+    # markdown emphasis around the final answer, as chat models write it: the strict rule reads what remains
+    ("The total is **70,000**.\n#### **70000**", "70000", "70000"),
+    ("#### **$1,250.50**.", "1250.5", "1250.5"),
+    ("#### *-8*", "-8", "-8"),
+    ("#### __12__", "12", "12"),
+    # never the '**' of a power, nor an underscore inside a name or a number
+    ("2**3 = 8, so 2**3", None, "3"),
+    ("#### 5_000", "5", "0"),
 ])
 def test_extract(text, strict, flexible):
     assert extract_answer(text, "strict") == strict

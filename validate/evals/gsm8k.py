@@ -7,6 +7,11 @@ Gold answers are the number after ``####`` in the dataset's solution. Model answ
   question and answer is scored on its first answer only.
 - ``flexible``: the last number anywhere in the output (lm-eval-harness's "flexible-extract" idea).
 
+Both read the answer after a reasoning model's thinking (validate.reasoning), never the thinking, and both
+first drop the markdown emphasis chat models put around a final answer (``#### **70000**``, ``*7*``, ``__7__``):
+the strict figure is the rule above on what remains. On answers without such markup the figures are
+lm-eval-harness's strict-match and flexible-extract.
+
 Numbers are normalised: thousands separators and currency signs dropped, a trailing period dropped, ``+``
 dropped, decimals with only zeros after the point made integral (``5.00`` -> ``5``), ``-0`` -> ``0``.
 """
@@ -26,6 +31,13 @@ _NUM = r"[-+−]?\s?[$€£]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+−]?\s?
 _NUM_RE = re.compile(_NUM)
 # the whole number after the marker: never the prefix of "5/2", "12,34" or "1.2.3" (more digits through . , /)
 _MARKER_RE = re.compile(r"####\s*(" + _NUM + r")(?![\d.,/]*\d)")
+# Emphasis markers that open before a number or close after one (never the '**' of "2**3", between two digits)
+_EMPHASIS_RE = re.compile(r"(?<![\w*])(?:\*{1,2}|_{1,2})(?=[-+−$€£.\d])|(?<=[\d.%])(?:\*{1,2}|_{1,2})(?![\w*])")
+
+
+def strip_emphasis(text: str) -> str:
+    """``text`` without markdown bold or italic markers around numbers: ``#### **70,000**.`` -> ``#### 70,000.``."""
+    return _EMPHASIS_RE.sub("", text)
 
 
 def normalize_number(raw: str) -> str | None:
@@ -56,11 +68,13 @@ def extract_answer(text: str, mode: Literal["strict", "flexible"] = "strict") ->
     """The model's final answer in ``text`` as a normalised number, or None when none is found.
 
     Args:
-        text: the model output.
+        text: the answer to score (a reasoning model's answer after its thinking: validate.reasoning).
         mode: ``strict`` = the number after the first ``####``; ``flexible`` = the last number in the text.
     Raises:
         ValueError: unknown mode.
     """
+    if mode in ("strict", "flexible"):
+        text = strip_emphasis(text)
     if mode == "strict":
         m = _MARKER_RE.search(text)
         return normalize_number(m.group(1)) if m else None

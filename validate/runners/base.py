@@ -28,6 +28,13 @@ class RunContext:
     progress: Callable[..., None] = lambda *a, **k: None
     log: Callable[[str], None] = print
 
+    @property
+    def think_end(self) -> str:
+        """The configuration's end-of-thinking marker (the default without a configuration)."""
+        from validate.reasoning import DEFAULT_THINK_END
+
+        return self.config.think_end if self.config is not None else DEFAULT_THINK_END
+
     def __post_init__(self):
         if self.server_gone is None:
             async def never() -> str | None:

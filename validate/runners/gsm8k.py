@@ -1,4 +1,5 @@
-"""GSM8K: greedy chain-of-thought answers, scored per question (strict and flexible extraction).
+"""GSM8K: greedy chain-of-thought answers, scored per question (strict and flexible extraction) on the answer
+after a reasoning model's thinking (validate.reasoning), the thinking kept in the item.
 
 The full 1,319-question test set by default; ``limit`` takes a fixed seeded sample, marked as a subset in the
 record (a subset is never paired with a full-set record).
@@ -14,6 +15,7 @@ from validate.client import gather_limited
 from validate.data import require_file
 from validate.errors import InputError
 from validate.evals import gsm8k as g
+from validate.reasoning import item_fields, split_reply, tally
 from validate.record import Dataset, Item
 from validate.runners.base import RunContext, SuiteResult
 from validate.suite import register_runner
@@ -55,6 +57,9 @@ class GSM8KMetrics(BaseModel):
     accuracy_strict: float
     accuracy_flexible: float
     truncated: int
+    after_thinking: int = 0
+    unclosed_thinking: int = 0
+    think_end: str | None = None
 
 
 def figures(records: list) -> list:
@@ -111,14 +116,17 @@ async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
             item.error = r.error
             errors += 1
         else:
-            s, f = g.extract_answer(r.text, "strict"), g.extract_answer(r.text, "flexible")
+            reply = split_reply(r.text, r.reasoning, ctx.think_end)
+            said = reply.answer or ""  # thinking that never ended holds no answer
+            s, f = g.extract_answer(said, "strict"), g.extract_answer(said, "flexible")
             item.answer_strict, item.answer_flexible = s, f
             item.correct_strict, item.correct_flexible = s == q.gold, f == q.gold
             right["strict"] += s == q.gold
             right["flexible"] += f == q.gold
             item.answer = s if p.primary == "strict" else f
             item.correct = item.answer == q.gold
-            item.finish_reason = r.finish_reason
+            for k, v in item_fields(r, reply).items():
+                setattr(item, k, v)
         out.items.append(item)
     n = len(chosen)
     out.dataset = Dataset(name="gsm8k-test", sha256=sha256_file(test_path), n_total=len(questions), n_used=n,
@@ -129,6 +137,7 @@ async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
         "correct_strict": right["strict"], "correct_flexible": right["flexible"],
         "accuracy_strict": round(right["strict"] / n, 6), "accuracy_flexible": round(right["flexible"] / n, 6),
         "truncated": sum(1 for r in results if r.ok and r.finish_reason == "length"),
+        **tally(out.items, ctx.think_end),
     }
     if errors:
         out.errors.append(f"{errors} of {n} requests failed")

@@ -1,5 +1,7 @@
 """HumanEval: 164 problems, completions through the chat or the completions endpoint, each program run in a
-sandbox and judged by a separate process (validate.evals.humaneval). pass@1 with greedy decoding.
+sandbox and judged by a separate process (validate.evals.humaneval). pass@1 with greedy decoding. The code is
+read from the answer after a reasoning model's thinking (validate.reasoning); a reply whose thinking never ended
+has no program and fails.
 
 A timeout is recorded as a timeout (wrong, apart from failures); an infrastructure fault (sandbox or request)
 is an error of the run, never a wrong answer. The preflight refuses to start when nothing can contain the
@@ -17,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import gather_limited
 from validate.evals import humaneval as he
+from validate.reasoning import item_fields, split_reply, tally
 from validate.record import Dataset, Item
 from validate.runners.base import RunContext, SuiteResult
 from validate.suite import register_runner
@@ -73,6 +76,9 @@ class HumanEvalMetrics(BaseModel):
     sandbox_detail: str
     contained: list[str]
     not_contained: list[str]
+    after_thinking: int = 0
+    unclosed_thinking: int = 0
+    think_end: str | None = None
 
 
 def figures(records: list) -> list:
@@ -117,18 +123,24 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
         prompts = [q.prompt for q in chosen]
         coros = [ctx.client.completion(t, max_tokens=p.max_tokens) for t in prompts]
     replies = await gather_limited(coros, limit=p.concurrency, on_done=lambda: ctx.progress(1))
-    programs = [(q, he.extract_code(r.text, q, p.endpoint)) for q, r in zip(chosen, replies) if r.ok]
+    # the code is read from the answer after the thinking; thinking that never ended holds no program to run
+    split = [split_reply(r.text, r.reasoning, ctx.think_end) if r.ok else None for r in replies]
+    programs = [(q, he.extract_code(s.answer, q, p.endpoint)) for q, r, s in zip(chosen, replies, split)
+                if r.ok and s.answer is not None]
     results = await asyncio.to_thread(he.run_all, programs, p.workers, progress=lambda *a: ctx.progress(1),
                                       timeout_s=p.timeout_s, memory_mb=p.memory_mb, backend=backend,
                                       allow_unsandboxed=p.allow_unsandboxed)
     by_id = {res.task_id: (prog, res) for (_, prog), res in zip(programs, results)}
     out = SuiteResult()
     counts = {"passed": 0, "failed": 0, "timeout": 0, "error": 0, "infra": 0, "request_errors": 0}
-    for q, t, r in zip(chosen, prompts, replies):
+    for q, t, r, reply in zip(chosen, prompts, replies, split):
         item = Item(id=q.task_id, prompt_hash=sha256_text(t), gen=gen, output=r.text, token_ids=r.token_ids)
         if not r.ok:
             item.error = f"request: {r.error}"
             counts["request_errors"] += 1
+        elif reply.answer is None:
+            item.status, item.detail, item.correct = "failed", "no answer: the thinking never ended", False
+            counts["failed"] += 1
         else:
             prog, res = by_id[q.task_id]
             item.status, item.detail, item.program = res.status, res.detail[:500], prog
@@ -137,6 +149,9 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
                 item.error = f"sandbox: {res.detail[:200]}"
             else:
                 item.correct = res.status == "passed"
+        if reply is not None:
+            for k, v in item_fields(r, reply).items():
+                setattr(item, k, v)
         out.items.append(item)
     n = len(chosen)
     out.dataset = Dataset(name="humaneval", sha256=problems.sha256, n_total=len(problems), n_used=n,
@@ -145,7 +160,8 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
                    "endpoint": p.endpoint, "concurrency": p.concurrency,
                    "sandbox": backend, "sandbox_detail": sandbox_detail,
                    "contained": sorted({c for _, res in by_id.values() for c in res.contained}),
-                   "not_contained": sorted({c for _, res in by_id.values() for c in res.not_contained})}
+                   "not_contained": sorted({c for _, res in by_id.values() for c in res.not_contained}),
+                   **tally(out.items, ctx.think_end)}
     if counts["request_errors"] or counts["infra"]:
         out.errors.append(f"{counts['request_errors']} request errors and {counts['infra']} sandbox faults of {n}")
     return out

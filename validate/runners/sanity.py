@@ -8,7 +8,8 @@ each overload factor ``m``, ``ceil(m * max_num_seqs)`` requests (prompts cycled)
 times. A *bad* answer under load is one the model gets right solo and wrong under load, or garbage (empty,
 replacement characters, control characters, or one token repeated over ``garbage_repeat`` times in a row).
 Answers that differ from the solo text but stay right are counted as divergent (numerics of batching), not
-bad. A failed request is an error.
+bad. A failed request is an error. A reasoning model is judged on its answer after the thinking
+(validate.reasoning); a reply whose thinking never ended has no answer (bad, under load or alone).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from validate.client import RequestResult, gather_limited
 from validate.data import require_file
 from validate.errors import InputError
+from validate.reasoning import Reply, item_fields, split_reply, tally
 from validate.record import Item
 from validate.runners.base import RunContext, SuiteResult
 from validate.suite import register_runner
@@ -106,18 +108,30 @@ PUNCT_RUN = 16
 _PUNCT_RE = re.compile(r"([^\w\s])\1{%d,}" % (PUNCT_RUN - 1))
 
 
-def garbage_reason(res: RequestResult, repeat: int) -> str | None:
-    """Why an answer is garbage, or None. Independent of correctness."""
-    if not res.text.strip():
+def garbage_reason(res: RequestResult, repeat: int, reply: Reply | None = None) -> str | None:
+    """Why an answer is garbage, or None. Independent of correctness.
+
+    ``reply``: the reply split at its thinking (validate.reasoning; default: no thinking). The answer after the
+    thinking is judged whole; the thinking itself only for replacement and control characters (a thinking model
+    may well say "wait" four times in a row); thinking that never ended is no answer."""
+    reply = reply or Reply(res.text, "", "none")
+    if reply.answer is None:
+        return f"no answer: the thinking never ended (finish reason {res.finish_reason})"
+    answer = reply.answer
+    if not answer.strip():
         return "empty answer"
-    if "\ufffd" in res.text:
+    if "\ufffd" in answer:
         return "replacement character in answer"
-    if any(ord(c) < 32 and c not in "\n\r\t" for c in res.text):
+    if any(ord(c) < 32 and c not in "\n\r\t" for c in answer):
         return "control character in answer"
-    loop = _LOOP_RE.search(res.text)
+    if "\ufffd" in reply.thinking:
+        return "replacement character in the thinking"
+    if any(ord(c) < 32 and c not in "\n\r\t" for c in reply.thinking):
+        return "control character in the thinking"
+    loop = _LOOP_RE.search(answer)
     if loop:
         return f"the phrase {loop.group(1)!r} repeated {LOOP_REPEATS} or more times in a row"
-    flood = _PUNCT_RE.search(res.text)
+    flood = _PUNCT_RE.search(answer)
     if flood:
         return f"{flood.group(1)!r} repeated {len(flood.group(0))} times in a row"
     ids = res.token_ids or []
@@ -161,6 +175,9 @@ class SanityMetrics(BaseModel):
     min_solo_right_share: float
     conditions: dict[str, dict[str, int]]
     max_num_seqs: int
+    after_thinking: int = 0  # of the solo answers
+    unclosed_thinking: int = 0
+    think_end: str | None = None
 
 
 def headline(rec) -> str | None:
@@ -203,13 +220,23 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         out.errors += solo_errors
         return out
     others = distractors(prompts)
-    solo_right = {q["id"]: is_right(solo[q["id"]].text, q["expect"], others[q["id"]]) for q in prompts}
+    think_end = ctx.think_end
+
+    def said(r: RequestResult) -> Reply:
+        return split_reply(r.text, r.reasoning, think_end)
+
+    def right(r: RequestResult, q: dict) -> bool:  # the answer after the thinking; none when it never ended
+        a = said(r).answer
+        return a is not None and is_right(a, q["expect"], others[q["id"]])
+
+    solo_right = {q["id"]: right(solo[q["id"]], q) for q in prompts}
     bad = 0
     for q in prompts:
         r = solo[q["id"]]
         item = Item(id=f"{q['id']}/solo", prompt_hash=sha256_text(q["prompt"]), condition="solo", gen=gen,
-                    output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), correct=solo_right[q["id"]])
-        why = garbage_reason(r, p.garbage_repeat)
+                    output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), correct=solo_right[q["id"]],
+                    **item_fields(r, said(r)))
+        why = garbage_reason(r, p.garbage_repeat, said(r))
         if why:
             item.bad = why
             bad += 1
@@ -256,13 +283,16 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
                 errors += 1
                 out.items.append(item)
                 continue
-            item.correct = is_right(r.text, q["expect"], others[q["id"]])
-            item.identical_to_solo = r.token_ids == ref.token_ids and r.text == ref.text
+            reply = said(r)
+            for key, v in item_fields(r, reply).items():
+                setattr(item, key, v)
+            item.correct = right(r, q)
+            item.identical_to_solo = r.token_ids == ref.token_ids and r.text == ref.text and r.reasoning == ref.reasoning
             if not item.identical_to_solo:
                 item.first_divergent_token = first_divergence(r.token_ids, ref.token_ids)
                 c["divergent"] += 1
                 divergent += 1
-            why = garbage_reason(r, p.garbage_repeat)
+            why = garbage_reason(r, p.garbage_repeat, reply)
             if why is None and solo_right[q["id"]] and not item.correct:
                 why = "right solo, wrong under load"
             if why:
@@ -279,5 +309,6 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         "solo_right_share": round(sum(solo_right.values()) / len(prompts), 6),
         "min_solo_right_share": p.min_solo_right_share,
         "conditions": per_cond, "max_num_seqs": mns,
+        **tally([i for i in out.items if i.condition == "solo"], think_end),
     }
     return out
