@@ -357,6 +357,8 @@ def print_verdict(verdict) -> None:
     """The verdict's table: a row per check (configuration, check, outcome, its figures or why)."""
     from validate.suite import discover
 
+    from rich.markup import escape
+
     runners = discover()
     t = Table(title=f"{verdict.release}: the {verdict.what}'s verdict")
     for col in ("configuration", "check", "profile", "verdict", "key figures / why"):
@@ -377,9 +379,13 @@ def print_verdict(verdict) -> None:
         if c.outcome == "pass" and c.limits:
             word += ", limited"
         why = figures if c.outcome == "pass" and figures else (c.message or c.limits or "")
-        t.add_row(c.config, c.name, r.profile if r is not None else "", f"[{style[c.outcome]}]{word}[/{style[c.outcome]}]",
-                  why[:120])
+        t.add_row(escape(c.config), escape(c.name), r.profile if r is not None else "",
+                  f"[{style[c.outcome]}]{escape(word)}[/{style[c.outcome]}]", escape(why[:120]))
     console.print(t)
+    for c in verdict.checks:  # the table cuts its cells: what blocks the release is said whole
+        if c.outcome in ("finding", "not-checked"):
+            console.print(f"[{style[c.outcome]}]{escape(f'{c.config}/{c.name}: {c.message}')}[/{style[c.outcome]}]",
+                          soft_wrap=True)
 
 
 def _alpha(text: str) -> float:

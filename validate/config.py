@@ -98,6 +98,10 @@ class ServeConfig(_Strict):
     think_end: str = Field(DEFAULT_THINK_END, min_length=1, max_length=64,
                            description="end-of-thinking marker: answers are scored on the text after its last "
                                        "occurrence (validate.reasoning)")
+    perf_noise_pct: float | None = Field(
+        None, ge=0, le=100, description="the run-to-run drift of BetterBench medians between runs of one tree on this "
+        "configuration's hardware, percent (measured: python -m benchmarks.serving.perf_gate_fp); the performance "
+        "gate never flags a move smaller than it, whatever the suite's threshold")
 
     @field_validator("think_end")
     @classmethod
@@ -115,10 +119,13 @@ class ServeConfig(_Strict):
     def digest(self) -> str:
         """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup.
         The description and the launch timeout change nothing that is measured and are left out; so is the
-        end-of-thinking marker at its default, so that a configuration keeps its hash from before the field."""
+        end-of-thinking marker at its default and an unset perf_noise_pct, so that a configuration keeps its hash
+        from before those fields."""
         d = self.model_dump(mode="json", exclude={"description", "launch_timeout_s"})
         if d["think_end"] == DEFAULT_THINK_END:
             del d["think_end"]
+        if d["perf_noise_pct"] is None:
+            del d["perf_noise_pct"]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -252,6 +252,25 @@ def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
 MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
 
 
+def noise_floor(runs: list[Record], figure: str, configured: float | None) -> tuple[float, str]:
+    """The least move (percent) the gate may call a change for ``figure``, and why: the configuration's measured
+    run-to-run drift (``perf_noise_pct`` of the baseline's record), and the spread of the medians of the
+    baseline's own runs of one tree (history: max - min over their median) where it has two or more. Passes
+    within one run are not independent of the machine's state during that run, so a rank test across passes of
+    two runs cannot tell a change from the drift between runs; this floor can. (0, "") when neither is known."""
+    floor, why = 0.0, []
+    if isinstance(configured, (int, float)) and not isinstance(configured, bool) and configured > 0:
+        floor = float(configured)
+        why.append(f"the configuration's run-to-run drift on identical trees is {configured:g}%")
+    medians = [statistics.median(v) for r in runs if (v := _passes([r], figure))]
+    if len(medians) >= 2 and statistics.median(medians):
+        spread = 100.0 * (max(medians) - min(medians)) / statistics.median(medians)
+        if spread > floor:
+            floor = spread
+        why.append(f"the baseline's {len(medians)} runs of one tree spread {spread:.1f}%")
+    return floor, "; ".join(why)
+
+
 def specs_of(root: Path) -> dict[str, PerfGateSpec]:
     """{suite name: its perf_gate} for the BetterBench suite files under ``root``/suites (default thresholds where a
     file sets none)."""
@@ -344,11 +363,16 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             continue
         spec = gate_spec(b, c, specs, out.notes)
         bruns, cruns = _same_tree_runs(breports, b), _same_tree_runs(reports, c)
+        noise_cfg = b.config_snapshot.get("perf_noise_pct")
         names = sorted({k for r in (b, c) for row in r.metrics["per_pass"] for k in row if k != "pass"})
         for name in names:
             t = spec.threshold(name)
             if t is None:
                 continue
+            floor, why = noise_floor(bruns, name, noise_cfg)
+            if floor > t:
+                out.notes.append(f"{where}: {name}'s threshold {t:g}% is raised to {floor:.1f}%: {why}")
+                t = floor
             bv, cv = _passes(bruns, name), _passes(cruns, name)
             if bv and not cv:  # a gated figure the candidate lost is never a silent pass
                 out.unpaired.append(f"{where}: {name} is gated and measured in the baseline but missing from the "

@@ -319,17 +319,24 @@ def headline(view: ReleaseView) -> str:
         bits = []
         for name, labels in HEADLINE_FIGURES:
             r = next((by_label[x] for x in labels if x in by_label), None)
-            if r is not None and abs(r.change_pct) >= 0.05:
+            if r is not None and _finite(r.change_pct) and abs(r.change_pct) >= 0.05:
                 unit = f" {r.unit}" if r.unit and r.unit != "%" else ""
-                bits.append(f"{name} {fmt_num(r.baseline, r.digits)} -> {fmt_num(r.candidate, r.digits)}{unit}")
+                mark = f" ({r.mark})" if r.mark else ""
+                bits.append(f"{name} {fmt_num(r.baseline, r.digits)} -> {fmt_num(r.candidate, r.digits)}{unit}{mark}")
         if bits:
             return f"{cfg}: " + ", ".join(bits[:2])
     from validate.suite import ordered_kinds
 
+    def phrase(runner, rec) -> str | None:
+        try:
+            return runner.headline(rec)
+        except (TypeError, ValueError, KeyError, AttributeError):  # a record edited by hand: no phrase, no crash
+            return None
+
     parts = []
     for cfg, kinds in view.by_kind.items():
-        bits = [phrase for runner in ordered_kinds() if runner.headline and runner.kind in kinds
-                if (phrase := runner.headline(kinds[runner.kind]))]
+        bits = [p for runner in ordered_kinds() if runner.headline and runner.kind in kinds
+                if (p := phrase(runner, kinds[runner.kind]))]
         if bits:
             parts.append(f"{cfg}: " + ", ".join(bits))
     return "; ".join(parts) or "no measurements"

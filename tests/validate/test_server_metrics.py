@@ -108,3 +108,70 @@ def test_notes_put_the_server_ttft_beside_the_clients(tmp_path):
     # server TTFT mean 500 ms, client 512.5: the client's share 12.5 ms; queue/prefill not in this exposition
     assert "| cpu-smol | probe | 10 | 512.5 ms | 500.0 ms | – + – ms | 12.5 ms | – ms | 3 | – | 37.5% | length 3, stop 7 |" in md
     assert "| ext | – | – | – | – | – | – | – | – | – | – | the server exposes no metrics (GET /metrics answered HTTP 404) |" in md
+
+
+def test_a_lying_counter_costs_that_counter_only():
+    """A histogram count of NaN or +Inf, a bucket without le, a counter gone backwards (a restart), an impossible
+    KV usage or prefix-hit count: each is named, the rest of the scrape is kept, and the suite goes on."""
+    good = exposition([0, 2, 4, 4], 0.3, 1, 3, 1, 0.0)
+    nan = good.replace('time_to_first_token_seconds_count{engine="0",model_name="smol"} 4',
+                       'time_to_first_token_seconds_count{engine="0",model_name="smol"} NaN')
+    snap = parse(nan)
+    assert "ttft" not in snap.histograms and snap.invalid["ttft"].endswith("= nan")
+    assert snap.counters["preemptions"] == 1  # the rest of the scrape is kept
+    inf = good.replace('le="0.1",model_name="smol"}} 2'.replace("}}", "}"), 'le="0.1",model_name="smol"} +Inf')
+    assert "ttft" in parse(inf).invalid
+    no_le = good.replace('vllm:time_to_first_token_seconds_bucket{engine="0",le="0.01",model_name="smol"} 0',
+                         'vllm:time_to_first_token_seconds_bucket{engine="0",model_name="smol"} 0')
+    assert parse(no_le).invalid == {"ttft": "vllm:time_to_first_token_seconds: a bucket without le"}
+    a = parse(exposition([0, 2, 4, 4], 0.3, 100, 3, 1, 0.2), t=0.0)
+    b = parse(exposition([0, 1, 2, 2], 0.1, 5, 1, 0, 1.7), t=10.0)  # the server restarted mid-suite
+    d = delta(a, b)
+    assert d["resets"] == ["preemptions", "requests", "ttft"] and "preemptions" not in d["counters"]
+    assert d["impossible"] == ["kv_cache_usage = 1.7 (a share: 0 to 1)"]
+    def hits(q, h):
+        return exposition([0, 0, 0, 0], 0, 0, 0, 0, 0.1) + (
+            f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total {q}\n"
+            f"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total {h}\n")
+    d = delta(parse(hits(0, 0)), parse(hits(10, 30)))
+    assert "prefix_cache_hit_rate" not in d and d["impossible"] == ["prefix_cache_hits 30 > prefix_cache_queries 10"]
+
+
+def test_the_scrape_parses_off_the_timing_loop(monkeypatch):
+    """The parse runs in the worker process: a parse() that would raise in the engine's own process is never
+    called, and a 2 MB /metrics leaves the event loop free (a ticker beside it keeps its pace)."""
+    import time
+
+    import validate.server_metrics as sm
+
+    def not_here(*a, **k):
+        raise AssertionError("parse ran on the event loop's process")
+
+    monkeypatch.setattr(sm, "parse", not_here)
+    pad = "".join(f'vllm:other_metric_total{{i="{i}"}} {i}\n' for i in range(40_000))  # about 1 MB more
+    body = "# TYPE vllm:other_metric_total counter\n" + pad + exposition([0, 2, 4, 4], 0.3, 1, 3, 1, 0.1)
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, text=body))
+
+    async def go():
+        gaps, stop = [], False
+
+        async def ticker():
+            last = time.perf_counter()
+            while not stop:
+                await asyncio.sleep(0.005)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        t = asyncio.create_task(ticker())
+        async with httpx.AsyncClient(transport=transport) as http:
+            await sm.scrape(http, "http://x")  # the worker's start, outside the measurement
+            gaps.clear()
+            snap, why = await sm.scrape(http, "http://x")
+        stop = True
+        await t
+        return snap, why, gaps
+
+    snap, why, gaps = asyncio.run(go())
+    assert why is None and snap.counters["preemptions"] == 1 and snap.gauges["kv_cache_usage"] == 0.1
+    assert len(body) > 1_000_000 and max(gaps) < 0.25  # the same parse on the loop: about 0.33 s on the 2-core box

@@ -1,0 +1,286 @@
+"""One verdict for the release: releases built with each outcome (records made with the project's own record
+helpers), and the five outputs (the notes' opening line, the console table, JUnit, the step summary and the exit
+status) checked to say the same thing; then the holes each output once had on its own."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from junitparser import JUnitXml
+from rich.console import Console
+
+from tests.conftest import REPO
+from tests.validate.test_compare import N, eval_record, save
+from tests.validate.test_perfgate import _bench
+from validate import cli
+from validate.ci_formats import github_summary, junit_xml
+from validate.cli import main
+from validate.errors import InputError
+from validate.record import Tree, read_record, record_path, write_record
+from validate.render import render_release
+from validate.verdict import assess_release
+
+BASE = set(range(150))  # 150 of 200 right
+LOST_50 = set(range(50, 150))  # loses 50, gains none: one-sided p = 0.5 ** 50
+
+
+def outputs(reports, release, baseline=None, **kw) -> dict:
+    """The five outputs of one verdict."""
+    v = assess_release(reports, release, baseline=baseline, **kw)
+    notes = render_release(REPO, reports, release, None, v).read_text()
+    buf = io.StringIO()
+    old = cli.console
+    cli.console = Console(file=buf, width=200, highlight=False)
+    try:
+        cli.print_verdict(v)
+    finally:
+        cli.console = old
+    xml = JUnitXml.fromstring(junit_xml(v))
+    return {"verdict": v, "code": v.exit_code(), "notes": notes, "opening": notes.split("\n")[2], "console": buf.getvalue(),
+            "junit": (xml.tests, xml.failures, xml.errors, xml.skipped), "summary": github_summary(v)}
+
+
+def agree(out: dict) -> None:
+    """The five outputs say the same thing as the exit status."""
+    code, opening, (tests, failures, errors, skipped), md = out["code"], out["opening"], out["junit"], out["summary"]
+    head = md.splitlines()[2]
+    if code == 1:
+        assert opening.startswith("**Not ready to ship:**") and failures > 0
+        assert head.startswith("**FAIL**") and "FAIL" in out["console"]
+    elif code == 2:
+        assert opening.startswith("**Not ready to ship: not everything could be checked:**")
+        assert failures == 0 and errors > 0 and head.startswith("**NOT CHECKED**") and "NOT CHECKED" in out["console"]
+    else:
+        assert failures == errors == 0 and "Not ready" not in opening
+        full = not out["verdict"].not_checked
+        assert head.startswith("**PASS**" if full else "**NO FINDING, NOT FULLY CHECKED**")
+        assert opening.startswith("Every check passed" if full else "No finding in what was checked")
+    assert "Every suite that ran passed" not in out["notes"]
+
+
+def bench(release, step, seed, n=20, **params):
+    r = _bench(release, step, seed, n)
+    r.params.update(params)
+    r.perf_gate = {"thresholds_pct": {"decode_step_ms": 3.0, "combined_decode_tok_s": 3.0, "prefill_*": 5.0}, "alpha": 0.05}
+    return r
+
+
+def test_a_significant_regression_never_reads_as_every_suite_passed(tmp_path):
+    """GSM8K loses 50 of 200 paired questions and BetterBench's decode step is 18.7% slower: every suite's own
+    verdict is pass, and the release fails in all five outputs, naming both."""
+    save(tmp_path, eval_record("v0.1.0", BASE), bench("v0.1.0", 38.0, 1))
+    save(tmp_path, eval_record("v0.2.0", LOST_50), bench("v0.2.0", 38.0 * 1.187, 2))
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 1
+    names = {(c.config, c.name) for c in out["verdict"].findings}
+    assert ("cpu-smol", "paired gsm8k vs v0.1.0") in names and ("cpu-smol", "perf decode_step_ms") in names
+    ck = out["notes"].split("## Checked")[1].split("##")[0]
+    assert "cpu-smol / gsm8k: pass" in ck  # the suite ran and passed; the release did not
+    assert "cpu-smol / paired gsm8k vs v0.1.0" in out["opening"] and "perf decode_step_ms" in out["opening"]
+
+
+def test_quick_passes_cannot_tell_and_never_pass(tmp_path, capsys):
+    """2 BetterBench passes a side and a +50% decode step: the rank test can never be significant. The release
+    lists it under Not checked (exit 0, never "PASS"); gate --perf exits 2 and says how many passes would decide."""
+    save(tmp_path, bench("v0.1.0", 38.0, 1, n=2), bench("v0.2.0", 57.0, 2, n=2))
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 0
+    step = next(c for c in out["verdict"].checks if c.name == "perf decode_step_ms")
+    assert step.outcome == "limited" and step.status == "cannot tell" and "+51.4% in the bad direction" in step.message
+    assert "beyond the baseline's band" in step.message and "4 a side" in step.message
+    assert "| cpu-smol | decode\\_step\\_ms | *cannot tell* |" in out["summary"]
+    nc = out["notes"].split("## Not checked")[1].split("##")[0]
+    assert "cpu-smol / perf decode_step_ms: cannot tell: 2 and 2 passes cannot be significant" in nc
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports", str(tmp_path)]) == 2
+    assert "would let the gate decide" in capsys.readouterr().out.replace("\n", " ")
+
+
+@pytest.mark.parametrize("change", ["concurrency", "baseline-error", "max_num_seqs", "lost-figure"])
+def test_a_perf_gate_that_compared_nothing_is_never_exit_0(tmp_path, change):
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2)
+    if change == "concurrency":
+        c.params["concurrency"] = [1, 2, 4]
+    elif change == "baseline-error":
+        b.verdict.status, b.verdict.cause = "error", "server died during the suite"
+    elif change == "max_num_seqs":
+        b.config_snapshot, c.config_snapshot = {"server": {"max_num_seqs": 8}}, {"server": {"max_num_seqs": 16}}
+    else:
+        for row in c.metrics["per_pass"]:
+            del row["decode_step_ms"]
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2
+    assert any(c.area == "perf" and c.outcome == "not-checked" for c in out["verdict"].checks)
+
+
+def test_unpairable_full_set_evals_make_junit_red(tmp_path):
+    """Full sets on both sides, but another scoring parameter: exit 2, and JUnit and the summary name it."""
+    c = eval_record("v0.2.0", LOST_50)
+    c.params = {**c.params, "concurrency": 4}
+    save(tmp_path, eval_record("v0.1.0", BASE), c)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2 and out["junit"][2] == 1
+    assert "**NOT CHECKED** cpu-smol / paired gsm8k vs v0.1.0: cpu-smol/gsm8k (v0.2.0) against" in out["summary"]
+
+
+def test_notes_that_do_not_render_make_junit_red(scratch, tmp_path, monkeypatch):
+    """A release whose notes cannot be written exits 2 and its JUnit says why (it was all green)."""
+    import validate.render
+
+    scratch.config("fake-ok")
+
+    def boom(*a, **k):
+        raise InputError("templates/release.md.j2: unreadable")
+
+    monkeypatch.setattr(validate.render, "render_release", boom)
+    junit = tmp_path / "r9k.xml"
+    assert main(["release", "vn", "--baseline", "none", "--junit-xml", str(junit)]) == 2
+    xml = JUnitXml.fromfile(str(junit))
+    cases = {(c.classname, c.name): c for s in xml for c in s}
+    assert "release notes could not be rendered" in cases[("release", "notes")].result[0].message
+
+
+def test_title_and_numbers_pair_only_what_the_gate_pairs(tmp_path):
+    """Other decode_tokens: the gate refuses to compare, so the Numbers table and the title do not either."""
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 30.0, 2, decode_tokens=512)
+    for r, v in ((b, 37.98), (c, 30.02)):
+        r.metrics["summary"] = {"decode_step_ms": {"median": v, "min": v - 1, "max": v + 1}}
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    assert "37.98 -> 30.02" not in out["notes"].split("\n")[0]
+    assert "| decode step p50 (BetterBench) | – | 30.02 ms (29.02–31.02) | – |" in out["notes"]
+    assert "betterbench: not compared with v0.1.0's record: suite parameters differ (decode_tokens: 128 vs 512)" in out["notes"]
+
+
+def test_the_automatic_baseline_is_said_and_a_non_version_name_gets_one(tmp_path):
+    save(tmp_path, eval_record("v0.1.0", BASE))
+    c = eval_record("candidate", LOST_50)
+    save(tmp_path, c)
+    out = outputs(tmp_path, "candidate")
+    assert out["verdict"].baseline == "v0.1.0" and "'candidate' is not a version" in out["verdict"].baseline_why
+    assert out["code"] == 1
+    assert "Compared with v0.1.0 ('candidate' is not a version: the newest other release" in out["notes"]
+
+
+def test_a_full_candidate_against_a_subset_baseline_cannot_pass(tmp_path, capsys):
+    """A 25-point GSM8K drop on the full set against a quick-subset baseline gated 0."""
+    save(tmp_path, eval_record("v0.1.0", BASE, subset=True), eval_record("v0.2.0", set(range(100))))
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 2
+    said = capsys.readouterr().out.replace("\n", " ")
+    assert "the baseline is a subset (200 questions) and the candidate the full set" in said
+
+
+def test_thresholds_are_the_records_and_the_baselines_win(tmp_path):
+    """A candidate that loosened its own gate to 50% is still judged by the baseline's 3%, and the notes say so;
+    a baseline recorded before thresholds were stored is judged by the checkout's, said too."""
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.2, 2)
+    c.perf_gate = {"thresholds_pct": {"decode_step_ms": 50.0, "combined_decode_tok_s": 50.0, "prefill_*": 50.0},
+                   "alpha": 0.05}
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    assert out["code"] == 1
+    assert any("the candidate was recorded under other thresholds" in n and "the baseline's are used" in n
+               for n in out["verdict"].notes)
+    assert "recorded under other thresholds" in out["notes"]
+    b.perf_gate = None
+    save(tmp_path, b)
+    out = outputs(tmp_path, "v0.2.0")
+    assert out["code"] == 1 and any("recorded before thresholds were stored" in n for n in out["verdict"].notes)
+
+
+def test_an_edited_record_is_judged_by_its_own_gate(tmp_path):
+    """`bad = 7` under a gate of max 0, verdict left "pass": read back as a fail; schema_version 99 is refused."""
+    r = eval_record("v0.2.0", BASE, suite="sanity")
+    r.suite_kind = "strict-sanity"
+    r.gate = {"max": {"bad": 0}, "min": {}}
+    r.metrics = {"bad": 0, "n": 16}
+    path = write_record(record_path(tmp_path, "v0.2.0", "cpu-smol", "sanity"), r)
+    d = json.loads(path.read_text())
+    d["metrics"]["bad"] = 7
+    path.write_text(json.dumps(d))
+    back = read_record(path)
+    assert back.verdict.status == "fail" and "gate: bad = 7 > 0" in back.verdict.reasons
+    assert back.rechecked == "the record says pass, but its metrics fail its own gate"
+    out = outputs(tmp_path, "v0.2.0", baseline="none")
+    agree(out)
+    assert out["code"] == 1
+    d["schema_version"] = 99
+    path.write_text(json.dumps(d))
+    with pytest.raises(InputError, match=r"sanity.json: schema_version: 99 is not a record schema this engine reads"):
+        read_record(path)
+
+
+def test_a_schema_1_record_is_judged_by_the_checkouts_gate(tmp_path):
+    r = eval_record("v0.2.0", BASE, suite="sanity")
+    r.suite_kind, r.schema_version, r.metrics = "strict-sanity", 1, {"bad": 7, "n": 16}
+    save(tmp_path, r)
+    v = assess_release(tmp_path, "v0.2.0", root=REPO, baseline="none")
+    (c,) = [c for c in v.checks if c.area == "suite"]
+    assert c.outcome == "finding" and "the checkout's suite file's gate" in c.message
+
+
+def test_the_gate_refuses_records_of_another_tree(tmp_path, capsys):
+    """A `suite` that failed at preflight leaves the last run's record: the gate asks whose it is."""
+    save(tmp_path, eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE))
+    assert main(["gate", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 2
+    assert "would judge a record made by another tree (plugin source aaaa" in capsys.readouterr().out.replace("\n", " ")
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 0
+
+
+def test_records_of_another_tree_in_a_release_are_named(tmp_path):
+    save(tmp_path, eval_record("v0.2.0", BASE))
+    tree = Tree(source_hash="bbbb", engine_hash="eeee")
+    out = outputs(tmp_path, "v0.2.0", baseline="none", tree=tree)
+    agree(out)
+    assert out["code"] == 2 and "made by another tree (plugin source aaaa, this tree's is bbbb" in out["notes"]
+    out = outputs(tmp_path, "v0.2.0", baseline="none", tree=tree, accept_other_tree=True)
+    agree(out)
+    assert out["code"] == 0 and "accepted with --accept-other-tree" in out["notes"]
+
+
+def test_odd_server_counters_cost_the_counter_never_the_notes(tmp_path):
+    """Nulls, strings and infinities where counters belong (a NaN scrape stored as null, a record edited by
+    hand), counters gone backwards and impossible shares: the notes render and say what each is."""
+    r = eval_record("v0.2.0", BASE, suite="probe")
+    r.suite_kind, r.dataset, r.items = "probe", None, []
+    r.metrics = {"decode_tok_s": "fast", "decode_step_ms": float("inf"), "ttft_ms_p50": None}
+    r.server_metrics = {"available": True, "why": None, "series": [[1.0, {"kv_cache_usage": 1.7}], [2.0, {"kv_cache_usage": None}]],
+                        "delta": {"histograms": {"ttft": {"count": None, "mean_ms": "x"}}, "counters": {},
+                                  "resets": ["preemptions"], "impossible": ["kv_cache_usage = 1.7 (a share: 0 to 1)"],
+                                  "invalid": {"itl": "vllm:inter_token_latency_seconds_count = nan"},
+                                  "requests_by_finish_reason": {"stop": None}}}
+    save(tmp_path, r)
+    out = outputs(tmp_path, "v0.2.0", baseline="none")
+    notes = out["notes"]
+    assert "preemptions went backwards: the server restarted during the suite" in notes
+    assert "impossible value kv_cache_usage = 1.7" in notes and "itl left out" in notes
+    srv = next(line for line in notes.splitlines() if line.startswith("| cpu-smol | probe |"))
+    assert "| – | 170.0% |" in srv  # preemptions missing, not 0; the impossible peak shown as it is
+
+
+def test_the_checklist_runs_the_kernel_gates_and_the_race_test():
+    from validate.config import find_config
+    from validate.runners.pytest_suite import run_settings
+    from validate.suite import find_suite, load_checklist
+
+    plan = dict(load_checklist(REPO).plan())
+    assert all(plan[c][:2] == ["unit-gates", "allreduce"] for c in plan)
+    ar = find_suite(REPO, "allreduce", "quick").params
+    assert run_settings(ar, find_config(REPO, "cpu-smol")) == (None, {"R9K_AR_WORLD_SIZES": "2,4"})
+    assert run_settings(ar, find_config(REPO, "fn-tp4"))[1] == {"R9K_AR_WORLD_SIZES": "4"}
+    ug = find_suite(REPO, "unit-gates", "quick").params
+    assert run_settings(ug, find_config(REPO, "cpu-smol"))[0] is None
+    assert run_settings(ug, find_config(REPO, "fn-tp4"))[0] == "gpu or not gpu"
+    assert len(ug.paths) == 3 and all(p.startswith("tests/kernels/") for p in ug.paths)
+
+
+def test_sizes_of_the_two_sides():
+    assert N == 200 and len(BASE) == 150 and len(BASE - LOST_50) == 50
