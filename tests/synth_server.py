@@ -60,6 +60,7 @@ class Script:
     usage: bool = True           # honour stream_options.include_usage (False: a server that ignores it)
     empty_text: bool = False     # token chunks carry their token ids with empty text (special tokens)
     reasoning: int = 0           # chat: the first this many tokens come as thinking, apart (a reasoning parser)
+    metrics_bytes: int = 0       # > 0: GET /metrics answers vLLM-shaped Prometheus text of about this size
     seed: int = 0
 
 
@@ -122,11 +123,11 @@ class _Conn(asyncio.Protocol):
             self.srv._handle(self, method, target, headers, body, t)
 
     # ---- plain responses -------------------------------------------------------------------------------
-    def reply(self, code: int, obj) -> None:
-        body = json.dumps(obj).encode()
+    def reply(self, code: int, obj, content_type: str = "application/json") -> None:
+        body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(code, "Error")
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (code, reason.encode(), len(body), body))
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                             % (code, reason.encode(), content_type.encode(), len(body), body))
 
 
 class _Stream:
@@ -265,6 +266,8 @@ class SynthServer:
         url = urlsplit(target)
         if method == "GET" and url.path == "/health":
             return conn.reply(200, {})
+        if method == "GET" and url.path == "/metrics" and self.script.metrics_bytes > 0:
+            return conn.reply(200, metrics_text(self.script.metrics_bytes, len(self.records)), "text/plain")
         if method == "GET" and url.path == "/v1/models":
             return conn.reply(200, {"object": "list", "data": [{"id": self.model, "object": "model"}]})
         if method == "GET" and url.path == "/ground_truth":
@@ -296,6 +299,23 @@ class SynthServer:
         rec = self.records[rid] = Record(path=url.path, arrival_ns=t_ns, max_tokens=max_tokens)
         usage = bool((req.get("stream_options") or {}).get("include_usage"))
         _Stream(self, conn, rec, script, chat, usage, prompt_tokens, rid)
+
+
+def metrics_text(size: int, requests: int) -> bytes:
+    """Prometheus text of about ``size`` bytes: vLLM's request counter and KV gauge, padded with a labelled
+    counter family (a real vLLM's /metrics is a few hundred KB: a histogram family per model and engine)."""
+    head = (f"# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"stop\"}} "
+            f"{requests}\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.1\n"
+            "# TYPE vllm:synth_padding_total counter\n")
+    line = 'vllm:synth_padding_total{engine="0",model_name="synth",i="%d"} %d\n'
+    rows, n = [head], len(head)
+    i = 0
+    while n < size:
+        row = line % (i, i)
+        rows.append(row)
+        n += len(row)
+        i += 1
+    return "".join(rows).encode()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -57,7 +57,8 @@ def get_json(url: str):
 def start_server(args) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "tests.synth_server", "--port", str(port), "--ttft-ms", str(args.ttft_ms),
-           "--itl-ms", str(args.itl_ms), "--itl-jitter-ms", str(args.itl_jitter_ms), "--seed", "1"]
+           "--itl-ms", str(args.itl_ms), "--itl-jitter-ms", str(args.itl_jitter_ms), "--seed", "1",
+           "--metrics-bytes", str(getattr(args, "metrics_bytes", 0))]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -88,6 +89,23 @@ async def run_ours(url: str, n: int, rounds: int, tokens: int, tag: str) -> dict
 
         await asyncio.gather(*(worker(w) for w in range(n)))
     return out
+
+
+async def run_ours_scraping(url: str, n: int, rounds: int, tokens: int, tag: str) -> dict:
+    """:func:`run_ours` with the server's /metrics scraped every second in the same event loop, as BetterBench
+    and soak do (validate.server_metrics.ServerMetrics): the parse must not stretch the streams' stamps."""
+    from validate.server_metrics import ServerMetrics
+
+    sm = ServerMetrics(url)
+    await sm.begin()
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sm.sample_every(1.0, stop))
+    try:
+        return await run_ours(url, n, rounds, tokens, tag)
+    finally:
+        stop.set()
+        await sampler
+        await sm.end()
 
 
 async def run_vllm(url: str, n: int, rounds: int, tokens: int, tag: str) -> dict:
@@ -138,7 +156,7 @@ def errors(measured: dict, truth: dict) -> dict:
             "send_p50": ms(send, 50), "send_p99": ms(send, 99)}
 
 
-CLIENTS = {"ours": run_ours, "vllm": run_vllm}
+CLIENTS = {"ours": run_ours, "vllm": run_vllm, "ours+scrape": run_ours_scraping}
 
 
 class GcWatch:
@@ -213,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ttft-ms", type=float, default=30.0)
     ap.add_argument("--itl-ms", type=float, default=20.0)
     ap.add_argument("--itl-jitter-ms", type=float, default=0.0)
+    ap.add_argument("--clients", nargs="+", choices=list(CLIENTS), default=["ours", "vllm"],
+                    help="ours+scrape: ours with /metrics scraped every second (give --metrics-bytes)")
+    ap.add_argument("--metrics-bytes", type=int, default=0, help="the synthetic server's /metrics size")
     ap.add_argument("--repeats", type=int, default=3,
                     help="phases per client and concurrency, alternating which client goes first (pooled)")
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -225,14 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     proc, url = start_server(a)
     rows, workers = [], {}
     try:
-        for name in CLIENTS:  # started once; one unmeasured short phase each
+        clients = list(dict.fromkeys(a.clients))
+        for name in clients:  # started once; one unmeasured short phase each
             workers[name] = Worker(name, url)
             workers[name].run(n=min(a.concurrency), rounds=1, tokens=8, tag=f"warmup-{name}")
         get_json(url + "/ground_truth?clear=1")
         for n in a.concurrency:
-            pooled = {name: ({}, {}) for name in CLIENTS}
+            pooled = {name: ({}, {}) for name in clients}
             for rep in range(a.repeats):
-                for name in (list(CLIENTS) if rep % 2 == 0 else list(CLIENTS)[::-1]):
+                for name in (clients if rep % 2 == 0 else clients[::-1]):
                     tag = f"{name}-{n}-{rep}"
                     got = workers[name].run(n=n, rounds=a.rounds, tokens=a.tokens, tag=tag)
                     measured = got["measured"]
@@ -267,7 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99"):
                 if abs(by["ours"][k]) >= abs(by["vllm"][k]):
                     worse.append(f"{n}:{k}")
-    print("ours smaller at every point" if not worse else "ours NOT smaller at: " + ", ".join(worse))
+        if "ours" in by and "ours+scrape" in by:
+            print(f"{n} streams, /metrics of {a.metrics_bytes:,} bytes scraped every second: |ITL err| p99 "
+                  f"{by['ours+scrape']['itl_p99']:.3f} ms against {by['ours']['itl_p99']:.3f} ms without")
+    if "vllm" in clients:
+        print("ours smaller at every point" if not worse else "ours NOT smaller at: " + ", ".join(worse))
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     return 0 if not worse else 1
