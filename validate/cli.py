@@ -404,6 +404,7 @@ def _comparison(args):
     reports = Path(args.reports) if args.reports else _root() / "reports"
     return compare_releases(reports, args.release, args.against, configs=args.config, tasks=args.task,
                             against_config=args.against_config, alpha=args.alpha,
+                            across_thinking=args.pair_across_thinking,
                             reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
 
 
@@ -599,6 +600,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--task", action="append", help="only this eval suite, e.g. gsm8k (repeatable)")
         p.add_argument("--alpha", type=_alpha, default=0.05, help="significance level, in (0, 1)")
         p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
+        p.add_argument("--pair-across-thinking", action="store_true", help="pair a thinking model's evals with "
+                       "those of one that does not think, or across end-of-thinking markers (refused otherwise)")
         if name == "gate":
             p.add_argument("--perf", action="store_true", help="the performance gate on BetterBench records instead "
                            "of the paired eval gate")

@@ -101,8 +101,10 @@ class PairedTask:
         return "no significant regression"
 
 
-def pair(base: Record, cand: Record) -> PairedTask:
-    """Pair two records of one task. Raises PairingError naming every difference that forbids it."""
+def pair(base: Record, cand: Record, across_thinking: bool = False) -> PairedTask:
+    """Pair two records of one task. Raises PairingError naming every difference that forbids it.
+    ``across_thinking``: pair a thinking record with one that does not think, or across end-of-thinking
+    markers (refused otherwise: validate.reasoning.pairing_reasons)."""
     what = f"{cand.config}/{cand.suite} ({cand.release}) against {base.config}/{base.suite} ({base.release})"
     reasons = []
     for label, r in (("baseline", base), ("candidate", cand)):
@@ -125,7 +127,8 @@ def pair(base: Record, cand: Record) -> PairedTask:
             if k not in NON_SCORING_PARAMS and base.params.get(k) != cand.params.get(k)]
     if diff:
         reasons.append("suite parameters differ (" + ", ".join(diff[:5]) + ")")
-    reasons += pairing_reasons(base, cand)  # thinking against none, or other end-of-thinking markers
+    if not across_thinking:
+        reasons += pairing_reasons(base, cand)  # thinking against none, or other end-of-thinking markers
     for label, r in (("baseline", base), ("candidate", cand)):
         ids = [i.id for i in r.items]
         if len(ids) != len(set(ids)):
@@ -216,13 +219,15 @@ class Comparison:
 
 def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
                      against_config: str | None = None, alpha: float = 0.05, reports_baseline: Path | None = None,
-                     tasks: list[str] | None = None, skipped: list[str] | None = None) -> Comparison:
+                     tasks: list[str] | None = None, skipped: list[str] | None = None,
+                     across_thinking: bool = False) -> Comparison:
     """Pair every eval record of ``candidate`` with the baseline's record of the same task.
 
     Args:
         configs: only these configurations of the candidate (default: all with eval records).
         tasks: only these eval suites (default: all).
         skipped: see :func:`validate.record.release_records` (for the baseline's files).
+        across_thinking: see :func:`pair`.
         against_config: the baseline's configuration (default: the same name), e.g. bf16 against fp32.
         reports_baseline: where the baseline's records are (default: ``reports``).
     Raises:
@@ -256,7 +261,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
             continue
         try:
-            tasks.append(pair(b, r))
+            tasks.append(pair(b, r, across_thinking))
         except PairingError as e:
             unpaired.append(str(e))
             # a quick subset of the candidate against a full baseline is the run's own choice (listed); anything

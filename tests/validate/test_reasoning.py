@@ -298,7 +298,11 @@ def test_pairing_refuses_thinking_against_none_and_other_markers(tmp_path):
     assert (t.b, t.c) == (0, 0)
     # the gate cannot check it: exit status 2, never a pass or a regression
     save(tmp_path, plain, thinking)
-    assert main(["gate", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v2", "--against", "v1", "--reports", str(tmp_path)]) == 2
+    # unless asked to: then the pair is made and judged (here it lost nothing)
+    assert pair(plain, thinking, across_thinking=True).b == 0
+    assert main(["gate", "--accept-other-tree", "--pair-across-thinking", "v2", "--against", "v1", "--reports",
+                 str(tmp_path)]) == 0
 
 
 # ------------------------------------------------------------------------------------------------ configuration
