@@ -60,8 +60,12 @@ def agree(out: dict) -> None:
 
 
 def bench(release, step, seed, n=20, **params):
+    import statistics
+
     r = _bench(release, step, seed, n)
     r.params.update(params)
+    steps = [row["decode_step_ms"] for row in r.metrics["per_pass"]]
+    r.metrics["summary"] = {"decode_step_ms": {"median": statistics.median(steps), "min": min(steps), "max": max(steps)}}
     r.perf_gate = {"thresholds_pct": {"decode_step_ms": 3.0, "combined_decode_tok_s": 3.0, "prefill_*": 5.0}, "alpha": 0.05}
     return r
 
@@ -79,6 +83,9 @@ def test_a_significant_regression_never_reads_as_every_suite_passed(tmp_path):
     ck = out["notes"].split("## Checked")[1].split("##")[0]
     assert "cpu-smol / gsm8k: pass" in ck  # the suite ran and passed; the release did not
     assert "cpu-smol / paired gsm8k vs v0.1.0" in out["opening"] and "perf decode_step_ms" in out["opening"]
+    # the Numbers table carries the gate's mark, from the one rule
+    row = next(line for line in out["notes"].splitlines() if line.startswith("| decode step p50 (BetterBench) |"))
+    assert row.endswith("(slower: regression) |")
 
 
 def test_quick_passes_cannot_tell_and_never_pass(tmp_path, capsys):
@@ -153,7 +160,7 @@ def test_title_and_numbers_pair_only_what_the_gate_pairs(tmp_path):
     save(tmp_path, b, c)
     out = outputs(tmp_path, "v0.2.0")
     assert "37.98 -> 30.02" not in out["notes"].split("\n")[0]
-    assert "| decode step p50 (BetterBench) | – | 30.02 ms (29.02–31.02) | – |" in out["notes"]
+    assert "| decode step p50 (BetterBench) | – | 30.02 ms (29.02–31.02) | – |" in out["notes"], out["notes"]
     assert "betterbench: not compared with v0.1.0's record: suite parameters differ (decode_tokens: 128 vs 512)" in out["notes"]
 
 
