@@ -1,0 +1,169 @@
+"""The import closure of a set of modules, read statically with ``ast`` from a source tree (nothing is imported).
+
+What a module runs at import: its top-level statements, including the bodies of module-level ``if``, ``try``,
+``with``, ``for`` and class bodies, but not function bodies (imported when called) nor ``if TYPE_CHECKING:``
+blocks. An import inside a ``try`` whose handler catches ImportError (or ModuleNotFoundError, Exception, a bare
+``except``) or inside ``with contextlib.suppress(ImportError)`` is *optional*: the module imports without it.
+Both arms of a module-level ``if`` are followed (platform branches included): the closure over-approximates what
+one platform runs, so a name it reports as needed may be one the CUDA arm never reaches; it never misses a
+top-level import of a module it reached.
+
+``from P import a`` reaches ``P.a`` too where ``P/a.py`` or ``P/a/__init__.py`` exists; importing ``a.b.c``
+reaches ``a`` and ``a.b`` (their ``__init__``). Relative imports are resolved against the importing module.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_OPTIONAL_EXC = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import statement: the module it names, where it stands, and whether its module imports without it."""
+
+    target: str
+    source: str  # the importing module
+    line: int
+    optional: bool
+    conditional: bool = False  # under a module-level `if` (not TYPE_CHECKING): runs on some platforms/configs
+
+
+@dataclass
+class Closure:
+    """``modules``: every module of the tree reached by required imports (name -> file); ``external``: top-level
+    names outside the tree reached by required imports -> the first edge that reached each; ``missing``: names
+    under the tree's own packages that have no file (e.g. compiled modules: ``vllm._C_stable_libtorch``) -> edge;
+    ``optional``: edges skipped as optional (not followed)."""
+
+    modules: dict[str, Path] = field(default_factory=dict)
+    via: dict[str, Edge] = field(default_factory=dict)  # module -> the edge that first reached it
+    external: dict[str, Edge] = field(default_factory=dict)
+    missing: dict[str, Edge] = field(default_factory=dict)
+    optional: list[Edge] = field(default_factory=list)
+
+
+def module_file(root: Path, name: str) -> Path | None:
+    """The source file of module ``name`` under ``root`` (``a/b.py`` or ``a/b/__init__.py``), else None."""
+    base = root.joinpath(*name.split("."))
+    for p in (base / "__init__.py", base.with_suffix(".py")):
+        if p.is_file():
+            return p
+    return None
+
+
+def _handler_catches_import_error(handler: ast.ExceptHandler) -> bool:
+    t = handler.type
+    if t is None:
+        return True
+    names = t.elts if isinstance(t, ast.Tuple) else [t]
+    return any((isinstance(n, ast.Name) and n.id in _OPTIONAL_EXC)
+               or (isinstance(n, ast.Attribute) and n.attr in _OPTIONAL_EXC) for n in names)
+
+
+def _suppresses_import_error(item: ast.withitem) -> bool:
+    c = item.context_expr
+    if not isinstance(c, ast.Call):
+        return False
+    f = c.func
+    fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    return fname == "suppress" and any(
+        (isinstance(a, ast.Name) and a.id in _OPTIONAL_EXC) or (isinstance(a, ast.Attribute) and a.attr in _OPTIONAL_EXC)
+        for a in c.args)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _resolve(module: str, is_pkg: bool, level: int, name: str | None) -> str:
+    """The absolute module a (possibly relative) ``from ... import`` names; level 0 is absolute."""
+    if level == 0:
+        return name or ""
+    parts = module.split(".")
+    base = parts if is_pkg else parts[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def imports_of(tree: ast.Module, module: str, is_pkg: bool, root: Path) -> list[Edge]:
+    """The import edges a module runs at import time (see the module's docstring for the rules)."""
+    edges: list[Edge] = []
+
+    def visit(stmts: list[ast.stmt], optional: bool, cond: bool) -> None:
+        for s in stmts:
+            if isinstance(s, ast.Import):
+                edges.extend(Edge(a.name, module, s.lineno, optional, cond) for a in s.names)
+            elif isinstance(s, ast.ImportFrom):
+                target = _resolve(module, is_pkg, s.level, s.module)
+                edges.append(Edge(target, module, s.lineno, optional, cond))
+                for a in s.names:  # `from P import a` where a is a submodule of P
+                    if a.name != "*" and module_file(root, f"{target}.{a.name}") is not None:
+                        edges.append(Edge(f"{target}.{a.name}", module, s.lineno, optional, cond))
+            elif isinstance(s, ast.If):
+                if _is_type_checking(s.test):
+                    visit(s.orelse, optional, cond)
+                else:
+                    visit(s.body, optional, True)
+                    visit(s.orelse, optional, True)
+            elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
+                guarded = optional or any(_handler_catches_import_error(h) for h in s.handlers)
+                visit(s.body, guarded, cond)
+                for h in s.handlers:
+                    visit(h.body, optional, cond)
+                visit(s.orelse, optional, cond)
+                visit(s.finalbody, optional, cond)
+            elif isinstance(s, (ast.With, ast.AsyncWith)):
+                visit(s.body, optional or any(_suppresses_import_error(i) for i in s.items), cond)
+            elif isinstance(s, (ast.For, ast.AsyncFor, ast.While)):
+                visit(s.body, optional, cond)
+                visit(s.orelse, optional, cond)
+            elif isinstance(s, ast.ClassDef):
+                visit(s.body, optional, cond)
+    visit(tree.body, False, False)
+    return edges
+
+
+def closure(root: Path, roots: list[str], package: str, conditional: bool = True) -> Closure:
+    """The import closure of ``roots`` (module names under ``package``, e.g. ``vllm``) in the tree ``root``;
+    ``conditional=False`` follows only imports outside module-level ``if`` arms (what every platform runs).
+
+    Raises FileNotFoundError naming a root module that has no source file under ``root``, and SyntaxError (with
+    the file) for a file that does not parse.
+    """
+    out = Closure()
+    todo: list[tuple[str, Edge | None]] = [(r, None) for r in roots]
+    for r in roots:
+        if module_file(root, r) is None:
+            raise FileNotFoundError(f"{r}: no source under {root}")
+    while todo:
+        name, edge = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # a.b.c runs a/__init__ and a/b/__init__ first
+            mod = ".".join(parts[:i])
+            if mod in out.modules or mod in out.missing:
+                continue
+            if parts[0] != package:
+                if parts[0] not in out.external and edge is not None:
+                    out.external[parts[0]] = edge
+                break
+            path = module_file(root, mod)
+            if path is None:
+                out.missing[mod] = edge or Edge(mod, "<root>", 0, False)
+                break
+            out.modules[mod] = path
+            if edge is not None:
+                out.via[mod] = edge
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for e in imports_of(tree, mod, path.name == "__init__.py", root):
+                if e.optional:
+                    out.optional.append(e)
+                elif e.conditional and not conditional:
+                    continue
+                elif e.target:
+                    todo.append((e.target, e))
+    return out
