@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from benchmarks.device_env.check import closure_problems, requirement_problems
+from benchmarks.device_env.check import closure_problems, closures, requirement_problems
 from benchmarks.device_env.pins import PINS, STAND_INS, Pins, load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,8 +187,8 @@ def build(out: Path = DEFAULT_OUT, cache: Path = DEFAULT_CACHE, pins_path: Path 
         problems += requirement_problems(requires, pins)
         n_vllm = extract_vllm(wheels[canonicalize_name("vllm")], site, pins)
         stand_ins = add_stand_ins(site)
-        closure_issues, full = closure_problems(site, pins)
-        problems += closure_issues
+        full, hard = closures(site, pins)
+        problems += closure_problems(full, hard, pins)
         if problems:
             raise BuildError("the environment is incomplete:\n  " + "\n  ".join(problems))
         manifest = {

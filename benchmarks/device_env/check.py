@@ -3,6 +3,7 @@ pins, the host and the stand-ins (statically, from any tree of vLLM 0.32.0's Pyt
 wheel's declared requirements against the pins and the host."""
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -24,14 +25,21 @@ def stand_in_modules() -> set[str]:
     return out
 
 
-def closure_problems(tree: Path, pins: Pins) -> tuple[list[str], Closure]:
-    """What the closure of ``pins.vllm.roots`` in ``tree`` (a directory holding ``vllm/``) imports that the host
-    would lack: each problem a line naming the import and the file:line that makes it. An empty list means every
-    module-level import resolves to vLLM's tree, a stand-in, the standard library, ``[host].provided``, a pinned
-    wheel, or an ``[absent]`` name reached only inside module-level ``if`` arms. Also a problem: an ``[absent]``
-    entry the closure reaches unconditionally or not at all (a stale entry)."""
-    full = closure(tree, list(pins.vllm.roots), "vllm")
-    hard = closure(tree, list(pins.vllm.roots), "vllm", conditional=False)
+def closures(tree: Path, pins: Pins) -> tuple[Closure, Closure]:
+    """(every import, only unconditional imports) closures of ``pins.vllm.roots`` over the stand-ins laid over
+    ``tree`` (a directory holding ``vllm/``), as the archive lays them."""
+    trees = [STAND_INS, tree]
+    return (closure(trees, list(pins.vllm.roots), "vllm"),
+            closure(trees, list(pins.vllm.roots), "vllm", conditional=False))
+
+
+def closure_problems(full: Closure, hard: Closure, pins: Pins) -> list[str]:
+    """What the closure (``full``, ``hard``: :func:`closures`) imports that the host would lack: each problem a line
+    naming the import and the module and line that make it. An empty list means every module-level import
+    resolves to vLLM's tree, a stand-in, the standard library, ``[host].provided``, a pinned wheel, or an
+    ``[absent]`` name reached only inside module-level ``if`` arms. Also a problem: an ``[absent]`` entry the
+    closure reaches unconditionally or not at all (a stale entry), and a name a ``from vllm... import`` takes from a
+    stand-in that the stand-in does not define."""
     stand_ins = stand_in_modules()
     problems = []
     for name, e in sorted(full.missing.items()):
@@ -47,7 +55,29 @@ def closure_problems(tree: Path, pins: Pins) -> tuple[list[str], Closure]:
     for name in sorted(pins.absent):
         if name not in full.external:
             problems.append(f"[absent] {name}: the closure never imports it (a stale entry)")
-    return problems, full
+    for e in full.edges:
+        path = full.modules.get(e.target)
+        if path is None or not path.is_relative_to(STAND_INS):
+            continue
+        defined = top_level_names(path)
+        for n in e.names:
+            if n != "*" and n not in defined and f"{e.target}.{n}" not in full.modules:
+                problems.append(f"{e.target}.{n}: imported by {e.source} line {e.line}; the stand-in lacks it")
+    return problems
+
+
+def top_level_names(path: Path) -> set[str]:
+    """Names a module binds at its top level (defs, classes, assignments, imports), read with ``ast``."""
+    out: set[str] = set()
+    for s in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(s.name)
+        elif isinstance(s, (ast.Assign, ast.AnnAssign)):
+            for t in (s.targets if isinstance(s, ast.Assign) else [s.target]):
+                out |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(s, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in s.names}
+    return out
 
 
 def target_environment(pins: Pins) -> dict[str, str]:

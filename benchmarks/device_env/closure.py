@@ -29,6 +29,7 @@ class Edge:
     line: int
     optional: bool
     conditional: bool = False  # under a module-level `if` (not TYPE_CHECKING): runs on some platforms/configs
+    names: tuple[str, ...] = ()  # what `from target import ...` takes from it
 
 
 @dataclass
@@ -36,21 +37,24 @@ class Closure:
     """``modules``: every module of the tree reached by required imports (name -> file); ``external``: top-level
     names outside the tree reached by required imports -> the first edge that reached each; ``missing``: names
     under the tree's own packages that have no file (e.g. compiled modules: ``vllm._C_stable_libtorch``) -> edge;
-    ``optional``: edges skipped as optional (not followed)."""
+    ``optional``: edges skipped as optional (not followed); ``edges``: the edges followed."""
 
     modules: dict[str, Path] = field(default_factory=dict)
     via: dict[str, Edge] = field(default_factory=dict)  # module -> the edge that first reached it
     external: dict[str, Edge] = field(default_factory=dict)
     missing: dict[str, Edge] = field(default_factory=dict)
     optional: list[Edge] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)  # the edges followed
 
 
-def module_file(root: Path, name: str) -> Path | None:
-    """The source file of module ``name`` under ``root`` (``a/b.py`` or ``a/b/__init__.py``), else None."""
-    base = root.joinpath(*name.split("."))
-    for p in (base / "__init__.py", base.with_suffix(".py")):
-        if p.is_file():
-            return p
+def module_file(trees: list[Path], name: str) -> Path | None:
+    """The source file of module ``name`` in the first of ``trees`` that has one (``a/b/__init__.py`` or
+    ``a/b.py``: an overlay tree listed first shadows the ones after it), else None."""
+    for root in trees:
+        base = root.joinpath(*name.split("."))
+        for p in (base / "__init__.py", base.with_suffix(".py")):
+            if p.is_file():
+                return p
     return None
 
 
@@ -90,7 +94,7 @@ def _resolve(module: str, is_pkg: bool, level: int, name: str | None) -> str:
     return ".".join(base + ([name] if name else []))
 
 
-def imports_of(tree: ast.Module, module: str, is_pkg: bool, root: Path) -> list[Edge]:
+def imports_of(tree: ast.Module, module: str, is_pkg: bool, trees: list[Path]) -> list[Edge]:
     """The import edges a module runs at import time (see the module's docstring for the rules)."""
     edges: list[Edge] = []
 
@@ -100,9 +104,9 @@ def imports_of(tree: ast.Module, module: str, is_pkg: bool, root: Path) -> list[
                 edges.extend(Edge(a.name, module, s.lineno, optional, cond) for a in s.names)
             elif isinstance(s, ast.ImportFrom):
                 target = _resolve(module, is_pkg, s.level, s.module)
-                edges.append(Edge(target, module, s.lineno, optional, cond))
+                edges.append(Edge(target, module, s.lineno, optional, cond, tuple(a.name for a in s.names)))
                 for a in s.names:  # `from P import a` where a is a submodule of P
-                    if a.name != "*" and module_file(root, f"{target}.{a.name}") is not None:
+                    if a.name != "*" and module_file(trees, f"{target}.{a.name}") is not None:
                         edges.append(Edge(f"{target}.{a.name}", module, s.lineno, optional, cond))
             elif isinstance(s, ast.If):
                 if _is_type_checking(s.test):
@@ -128,18 +132,20 @@ def imports_of(tree: ast.Module, module: str, is_pkg: bool, root: Path) -> list[
     return edges
 
 
-def closure(root: Path, roots: list[str], package: str, conditional: bool = True) -> Closure:
-    """The import closure of ``roots`` (module names under ``package``, e.g. ``vllm``) in the tree ``root``;
-    ``conditional=False`` follows only imports outside module-level ``if`` arms (what every platform runs).
+def closure(trees: Path | list[Path], roots: list[str], package: str, conditional: bool = True) -> Closure:
+    """The import closure of ``roots`` (module names under ``package``, e.g. ``vllm``) in ``trees`` (directories
+    holding ``package/``; the first that has a module's file wins); ``conditional=False`` follows only imports
+    outside module-level ``if`` arms (what every platform runs).
 
-    Raises FileNotFoundError naming a root module that has no source file under ``root``, and SyntaxError (with
+    Raises FileNotFoundError naming a root module that has no source file in ``trees``, and SyntaxError (with
     the file) for a file that does not parse.
     """
+    trees = [trees] if isinstance(trees, Path) else list(trees)
     out = Closure()
     todo: list[tuple[str, Edge | None]] = [(r, None) for r in roots]
     for r in roots:
-        if module_file(root, r) is None:
-            raise FileNotFoundError(f"{r}: no source under {root}")
+        if module_file(trees, r) is None:
+            raise FileNotFoundError(f"{r}: no source under {[str(t) for t in trees]}")
     while todo:
         name, edge = todo.pop()
         parts = name.split(".")
@@ -151,7 +157,7 @@ def closure(root: Path, roots: list[str], package: str, conditional: bool = True
                 if parts[0] not in out.external and edge is not None:
                     out.external[parts[0]] = edge
                 break
-            path = module_file(root, mod)
+            path = module_file(trees, mod)
             if path is None:
                 out.missing[mod] = edge or Edge(mod, "<root>", 0, False)
                 break
@@ -159,11 +165,12 @@ def closure(root: Path, roots: list[str], package: str, conditional: bool = True
             if edge is not None:
                 out.via[mod] = edge
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            for e in imports_of(tree, mod, path.name == "__init__.py", root):
+            for e in imports_of(tree, mod, path.name == "__init__.py", trees):
                 if e.optional:
                     out.optional.append(e)
                 elif e.conditional and not conditional:
                     continue
                 elif e.target:
+                    out.edges.append(e)
                     todo.append((e.target, e))
     return out
