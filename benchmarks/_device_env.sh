@@ -1,14 +1,15 @@
 # Sourced by the device scripts: unpacks the carried environment archive (.device_env/gpu-env.tar.xz, built on a
 # machine with a package index by `python -m benchmarks.device_env build`: the pinned wheels, vLLM 0.32.0's Python
 # sources, the stand-ins for its compiled modules) into a site directory named by the archive's hash, once per
-# archive, and puts it before this checkout on PYTHONPATH. The host's own torch and Triton are used as they are.
+# archive (under R9K_SITE_ROOT, default /tmp/r9k-device-env), and puts it before this checkout on PYTHONPATH. The
+# host's own torch and Triton are used as they are. R9K_DEVICE_ENV names another archive.
 R9K_DEVICE_ENV=${R9K_DEVICE_ENV:-$PWD/.device_env/gpu-env.tar.xz}
 if [ ! -f "$R9K_DEVICE_ENV" ]; then
   echo "no environment archive at $R9K_DEVICE_ENV: run 'python -m benchmarks.device_env build' where a package" \
        "index answers, and carry .device_env" >&2
   return 1
 fi
-R9K_SITE=/tmp/r9k-device-env/$(sha256sum "$R9K_DEVICE_ENV" | cut -c1-16)
+R9K_SITE=${R9K_SITE_ROOT:-/tmp/r9k-device-env}/$(sha256sum "$R9K_DEVICE_ENV" | cut -c1-16)
 if [ ! -f "$R9K_SITE/r9k-device-env.json" ]; then
   rm -rf "$R9K_SITE.partial" && mkdir -p "$R9K_SITE.partial" || return 1
   python3 - "$R9K_DEVICE_ENV" "$R9K_SITE.partial" <<'PY' || { echo "cannot unpack $R9K_DEVICE_ENV" >&2; return 1; }

@@ -6,9 +6,10 @@
 # repository root on the GPU machine, with .device_env carried (the environment archive: vLLM 0.32.0's Python
 # sources and the wheels they import, fla-core; built where a package index answers by
 # `python -m benchmarks.device_env build`, unpacked here by _device_env.sh):
-#   bash benchmarks/device_run.sh OUTDIR [STEP ...]          (default: gates gdn32 fp8)
+#   bash benchmarks/device_run.sh OUTDIR [STEP ...]          (default: env gates gdn32 fp8)
 # The exit status is 1 when any step failed (a failed test, a benchmark impl without a figure, a step timed out).
 # Steps (a fresh H200 compiles every kernel cold; a device call may run 10 minutes, so give it three or four):
+#   env        every vLLM module r9k binds to (pins.toml's roots) and fla import from the archive (~10 s)
 #   gates      the vLLM dispatch gates and the Gluon fp8 gates (~3-4 min)
 #   gates_all  every GPU kernel gate (~4-5 min; with 2+ GPUs also the all-reduce's)
 #   gdn32      the GDN prefill crossover at 16 : 32 heads, r9k's dispatch against vLLM's chunked core (~3 min)
@@ -23,7 +24,7 @@
 set -u
 OUT=${1:?usage: device_run.sh OUTDIR [STEP ...]}
 shift
-STEPS=${*:-gates gdn32 fp8}
+STEPS=${*:-env gates gdn32 fp8}
 mkdir -p "$OUT"
 source benchmarks/_device_env.sh || exit 2
 FAILED=0
@@ -56,6 +57,7 @@ LINEAR="M=1|16|32|64|128|256,N=4096,K=4096;M=1|16,N=8192,K=8192;M=4096,N=4096,K=
 DECODE="M=1|16|32|64,N=4096,K=4096;M=16,N=8192,K=8192"
 for step in $STEPS; do
   case $step in
+    env) step check env 120 python3 -m benchmarks.device_env imports ;;
     gates) tests gates 280 -q -n 4 -rfs --tb=short -m gpu -p no:cacheprovider \
              tests/kernels/gdn/test_vllm_layer.py tests/kernels/fp8/test_linear_dispatch.py \
              tests/kernels/fp8/test_wgmma.py ;;

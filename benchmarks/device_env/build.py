@@ -3,6 +3,7 @@ sources (no compiled extension), the tracked stand-ins for vLLM's compiled modul
 and packed into one ``.tar.xz`` that ``benchmarks/_device_env.sh`` unpacks on the host (its PYTHONPATH)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -21,11 +22,8 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from benchmarks.device_env.check import closure_problems, closures, requirement_problems
-from benchmarks.device_env.pins import PINS, STAND_INS, Pins, load
+from benchmarks.device_env.pins import DEFAULT_CACHE, DEFAULT_OUT, PINS, STAND_INS, Pins, load
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = ROOT / ".device_env" / "gpu-env.tar.xz"
-DEFAULT_CACHE = Path(tempfile.gettempdir()) / "r9k-device-env-cache"
 LIMIT = 64 * 2**20  # what one device call may carry (the device tool's carry limit, bytes)
 MANIFEST = "r9k-device-env.json"
 
@@ -66,7 +64,8 @@ def download(pins: Pins, cache: Path) -> dict[str, Path]:
         cmd += ["--platform", p]
     r = subprocess.run(cmd + reqs, capture_output=True, text=True)
     if r.returncode != 0:
-        raise BuildError(f"pip download failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+        said = "\n".join(x for x in r.stderr.splitlines() if not x.startswith("WARNING: Location"))
+        raise BuildError(f"pip download failed (exit {r.returncode}):\n{said[-3000:]}")
     tags = host_tags(pins)
     want = {canonicalize_name(w.name): w.version for w in pins.wheels}
     want[canonicalize_name("vllm")] = pins.vllm.version
@@ -168,12 +167,23 @@ def pack(site: Path, out: Path, manifest: dict) -> int:
     return len(files)
 
 
-def build(out: Path = DEFAULT_OUT, cache: Path = DEFAULT_CACHE, pins_path: Path = PINS) -> Built:
-    """Download, check and pack (module docstring). Raises BuildError naming every problem found: a wheel pip
-    cannot fetch for the host, a pinned import name its wheel lacks, a requirement no pin meets, an import of
-    vLLM's closure that nothing provides, an archive over 64 MiB."""
+def for_python(pins: Pins, python: str) -> Pins:
+    """The pins for a host of another CPython (``"3.11"``): its version and ABI tag in place of ``[host]``'s."""
+    abi = "cp" + python.replace(".", "")
+    abis = tuple(abi if a.startswith("cp") else a for a in pins.host.abis)
+    return dataclasses.replace(pins, host=dataclasses.replace(pins.host, python=python, abis=abis))
+
+
+def build(out: Path = DEFAULT_OUT, cache: Path = DEFAULT_CACHE, pins_path: Path = PINS,
+          python: str | None = None) -> Built:
+    """Download, check and pack (module docstring); ``python`` builds for another CPython than ``[host]``'s (a
+    CPU import check of the same pins here). Raises BuildError naming every problem found: a wheel pip cannot
+    fetch for the host, a pinned import name its wheel lacks, a requirement no pin meets, an import of vLLM's
+    closure that nothing provides, an archive over 64 MiB."""
     t0 = time.monotonic()
     pins = load(pins_path)
+    if python:
+        pins = for_python(pins, python)
     wheels = download(pins, cache)
     with tempfile.TemporaryDirectory(prefix="r9k-device-env-") as tmp:
         site = Path(tmp) / "site"

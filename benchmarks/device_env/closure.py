@@ -10,6 +10,12 @@ top-level import of a module it reached.
 
 ``from P import a`` reaches ``P.a`` too where ``P/a.py`` or ``P/a/__init__.py`` exists; importing ``a.b.c``
 reaches ``a`` and ``a.b`` (their ``__init__``). Relative imports are resolved against the importing module.
+
+A module-level ``x = LazyLoader("x", globals(), "pkg")`` (vLLM's deferred import) counts as an import of ``pkg``
+where ``pkg`` is outside the package read: the name is resolved on first use, and a use at import time exists
+(``vllm/v1/structured_output/backend_guidance.py`` reads ``llguidance.LLMatcher`` in a class body). A
+LazyLoader of the package's own modules is not followed (``vllm.config.model`` defers all of
+``vllm.model_executor.models``); their files are in the archive whatever the closure reaches.
 """
 from __future__ import annotations
 
@@ -94,6 +100,19 @@ def _resolve(module: str, is_pkg: bool, level: int, name: str | None) -> str:
     return ".".join(base + ([name] if name else []))
 
 
+def _lazy_target(value: ast.expr) -> str | None:
+    """The module of a ``LazyLoader(local_name, globals(), "module")`` call (vllm/utils/import_utils.py), else
+    None."""
+    if not isinstance(value, ast.Call) or len(value.args) < 3:
+        return None
+    f = value.func
+    fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    mod = value.args[2]
+    if fname == "LazyLoader" and isinstance(mod, ast.Constant) and isinstance(mod.value, str):
+        return mod.value
+    return None
+
+
 def imports_of(tree: ast.Module, module: str, is_pkg: bool, trees: list[Path]) -> list[Edge]:
     """The import edges a module runs at import time (see the module's docstring for the rules)."""
     edges: list[Edge] = []
@@ -128,6 +147,10 @@ def imports_of(tree: ast.Module, module: str, is_pkg: bool, trees: list[Path]) -
                 visit(s.orelse, optional, cond)
             elif isinstance(s, ast.ClassDef):
                 visit(s.body, optional, cond)
+            if isinstance(s, (ast.Assign, ast.AnnAssign)) and s.value is not None:
+                target = _lazy_target(s.value)
+                if target and target.split(".")[0] != module.split(".")[0]:
+                    edges.append(Edge(target, module, s.lineno, optional, cond))
     visit(tree.body, False, False)
     return edges
 

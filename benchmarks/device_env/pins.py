@@ -2,12 +2,15 @@
 names the file and the field."""
 from __future__ import annotations
 
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 PINS = Path(__file__).resolve().parent / "pins.toml"
 STAND_INS = Path(__file__).resolve().parent / "stand_ins"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / ".device_env" / "gpu-env.tar.xz"  # ignored by git
+DEFAULT_CACHE = Path(tempfile.gettempdir()) / "r9k-device-env-cache"  # downloaded wheels, reused by later builds
 
 
 class PinError(ValueError):

@@ -228,3 +228,78 @@ def test_requirements_are_met_by_a_pin_or_the_host():
         "x requires cupy>=13: not pinned and not on the host",
         "x requires numpy<2: numpy is 2.3.5",
         "x requires torch>=2.12: torch is 2.11.0"]
+
+
+# -- the build's pieces that need no download, and the host side's unpacking --
+
+def test_the_host_tags_are_cpython_312_on_x86_64_linux():
+    from packaging.tags import Tag
+
+    from benchmarks.device_env.build import host_tags
+
+    tags = host_tags(PINS)
+    assert {Tag("cp312", "cp312", "manylinux_2_28_x86_64"), Tag("cp312", "abi3", "manylinux_2_17_x86_64"),
+            Tag("cp39", "abi3", "manylinux_2_31_x86_64"), Tag("py3", "none", "any")} <= tags
+    assert not {t for t in tags if t.interpreter == "cp311" and t.abi == "cp311"}
+    assert not {t for t in tags if "aarch64" in t.platform or "manylinux_2_34" in t.platform}
+
+
+def test_a_wheel_unpacks_as_pip_would(tmp_path):
+    import zipfile
+
+    from benchmarks.device_env.build import extract_wheel
+
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("demo/__init__.py", "X = 1\n")
+        z.writestr("demo/__pycache__/__init__.cpython-312.pyc", b"stale")
+        z.writestr("demo_ext.py", "")
+        z.writestr("demo-1.0.data/purelib/demo_extra/__init__.py", "")
+        z.writestr("demo-1.0.data/scripts/demo-cli", "#!/bin/sh\n")
+        z.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\nRequires-Dist: numpy>=2\n"
+                                                  "Requires-Dist: pytest; extra == 'test'\n")
+    site = tmp_path / "site"
+    tops, requires = extract_wheel(whl, site)
+    assert tops == {"demo", "demo_ext", "demo_extra"}
+    assert requires == ["numpy>=2", "pytest; extra == 'test'"]
+    files = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
+    assert files == ["demo-1.0.dist-info/METADATA", "demo/__init__.py", "demo_ext.py", "demo_extra/__init__.py"]
+
+
+def test_the_archive_is_deterministic_and_the_host_script_unpacks_it(tmp_path):
+    import os
+
+    from benchmarks.device_env.build import MANIFEST, pack
+
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("VERSION = '0.32.0'\n")
+    (site / "tool").write_text("#!/bin/sh\n")
+    (site / "tool").chmod(0o755)
+    a, b = tmp_path / "a.tar.xz", tmp_path / "b.tar.xz"
+    assert pack(site, a, {"vllm": "0.32.0"}) == 2
+    os.utime(site / "tool", (1, 1))  # a later mtime must not change the bytes
+    pack(site, b, {"vllm": "0.32.0"})
+    assert a.read_bytes() == b.read_bytes()
+    script = ROOT / "benchmarks" / "_device_env.sh"
+    env = {**os.environ, "R9K_DEVICE_ENV": str(a), "R9K_SITE_ROOT": str(tmp_path / "sites")}
+    r = subprocess.run(["bash", "-c", f"source {script} && echo $PYTHONPATH"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    site_dir = Path(r.stdout.strip().split(":")[0])
+    assert site_dir.parent == tmp_path / "sites" and r.stdout.strip().endswith(f":{ROOT}")
+    assert (site_dir / "vllm" / "__init__.py").read_text() == "VERSION = '0.32.0'\n"
+    assert (site_dir / MANIFEST).is_file() and os.access(site_dir / "tool", os.X_OK)
+    r = subprocess.run(["bash", "-c", f"source {script}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env={**env, "R9K_DEVICE_ENV": str(tmp_path / "none.tar.xz")})
+    assert r.returncode == 1 and "python -m benchmarks.device_env build" in r.stderr
+
+
+def test_imports_names_each_module_that_fails():
+    from benchmarks.device_env.__main__ import import_all
+
+    lines: list[str] = []
+    failed = import_all(["json", "r9k_no_such_module"], log=lines.append)
+    assert lines[0].startswith("ok     json (") and len(lines) == 2
+    [f] = failed
+    assert f.startswith("r9k_no_such_module: ModuleNotFoundError: No module named 'r9k_no_such_module' (")
