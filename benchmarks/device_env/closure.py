@@ -6,7 +6,9 @@ blocks. An import inside a ``try`` whose handler catches ImportError (or ModuleN
 ``except``) or inside ``with contextlib.suppress(ImportError)`` is *optional*: the module imports without it.
 Both arms of a module-level ``if`` are followed (platform branches included): the closure over-approximates what
 one platform runs, so a name it reports as needed may be one the CUDA arm never reaches; it never misses a
-top-level import of a module it reached.
+top-level import statement of a module it reached. Dynamic imports (``importlib.import_module``, vLLM's
+``resolve_obj_by_qualname``, which is how ``vllm.platforms`` loads ``vllm.platforms.cuda``) are not seen: a module
+loaded that way is given as a root.
 
 ``from P import a`` reaches ``P.a`` too where ``P/a.py`` or ``P/a/__init__.py`` exists; importing ``a.b.c``
 reaches ``a`` and ``a.b`` (their ``__init__``). Relative imports are resolved against the importing module.

@@ -86,6 +86,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_closure_follows_what_runs_at_import(tmp_path):
+    """Module-level imports in every arm, class bodies and other packages' LazyLoaders count; TYPE_CHECKING
+    blocks, function bodies, ImportError-guarded imports and LazyLoaders of the package's own modules do not."""
     root = _tree(tmp_path, {
         "pkg/__init__.py": "",
         "pkg/a.py": (
@@ -97,19 +99,22 @@ def test_closure_follows_what_runs_at_import(tmp_path):
             "try:\n    import maybe\nexcept ImportError:\n    maybe = None\n"
             "if FLAG:\n    import sometimes\n"
             "def f():\n    import lazy\n"
-            "class K:\n    import in_class\n"),
+            "class K:\n    import in_class\n"
+            "lazy_ext = LazyLoader('lazy_ext', globals(), 'deferred_pkg')\n"  # another package's: counted
+            "lazy_own = LazyLoader('lazy_own', globals(), 'pkg.heavy')\n"),  # the package's own: not followed
         "pkg/b.py": "import pkg.compiled_ext\n",
         "pkg/sub/__init__.py": "",
         "pkg/sub/c.py": "from ..b import x\nimport zmq\n",
+        "pkg/heavy.py": "import everything\n",
     })
     full = closure.closure(root, ["pkg.a"], "pkg")
     assert set(full.modules) == {"pkg", "pkg.a", "pkg.b", "pkg.sub", "pkg.sub.c"}
-    assert set(full.external) == {"typing", "numpy", "sometimes", "in_class", "zmq"}
+    assert set(full.external) == {"typing", "numpy", "sometimes", "in_class", "zmq", "deferred_pkg"}
     assert set(full.missing) == {"pkg.compiled_ext"} and full.missing["pkg.compiled_ext"].source == "pkg.b"
     assert [e.target for e in full.optional] == ["maybe"]
     assert full.external["sometimes"].conditional and full.external["sometimes"].line == 12
     hard = closure.closure(root, ["pkg.a"], "pkg", conditional=False)
-    assert set(hard.external) == {"typing", "numpy", "in_class", "zmq"}
+    assert set(hard.external) == {"typing", "numpy", "in_class", "zmq", "deferred_pkg"}
     with pytest.raises(FileNotFoundError, match="pkg.nope"):
         closure.closure(root, ["pkg.nope"], "pkg")
 
