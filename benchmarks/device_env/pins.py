@@ -81,7 +81,8 @@ def _get(table: dict, key: str, kind: type, where: str):
 
 def load(path: Path = PINS) -> Pins:
     """Read and check the pin file. Raises PinError naming ``path`` and the field on a malformed entry, a
-    duplicate wheel, or two wheels claiming one import name; TOML syntax errors are PinError with the line."""
+    duplicate wheel, an import that is not a top-level name, or two wheels claiming one import name; TOML syntax
+    errors are PinError with the line."""
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
@@ -109,6 +110,8 @@ def load(path: Path = PINS) -> Pins:
             raise PinError(f"{where}: {wheel.name} is pinned twice")
         names.add(key)
         for imp in wheel.imports:
+            if not imp.isidentifier():
+                raise PinError(f"{where} ({wheel.name}): imports: {imp!r} is not a top-level import name")
             if imp in claimed:
                 raise PinError(f"{where} ({wheel.name}): import name '{imp}' is also claimed by {claimed[imp]}")
             claimed[imp] = wheel.name

@@ -73,6 +73,12 @@ def test_a_malformed_pin_names_the_file_and_field(tmp_path):
     bad.write_text(text + '\n[[wheel]]\nname = "other"\nversion = "1"\nimports = ["fla"]\nwhy = "claims fla too"\n')
     with pytest.raises(PinError, match="import name 'fla' is also claimed by fla-core"):
         pins.load(bad)
+    bad.write_text(text.replace('imports = ["zmq"]', 'imports = ["pyzmq.libs", "zmq"]', 1))
+    with pytest.raises(PinError, match=r"\(pyzmq\): imports: 'pyzmq.libs' is not a top-level import name"):
+        pins.load(bad)
+    bad.write_text(text.replace("\n[absent]\n", "\n[absent\n", 1))  # a TOML syntax error
+    with pytest.raises(PinError, match=r"pins.toml: .*\(at line \d+"):
+        pins.load(bad)
 
 
 # -- the closure reader, on a tree of its own --
