@@ -1,6 +1,24 @@
-# Sourced by the device scripts: installs the carried wheels (.whl) into /tmp/site and puts them and vLLM's Python
-# sources (.vllm_src: the .py files of the CUDA vllm 0.32.0 wheel, no compiled extension) on PYTHONPATH.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  > /tmp/pip.log 2>&1 || { tail -5 /tmp/pip.log; return 1; }
-export PYTHONPATH=/tmp/site:$PWD/.vllm_src:$PWD
+# Sourced by the device scripts: unpacks the carried environment archive (.device_env/gpu-env.tar.xz, built on a
+# machine with a package index by `python -m benchmarks.device_env build`: the pinned wheels, vLLM 0.32.0's Python
+# sources, the stand-ins for its compiled modules) into a site directory named by the archive's hash, once per
+# archive (under R9K_SITE_ROOT, default /tmp/r9k-device-env), and puts it before this checkout on PYTHONPATH. The
+# host's own torch and Triton are used as they are. R9K_DEVICE_ENV names another archive.
+R9K_DEVICE_ENV=${R9K_DEVICE_ENV:-$PWD/.device_env/gpu-env.tar.xz}
+if [ ! -f "$R9K_DEVICE_ENV" ]; then
+  echo "no environment archive at $R9K_DEVICE_ENV: run 'python -m benchmarks.device_env build' where a package" \
+       "index answers, and carry .device_env" >&2
+  return 1
+fi
+R9K_SITE=${R9K_SITE_ROOT:-/tmp/r9k-device-env}/$(sha256sum "$R9K_DEVICE_ENV" | cut -c1-16)
+if [ ! -f "$R9K_SITE/r9k-device-env.json" ]; then
+  rm -rf "$R9K_SITE.partial" && mkdir -p "$R9K_SITE.partial" || return 1
+  python3 - "$R9K_DEVICE_ENV" "$R9K_SITE.partial" <<'PY' || { echo "cannot unpack $R9K_DEVICE_ENV" >&2; return 1; }
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], filter="data")
+PY
+  rm -rf "$R9K_SITE" && mv "$R9K_SITE.partial" "$R9K_SITE" || return 1
+fi
+export R9K_SITE
+export PYTHONPATH=$R9K_SITE:$PWD
 export PYTHONUNBUFFERED=1

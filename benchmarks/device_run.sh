@@ -1,10 +1,15 @@
 #!/bin/bash
 # One device call: GPU gates and kernel benchmarks, each step a command of the runner (python -m benchmarks.kernels)
-# or of pytest, with its own time limit so that one slow step cannot eat the others' time; logs and JSON under
-# OUTDIR. From the repository root on the GPU machine, with .vllm_src (vLLM 0.32.0's Python sources) and .whl (the
-# pure-Python packages vLLM imports; fla-core for the gdn step) carried:
-#   bash benchmarks/device_run.sh OUTDIR [STEP ...]          (default: gates gdn32 fp8)
+# or of pytest, with its own time limit so that one slow step cannot eat the others' time; logs, JUnit XML (pytest
+# steps, with a line of counts per test file) and JSON (runner steps) under OUTDIR, then one summary of every step
+# (OUTDIR/summary.json and a table: exit status, time, counts; python3 -m benchmarks.device_report). From the
+# repository root on the GPU machine, with .device_env carried (the environment archive: vLLM 0.32.0's Python
+# sources and the wheels they import, fla-core; built where a package index answers by
+# `python -m benchmarks.device_env build`, unpacked here by _device_env.sh):
+#   bash benchmarks/device_run.sh OUTDIR [STEP ...]          (default: env gates gdn32 fp8)
+# The exit status is 1 when any step failed (a failed test, a benchmark impl without a figure, a step timed out).
 # Steps (a fresh H200 compiles every kernel cold; a device call may run 10 minutes, so give it three or four):
+#   env        every vLLM module r9k binds to (pins.toml's roots) and fla import from the archive (~10 s)
 #   gates      the vLLM dispatch gates and the Gluon fp8 gates (~3-4 min)
 #   gates_all  every GPU kernel gate (~4-5 min; with 2+ GPUs also the all-reduce's)
 #   gdn32      the GDN prefill crossover at 16 : 32 heads, r9k's dispatch against vLLM's chunked core (~3 min)
@@ -19,16 +24,31 @@
 set -u
 OUT=${1:?usage: device_run.sh OUTDIR [STEP ...]}
 shift
-STEPS=${*:-gates gdn32 fp8}
+STEPS=${*:-env gates gdn32 fp8}
 mkdir -p "$OUT"
 source benchmarks/_device_env.sh || exit 2
 FAILED=0
-run() {  # run NAME LIMIT_S CMD...: log to OUT/NAME.log, print the exit status and the log's tail
-  local name=$1 limit=$2 rc; shift 2
+: > "$OUT/steps.jsonl"
+step() {  # step KIND NAME LIMIT_S CMD...: log to OUT/NAME.log, record the step, print its exit status and log tail
+  local kind=$1 name=$2 limit=$3 rc t0 t1; shift 3
+  rm -f "$OUT/$name.xml" "$OUT/$name.json"  # a file left by an earlier run into OUT must not be read as this one's
+  t0=$(date +%s.%N)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
+  t1=$(date +%s.%N)
+  awk -v n="$name" -v k="$kind" -v rc="$rc" -v a="$t0" -v b="$t1" \
+    'BEGIN { printf "{\"step\": \"%s\", \"kind\": \"%s\", \"rc\": %d, \"seconds\": %.1f}\n", n, k, rc, b - a }' \
+    >> "$OUT/steps.jsonl"
   echo "== $name rc=$rc ($(date +%T))"; grep -v "^INFO\|^DEBUG\|^WARNING" "$OUT/$name.log" | tail -n 6
   [ "$rc" -eq 0 ] || FAILED=1
+}
+run() {  # run NAME LIMIT_S CMD...: a runner step (its --json is OUT/NAME.json)
+  step bench "$@"
+}
+tests() {  # tests NAME LIMIT_S PYTEST_ARGS...: a pytest step, its JUnit OUT/NAME.xml and a line per test file
+  local name=$1 limit=$2; shift 2
+  step pytest "$name" "$limit" python3 -m pytest --junitxml="$OUT/$name.xml" -o junit_family=xunit1 "$@"
+  [ -f "$OUT/$name.xml" ] && python3 -m benchmarks.device_report counts "$OUT/$name.xml"
 }
 K="python3 -m benchmarks.kernels"
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
@@ -37,12 +57,13 @@ LINEAR="M=1|16|32|64|128|256,N=4096,K=4096;M=1|16,N=8192,K=8192;M=4096,N=4096,K=
 DECODE="M=1|16|32|64,N=4096,K=4096;M=16,N=8192,K=8192"
 for step in $STEPS; do
   case $step in
-    gates) run gates 280 python3 -m pytest -q -n 4 -rfs --tb=short -m gpu -p no:cacheprovider \
+    env) step check env 120 python3 -m benchmarks.device_env imports ;;
+    gates) tests gates 280 -q -n 4 -rfs --tb=short -m gpu -p no:cacheprovider \
              tests/kernels/gdn/test_vllm_layer.py tests/kernels/fp8/test_linear_dispatch.py \
              tests/kernels/fp8/test_wgmma.py ;;
-    gates_all) run gates_all 300 python3 -m pytest -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
+    gates_all) tests gates_all 300 -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
                  --ignore=tests/kernels/allreduce
-               if [ "$NGPU" -ge 2 ]; then run gates_allreduce 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+               if [ "$NGPU" -ge 2 ]; then tests gates_allreduce 150 -q -m gpu -p no:cacheprovider \
                  tests/kernels/allreduce; fi ;;
     gdn32) run gdn_prefill_hv32 240 $K --op gdn_prefill --peer vllm_chunk --mode loop --mode graph \
              --shapes "H=16,HV=32,$GRID" --json "$OUT/gdn_prefill_hv32.json" ;;
@@ -73,4 +94,6 @@ for step in $STEPS; do
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
+echo "== summary"
+python3 -m benchmarks.device_report summary "$OUT" || FAILED=1
 exit $FAILED

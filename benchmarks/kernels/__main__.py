@@ -18,7 +18,9 @@ Each row: us a call, the ratio (the impl's time over r9k's: > 1 means r9k is fas
 over the ceiling measured on this device, benchmarks/kernels/ceilings.py) and the fraction of it reached, the
 output's error. ``--repeat R`` times every impl R rounds in turn and keeps each one's median. The rows go to
 ``--json OUT`` (default benchmarks/results/<op>-<time>.json, an ignored folder) with the device, versions and
-ceilings. ``--list`` prints the registry and needs no GPU; everything else refuses to run without one.
+ceilings. ``--list`` prints the registry and needs no GPU; everything else refuses to run without one (exit 2).
+The exit status is 1 when any impl asked for gives no figure at any shape (its inputs or its call failed, it was
+unavailable, a timing failed or gave NaN): the run lists each at the end and in the JSON's ``problems``.
 
 Examples::
 
@@ -171,8 +173,16 @@ def check_one(op, name: str, inputs, result, ref) -> float | None:
     return rel_err(op.output(result), ref)
 
 
-def run_op(op, args, ceilings, log=print, rank: int = 0) -> list[dict]:
-    """Every shape x impl x mode of ``op`` on this process's device; rows as the module docstring says."""
+def run_op(op, args, ceilings, log=print, rank: int = 0, problems: list[str] | None = None) -> list[dict]:
+    """Every shape x impl x mode of ``op`` on this process's device; rows as the module docstring says. Each
+    shape whose inputs cannot be built, impl that fails or is unavailable, and impl x mode without a figure
+    (a failed or NaN timing) is appended to ``problems`` as one line, beside the log line."""
+    problems = [] if problems is None else problems
+
+    def fail(line: str) -> None:
+        log(line)
+        problems.append(line)
+
     device = f"cuda:{torch.cuda.current_device()}"
     modes = args.mode or [op.default_mode]
     modes = [m for m in modes if m in op.modes]
@@ -183,7 +193,7 @@ def run_op(op, args, ceilings, log=print, rank: int = 0) -> list[dict]:
             inputs = op.build(shape, device)
             ref = op.ref(inputs) if op.ref is not None and op.check is None else None
         except Exception as e:  # noqa: BLE001 - a shape that cannot be built: say so, go on
-            log(f"{op.name} {label}: inputs FAILED {type(e).__name__}: {str(e)[:300]}")
+            fail(f"{op.name} {label}: inputs FAILED {type(e).__name__}: {str(e)[:300]}")
             continue
         floor = op.floor(shape)
         floor_us = floor.us(ceilings) if (floor.bytes or floor.flops) and rank == 0 else float("nan")
@@ -195,10 +205,10 @@ def run_op(op, args, ceilings, log=print, rank: int = 0) -> list[dict]:
                 torch.cuda.synchronize()
                 err = check_one(op, name, inputs, result, ref)
                 built.append((name, fns, err))
-            except Unavailable as e:
-                log(f"{op.name} {label} {name}: skipped: {e}")
+            except Unavailable as e:  # asked for and not run: no figure, as a failure is
+                fail(f"{op.name} {label} {name}: skipped: {e}")
             except Exception as e:  # noqa: BLE001 - one impl failing must not cost the others
-                log(f"{op.name} {label} {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
+                fail(f"{op.name} {label} {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
                 if os.environ.get("R9K_BENCH_TRACEBACK"):
                     traceback.print_exc()
         if args.profile and si == 0 and built and built[0][0] == "r9k":
@@ -226,6 +236,8 @@ def run_op(op, args, ceilings, log=print, rank: int = 0) -> list[dict]:
                     row["flush"] = args.flush
                 rows.append(row)
                 log(_format(row))
+                if not (us == us and us > 0):
+                    problems.append(f"{op.name} {label} {name} {mode}: no figure ({us} us)")
     if op.report is not None and rank == 0:
         op.report(rows)
     return rows
@@ -257,7 +269,7 @@ def _profile(fn, n: int = 300) -> str:
 
 
 def _rank_worker(rank: int, world: int, op_name: str, args: argparse.Namespace, port: int, out_path: str,
-                 ceiling_values: dict) -> None:
+                 ceiling_values: dict) -> None:  # writes {"rows", "problems"} of rank 0 to out_path
     import torch.distributed as dist
 
     from benchmarks.kernels.ceilings import Ceilings
@@ -268,16 +280,19 @@ def _rank_worker(rank: int, world: int, op_name: str, args: argparse.Namespace, 
     ceilings = Ceilings()
     ceilings.values.update(ceiling_values)
     try:
-        rows = run_op(REGISTRY[op_name], args, ceilings, log=print if rank == 0 else (lambda *a: None), rank=rank)
+        problems: list[str] = []
+        rows = run_op(REGISTRY[op_name], args, ceilings, log=print if rank == 0 else (lambda *a: None), rank=rank,
+                      problems=problems)
         if rank == 0:
-            Path(out_path).write_text(json.dumps(rows))
+            Path(out_path).write_text(json.dumps(dict(rows=rows, problems=problems)))
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def run_multi(op, args, ceilings) -> list[dict]:
-    """``op`` with one process per GPU, for each world size its shapes ask for; rank 0's rows."""
+def run_multi(op, args, ceilings, problems: list[str]) -> list[dict]:
+    """``op`` with one process per GPU, for each world size its shapes ask for; rank 0's rows (its problems
+    appended to ``problems``, with each world size that cannot run here)."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -293,6 +308,7 @@ def run_multi(op, args, ceilings) -> list[dict]:
         why = gpu_problem(world)
         if why:
             print(f"{op.name}: world size {world} skipped: {why}", file=sys.stderr)
+            problems.append(f"{op.name}: world size {world} skipped: {why}")
             continue
         for s in shapes:  # the floors, measured here (rank 0 has them)
             f = op.floor(s)
@@ -305,7 +321,9 @@ def run_multi(op, args, ceilings) -> list[dict]:
             port = 29500 + os.getpid() % 1000
             mp.spawn(_rank_worker, args=(world, op.name, sub, port, out, dict(ceilings.values)), nprocs=world,
                      join=True)
-            rows += json.loads(Path(out).read_text())
+            got = json.loads(Path(out).read_text())
+            rows += got["rows"]
+            problems += got["problems"]
     return rows
 
 
@@ -326,17 +344,22 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.open("a").close()  # a bad path fails now, not after the measurements
     ceilings = Ceilings()
-    rows = []
+    rows: list[dict] = []
+    problems: list[str] = []
     for op in ops:
-        rows += run_multi(op, args, ceilings) if op.world_size > 1 else run_op(op, args, ceilings)
+        rows += (run_multi(op, args, ceilings, problems) if op.world_size > 1
+                 else run_op(op, args, ceilings, problems=problems))
     import triton
 
     meta = dict(command=" ".join(["python -m benchmarks.kernels"] + (argv if argv is not None else sys.argv[1:])),
                 date=datetime.datetime.now().isoformat(timespec="seconds"), device=torch.cuda.get_device_name(),
                 gpus=torch.cuda.device_count(), torch=torch.__version__, triton=triton.__version__,
                 ceilings=ceilings.values)
-    out.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+    out.write_text(json.dumps(dict(meta=meta, rows=rows, problems=problems), indent=1, default=str))
     print(f"\n{len(rows)} rows -> {out}")
+    if problems:  # an impl asked for that gave no figure fails the run, so a step cannot pass with a row missing
+        print(f"{len(problems)} without a figure:\n  " + "\n  ".join(problems), file=sys.stderr)
+        return 1
     return 0
 
 
