@@ -125,7 +125,7 @@ def compare_figures(base: dict[str, list[Record]], cand: dict[str, list[Record]]
                     marks: dict[str, str] | None = None) -> list[FigureRow]:
     """Rows for every figure either side has. ``base``/``cand``: suite -> runs (newest first); a figure of a suite
     is compared with the baseline's runs of the same suite only (the caller leaves out suites whose records do
-    not measure the same thing). ``marks``: per-pass figure name -> the performance gate's mark."""
+    not measure the same thing). ``marks``: (suite, per-pass figure name) -> the performance gate's mark."""
     every = [r for runs in list(base.values()) + list(cand.values()) for r in runs]
     rows = []
     marks = marks or {}
@@ -143,7 +143,7 @@ def compare_figures(base: dict[str, list[Record]], cand: dict[str, list[Record]]
         _, bv, bband, _ = pick(base, suite) if suite is not None else pick(base)
         if bv is None and cv is None:
             continue
-        mark = marks.get(spec.per_pass) if spec.per_pass and bv is not None and cv is not None else None
+        mark = marks.get((suite, spec.per_pass)) if spec.per_pass and bv is not None and cv is not None else None
         rows.append(FigureRow(spec.label, spec.unit, spec.digits, bv, cv, cband, bband, n, mark))
     return rows
 

@@ -1,6 +1,6 @@
 """The performance gate: BetterBench figures of a candidate release against a baseline, pass by pass.
 
-A figure regresses when both hold:
+A figure regresses when both hold (and passes only when it moved by no more than its threshold):
 
 1. practical: the candidate's median is worse than the baseline's by more than the figure's threshold (percent
    of the baseline median; the ``perf_gate`` stored in the baseline's record, else the suite file's; defaults
@@ -16,9 +16,14 @@ With n and m passes the smallest p the rank test can give is 1 / C(n + m, n) (1/
 not below alpha the gate *cannot tell*: the figure is neither a regression nor a pass, whatever its move, and
 the message says how many passes a side would let it decide (:func:`passes_needed`).
 
-Marks: "slower" (a regression), "faster" (the same two conditions in the good direction), "within the
-threshold" (moved by no more than its threshold), "not significant" (moved by more, but the rank test does not
-separate the passes), "cannot tell". Lower is better for figures in milliseconds (``_ms``), higher for rates.
+Where the run-to-run drift between runs of one tree on the hardware is known (the configuration's
+``perf_noise_pct``, stored in the baseline's record), a move must pass it too to be a regression.
+
+Marks: "slower" (a regression), "faster" (the same conditions in the good direction), "within the threshold"
+(moved by no more than its threshold: a pass), "cannot tell" (worse by more than the threshold, but the pass
+counts cannot give p < alpha, the passes do not separate, or the move lies within the run-to-run drift: never a
+pass), "not significant" (better, not separated). Lower is better for times (``_ms`` in the name), higher for
+rates (``_tok_s``); a figure of neither kind is not judged.
 """
 from __future__ import annotations
 
@@ -92,7 +97,9 @@ class PerfFigure:
     outside_band: bool = False
     mark: str = "within the threshold"
     regression: bool = False
-    cannot_tell: bool = False  # the pass counts cannot give p < alpha: neither a regression nor a pass
+    cannot_tell: bool = False  # worse by more than the threshold without the evidence to call it: never a pass
+    suite: str = BENCH_KIND
+    floor_pct: float = 0.0  # the run-to-run drift the move was held against
     message: str = ""
     base_band: tuple[float, float] = (0.0, 0.0)  # run_band of each side
     cand_band: tuple[float, float] = (0.0, 0.0)
@@ -126,25 +133,45 @@ def passes_a_side(alpha: float) -> int:
     return n
 
 
+def lower_is_better(figure: str) -> bool | None:
+    """Whether a smaller value of ``figure`` is better, read from its unit: times (``_ms``, anywhere in the name:
+    ``decode_step_ms``, ``c8_ttft_ms_p50``) are, rates (``_tok_s``, ``_per_s``) are not; None for a name of
+    neither kind (the gate refuses to guess)."""
+    if "_ms" in figure:
+        return True
+    if figure.endswith(("_tok_s", "_per_s")) or "_tok_s_" in figure:
+        return False
+    return None
+
+
 def judge(config: str, figure: str, base: list[float], cand: list[float], threshold_pct: float,
-          alpha: float = 0.05) -> PerfFigure:
+          alpha: float = 0.05, suite: str = BENCH_KIND, floor_pct: float = 0.0, floor_why: str = "") -> PerfFigure:
     """Apply the rule of the module docstring to one figure.
 
     Args:
-        base, cand: per-pass values of the figure (its unit; ``_ms`` figures lower is better).
+        base, cand: per-pass values of the figure (its unit; :func:`lower_is_better` gives the direction).
         threshold_pct: the practical threshold, percent of the baseline median.
         alpha: the rank test's significance level.
+        floor_pct, floor_why: the run-to-run drift between runs of one tree on this hardware (percent) and where
+            that figure comes from: a move past the threshold but not past the drift cannot be told from it.
     Raises:
-        ValueError: either side has no values.
+        ValueError: either side has no values, the figure's direction is unknown, or the baseline's median is not
+            a positive number (a move cannot be put in percent of it).
     """
     from scipy.stats import mannwhitneyu
 
     if not base or not cand:
         raise ValueError(f"{config}/{figure}: no per-pass values on one side")
-    lower = figure.endswith("_ms")
+    lower = lower_is_better(figure)
+    if lower is None:
+        raise ValueError(f"{config}/{figure}: neither a time (_ms) nor a rate (_tok_s): which way is worse is unknown")
     f = PerfFigure(config, figure, "ms" if lower else "tok/s", lower, list(base), list(cand), threshold_pct, alpha)
+    f.suite, f.floor_pct = suite, floor_pct
     f.base_median, f.cand_median = statistics.median(base), statistics.median(cand)
-    f.change_pct = 100.0 * (f.cand_median - f.base_median) / f.base_median if f.base_median else 0.0
+    if not f.base_median > 0:
+        raise ValueError(f"{config}/{figure}: the baseline's median is {f.base_median!r}: a move cannot be put in "
+                         "percent of it")
+    f.change_pct = 100.0 * (f.cand_median - f.base_median) / f.base_median
     f.worse_pct = f.change_pct if lower else -f.change_pct
     f.base_band, f.cand_band = run_band(base), run_band(cand)
     lo, hi = f.base_band
@@ -158,7 +185,8 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
                                   method="exact" if exact else "asymptotic").pvalue)
     f.min_p = 1.0 / math.comb(len(base) + len(cand), len(cand))
     f.cannot_tell = f.min_p >= alpha
-    f.regression = not f.cannot_tell and f.worse_pct > threshold_pct and f.p_value < alpha
+    bar = max(threshold_pct, floor_pct)
+    f.regression = not f.cannot_tell and f.worse_pct > bar and f.p_value < alpha
     band = "beyond the baseline's band" if f.outside_band or better_outside else "inside the baseline's band"
     move = f"{f.worse_pct:+.1f}% in the bad direction (threshold {threshold_pct:g}%), {band}"
     if f.cannot_tell:
@@ -171,23 +199,40 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     if f.regression:
         f.mark = "slower"
         f.message = f"a regression: {move}, rank-test p = {f.p_value:.3g} < {alpha:g}"
-    elif -f.worse_pct > threshold_pct and p_better < alpha:
+        if floor_pct > threshold_pct:
+            f.message += f"; beyond the run-to-run drift of {floor_pct:g}% too"
+    elif -f.worse_pct > bar and p_better < alpha:
         f.mark = "faster"
         f.message = f"faster: {-f.worse_pct:+.1f}% in the good direction, {band}, rank-test p = {p_better:.3g}"
     elif abs(f.worse_pct) <= threshold_pct:
         f.mark = "within the threshold"
         f.message = f"{move}: within the {threshold_pct:g}% threshold; rank-test p = {f.p_value:.3g}"
+    elif f.worse_pct > 0 and f.worse_pct <= floor_pct:
+        f.cannot_tell, f.mark = True, "cannot tell"
+        f.message = (f"cannot tell: {move}, but within the run-to-run drift of {floor_pct:g}% between runs of one "
+                     f"tree ({floor_why}); rank-test p = {f.p_value:.3g}")
+    elif f.worse_pct > 0:
+        f.cannot_tell, f.mark = True, "cannot tell"
+        f.message = (f"cannot tell: {move}, but the rank test does not separate the passes "
+                     f"(p = {f.p_value:.3g}, alpha {alpha:g}): more passes would decide")
     else:
         f.mark = "not significant"
-        f.message = (f"{move}, but the rank test does not separate the passes "
-                     f"(p = {min(f.p_value, p_better):.3g}, alpha {alpha:g})")
+        f.message = (f"{-f.worse_pct:+.1f}% in the good direction, {band}, not separated by the rank test "
+                     f"(p = {p_better:.3g})")
     return f
 
 
+def _rows(r: Record) -> list[dict]:
+    """A record's per-pass rows, those that are mappings (a record edited by hand may hold anything)."""
+    rows = r.metrics.get("per_pass") if isinstance(r.metrics, dict) else None
+    return [row for row in rows if isinstance(row, dict)] if isinstance(rows, list) else []
+
+
 def _passes(records: list[Record], figure: str) -> list[float]:
-    """The finite per-pass values of ``figure`` (NaN or infinity is no measurement)."""
-    return [float(row[figure]) for r in records for row in r.metrics.get("per_pass", [])
-            if isinstance(row.get(figure), (int, float)) and math.isfinite(row[figure])]
+    """The finite per-pass values of ``figure`` (NaN, infinity or a non-number is no measurement)."""
+    return [float(row[figure]) for r in records for row in _rows(r)
+            if isinstance(row.get(figure), (int, float)) and not isinstance(row.get(figure), bool)
+            and math.isfinite(row[figure])]
 
 
 @dataclass
@@ -243,8 +288,10 @@ def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
     plugin and engine source, configuration, suite (kind, params, gate) and metrics formula version."""
     runs = record_history(reports, rec.release, rec.config, rec.suite)
     same = lambda r: (r.tree.source_hash, r.tree.engine_hash, r.config_hash, r.suite_hash, r.params_hash,  # noqa: E731
-                      r.metrics_formula_version)
-    return [r for r in runs if same(r) == same(rec) and r.verdict.status in ("pass", "fail")] or [rec]
+                      r.metrics_formula_version, r.versions.get("vllm"), r.versions.get("torch"),
+                      r.versions.get("cpu"), r.versions.get("driver"))
+    return [r for r in runs if same(r) == same(rec) and r.verdict.status in ("pass", "fail")
+            and not comparable(r, rec)] or [rec]
 
 
 #: Server settings that change what a BetterBench figure means (combined decode averages up to max_num_seqs;
@@ -252,23 +299,16 @@ def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
 MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
 
 
-def noise_floor(runs: list[Record], figure: str, configured: float | None) -> tuple[float, str]:
-    """The least move (percent) the gate may call a change for ``figure``, and why: the configuration's measured
-    run-to-run drift (``perf_noise_pct`` of the baseline's record), and the spread of the medians of the
-    baseline's own runs of one tree (history: max - min over their median) where it has two or more. Passes
-    within one run are not independent of the machine's state during that run, so a rank test across passes of
-    two runs cannot tell a change from the drift between runs; this floor can. (0, "") when neither is known."""
-    floor, why = 0.0, []
-    if isinstance(configured, (int, float)) and not isinstance(configured, bool) and configured > 0:
-        floor = float(configured)
-        why.append(f"the configuration's run-to-run drift on identical trees is {configured:g}%")
-    medians = [statistics.median(v) for r in runs if (v := _passes([r], figure))]
-    if len(medians) >= 2 and statistics.median(medians):
-        spread = 100.0 * (max(medians) - min(medians)) / statistics.median(medians)
-        if spread > floor:
-            floor = spread
-        why.append(f"the baseline's {len(medians)} runs of one tree spread {spread:.1f}%")
-    return floor, "; ".join(why)
+def noise_floor(b: Record) -> tuple[float, str]:
+    """The run-to-run drift (percent) between runs of one tree on the baseline's hardware, and where it comes
+    from: the configuration's ``perf_noise_pct`` as the baseline's record stores it (measured by
+    ``python -m benchmarks.serving.perf_gate_fp``). Passes within one run share the machine's state during
+    that run, so a rank test across the passes of two runs cannot tell a change from the drift between the runs;
+    a move within it is "cannot tell", never a pass. (0, "") where it is not set."""
+    v = (b.config_snapshot or {}).get("perf_noise_pct") if isinstance(b.config_snapshot, dict) else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+        return float(v), f"the configuration's perf_noise_pct in the baseline's record: {v:g}%"
+    return 0.0, ""
 
 
 def specs_of(root: Path) -> dict[str, PerfGateSpec]:
@@ -292,7 +332,8 @@ def specs_of(root: Path) -> dict[str, PerfGateSpec]:
 def gate_spec(b: Record, c: Record, checkout: dict[str, PerfGateSpec], notes: list[str]) -> PerfGateSpec:
     """The thresholds a comparison of ``c`` against ``b`` is judged by: those stored in the baseline's record
     (a pull request cannot loosen its own gate), else the checkout's suite file's (said in ``notes``). A
-    candidate recorded under other thresholds is said in ``notes``.
+    candidate recorded under other thresholds, and a baseline recorded under other ones than the checkout's
+    suite file sets now, are said in ``notes``.
 
     Raises:
         InputError: a stored ``perf_gate`` that is not a valid one (naming the record).
@@ -307,12 +348,16 @@ def gate_spec(b: Record, c: Record, checkout: dict[str, PerfGateSpec], notes: li
 
     where = f"{c.config}/{c.suite}"
     sb, sc = stored(b), stored(c)
+    mine = checkout.get(c.suite) or PerfGateSpec()
     if sb is None:
-        spec = checkout.get(c.suite) or PerfGateSpec()
+        spec = mine
         notes.append(f"{where}: the baseline {b.release} was recorded before thresholds were stored: the checkout's "
                      f"thresholds are used ({_thresholds(spec)})")
     else:
         spec = sb
+        if c.suite in checkout and sb != mine:
+            notes.append(f"{where}: the baseline {b.release} was recorded under other thresholds ({_thresholds(sb)}) "
+                         f"than the checkout's suite file sets ({_thresholds(mine)}): the baseline's are used")
     if sc is not None and sc != spec:
         notes.append(f"{where}: the candidate was recorded under other thresholds ({_thresholds(sc)}) than the "
                      f"baseline's ({_thresholds(spec)}): the baseline's are used")
@@ -344,6 +389,10 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
     out = PerfComparison(candidate, baseline)
+    have = {(c.config, c.suite) for c in cand}
+    for (cfg, suite), b in sorted(base.items()):  # a BetterBench record the baseline has and the candidate lacks
+        if (cfg, suite) not in have and (not configs or cfg in configs) and cfg in {c.config for c in cand}:
+            out.limited.append(f"{cfg}/{suite}: the candidate {candidate} has no such record (the baseline {baseline} has)")
     for c in cand:
         b = base.get((c.config, c.suite))
         where = f"{c.config}/{c.suite}"
@@ -352,27 +401,31 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             continue
         bad = comparable(b, c)
         for label, r in (("baseline", b), ("candidate", c)):
-            if r.verdict.status in ("pass", "fail") and not r.metrics.get("per_pass"):
+            if r.verdict.status in ("pass", "fail") and not _rows(r):
                 bad.append(f"the {label} record holds no per-pass values")
         if bad:
-            if b.profile != c.profile and all(r.verdict.status in ("pass", "fail") for r in (b, c)):
-                out.limited.append(f"{where}: the candidate ran the {c.profile} profile and the baseline the "
-                                   f"{b.profile} one: their figures measure other things ({'; '.join(bad)})")
+            # only a quick candidate against a full baseline is the run's own choice, and only where the profile
+            # explains every difference (its parameters); anything else should have been compared and was not
+            profile_only = all(x.startswith("suite parameters differ") for x in bad)
+            if profile_only and c.profile == "quick" and b.profile == "full":
+                out.limited.append(f"{where}: the candidate ran the quick profile and the baseline the full one: their "
+                                   f"figures measure other things ({'; '.join(bad)})")
             else:
                 out.unpaired.append(f"{where}: cannot compare: " + "; ".join(bad))
             continue
-        spec = gate_spec(b, c, specs, out.notes)
+        try:
+            spec = gate_spec(b, c, specs, out.notes)
+        except InputError as e:
+            out.unpaired.append(f"{where}: cannot compare: {e}")
+            continue
         bruns, cruns = _same_tree_runs(breports, b), _same_tree_runs(reports, c)
-        noise_cfg = b.config_snapshot.get("perf_noise_pct")
-        names = sorted({k for r in (b, c) for row in r.metrics["per_pass"] for k in row if k != "pass"})
+        floor, floor_why = noise_floor(b)
+        names = sorted({k for r in (b, c) for row in _rows(r) for k in row if k != "pass"})
+        judged = 0
         for name in names:
             t = spec.threshold(name)
             if t is None:
                 continue
-            floor, why = noise_floor(bruns, name, noise_cfg)
-            if floor > t:
-                out.notes.append(f"{where}: {name}'s threshold {t:g}% is raised to {floor:.1f}%: {why}")
-                t = floor
             bv, cv = _passes(bruns, name), _passes(cruns, name)
             if bv and not cv:  # a gated figure the candidate lost is never a silent pass
                 out.unpaired.append(f"{where}: {name} is gated and measured in the baseline but missing from the "
@@ -380,5 +433,12 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             elif cv and not bv:
                 out.limited.append(f"{where}: {name} is gated but the baseline {baseline} did not measure it")
             elif bv and cv:
-                out.figures.append(judge(c.config, name, bv, cv, t, spec.alpha))
+                try:
+                    out.figures.append(judge(c.config, name, bv, cv, t, spec.alpha, c.suite, floor, floor_why))
+                    judged += 1
+                except ValueError as e:
+                    out.unpaired.append(f"{where}: {name}: cannot judge: {e}")
+        if not judged and not any(x.startswith(f"{where}:") for x in out.unpaired + out.limited):
+            out.unpaired.append(f"{where}: no figure was judged: the thresholds ({_thresholds(spec)}) cover none of "
+                                "the figures both records measured")
     return out

@@ -288,7 +288,7 @@ def attach_numbers(view: ReleaseView, reports: Path) -> None:
     if view.baseline:
         for r in release_records(reports, view.baseline, skipped=[]):
             base_by.setdefault(r.config, {})[r.suite] = r
-    marks = {(f.config, f.figure): f.mark for f in (view.perf.figures if view.perf else [])}
+    marks = {(f.config, f.suite, f.figure): f.mark for f in (view.perf.figures if view.perf else [])}
     for cfg, suites in view.by_config.items():
         cand = {s: record_history(reports, view.release, cfg, s) for s in suites}
         base: dict[str, list[Record]] = {}
@@ -302,7 +302,7 @@ def attach_numbers(view: ReleaseView, reports: Path) -> None:
                 notes.append(f"{s}: not compared with {view.baseline}'s record: {'; '.join(why)}")
             else:
                 base[s] = record_history(reports, view.baseline, cfg, s)
-        view.numbers[cfg] = compare_figures(base, cand, {k[1]: m for k, m in marks.items() if k[0] == cfg})
+        view.numbers[cfg] = compare_figures(base, cand, {(k[1], k[2]): m for k, m in marks.items() if k[0] == cfg})
         view.numbers_notes[cfg] = notes
         if cfg in base_by:
             b0, c0 = next(iter(base_by[cfg].values())), next(iter(suites.values()))

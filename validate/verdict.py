@@ -279,8 +279,9 @@ def perf_checks(perf, strict: bool) -> list[Check]:
                   f"{f.base_band[0]:.4g}-{f.base_band[1]:.4g}); {perf.candidate} {f.cand_median:.4g} {f.unit} over "
                   f"{len(f.cand)} (band {f.cand_band[0]:.4g}-{f.cand_band[1]:.4g}); change {f.change_pct:+.1f}%"]
         outcome = ("finding" if f.regression else ("not-checked" if strict else "limited") if f.cannot_tell else "pass")
-        out.append(Check(f.config, f"perf {f.figure}", "perf", outcome, "regression" if f.regression else f.mark,
-                         f.message, detail, properties=props))
+        name = f"perf {f.figure}" if f.suite == "betterbench" else f"perf {f.suite}/{f.figure}"
+        out.append(Check(f.config, name, "perf", outcome, "regression" if f.regression else f.mark,
+                         f.message, detail, properties=props | {"suite": f.suite}))
     for reason in perf.unpaired:
         cfg, suite = _task_of(reason)
         out.append(Check(cfg, f"perf {suite}", "perf", "not-checked", "not compared", reason, [reason]))

@@ -293,10 +293,11 @@ def test_sizes_of_the_two_sides():
     assert N == 200 and len(BASE) == 150 and len(BASE - LOST_50) == 50
 
 
-def test_the_threshold_is_raised_to_the_measured_drift_between_runs(tmp_path):
-    """Identical trees 24% apart between runs (every pass of the slow run above the fast one: p = 5e-6) are a
-    regression on the suite's 3% alone; the configuration's perf_noise_pct of 30 raises the threshold, said in the
-    notes, and so does the spread of the baseline's own runs of one tree (its history)."""
+def test_a_move_within_the_measured_drift_between_runs_cannot_be_told(tmp_path, capsys):
+    """Identical trees 24% apart between runs (every pass of the slow run above the fast one: p = 2e-10) are a
+    regression on the suite's 3% alone; with the configuration's perf_noise_pct of 30 in the baseline's record the
+    gate cannot tell (never a pass): gate --perf exits 2, a release lists it under Not checked. A move beyond the
+    drift is still a regression. History runs never raise the bar: one slow planted run would hide anything."""
     from validate.perfgate import compare_perf
 
     save(tmp_path, bench("v0.1.0", 26.8, 1), bench("v0.2.0", 26.8 * 1.24, 2))
@@ -306,18 +307,28 @@ def test_the_threshold_is_raised_to_the_measured_drift_between_runs(tmp_path):
     save(tmp_path, b)
     cmp = compare_perf(tmp_path, "v0.2.0", "v0.1.0")
     step = next(f for f in cmp.figures if f.figure == "decode_step_ms")
-    assert not step.regression and step.threshold_pct == 30 and step.mark == "within the threshold"
-    assert any("decode_step_ms's threshold 3% is raised to 30.0%: the configuration's run-to-run drift" in n for n in cmp.notes)
-    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports", str(tmp_path)]) == 0
-    far = bench("v0.3.0", 26.8 * 1.5, 3)  # beyond the drift: still a regression
+    assert not step.regression and step.cannot_tell and step.mark == "cannot tell" and step.floor_pct == 30
+    assert "within the run-to-run drift of 30% between runs of one tree" in step.message
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports", str(tmp_path)]) == 2
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 0 and "cpu-smol / perf decode_step_ms: cannot tell:" in out["notes"]
+    far = bench("v0.3.0", 26.8 * 1.5, 3)  # beyond the drift: a regression
     save(tmp_path, far)
     assert next(f for f in compare_perf(tmp_path, "v0.3.0", "v0.1.0").figures if f.figure == "decode_step_ms").regression
-    # no configured drift, but the baseline's history holds two runs of one tree 20% apart
+    # a slow run planted in the baseline's history: pooled only where it measured the same thing on the same
+    # versions, and never a floor; the candidate 60% slower stays a regression
     (tmp_path / "v0.1.0").rename(tmp_path / "old")
-    save(tmp_path, bench("v0.1.0", 26.8 * 1.2, 4), bench("v0.1.0", 26.8, 1))  # the first moves to history/
-    cmp = compare_perf(tmp_path, "v0.2.0", "v0.1.0")
-    step = next(f for f in cmp.figures if f.figure == "decode_step_ms")
-    assert 15 < step.threshold_pct < 25 and any("the baseline's 2 runs of one tree spread" in n for n in cmp.notes)
+    slow = bench("v0.1.0", 26.8 * 2, 4)
+    save(tmp_path, slow, bench("v0.1.0", 26.8, 1))  # the slow one moves to history/
+    save(tmp_path, bench("v0.4.0", 26.8 * 1.6, 5))
+    step = next(f for f in compare_perf(tmp_path, "v0.4.0", "v0.1.0").figures if f.figure == "decode_step_ms")
+    assert step.threshold_pct == 3.0 and step.floor_pct == 0.0
+    slow.versions = {"vllm": "0.31.0"}  # another vLLM's run is never pooled with the baseline's passes
+    (tmp_path / "v0.1.0").rename(tmp_path / "old2")
+    save(tmp_path, slow, bench("v0.1.0", 26.8, 1))
+    step = next(f for f in compare_perf(tmp_path, "v0.4.0", "v0.1.0").figures if f.figure == "decode_step_ms")
+    assert len(step.base) == 20 and step.regression
 
 
 def test_the_false_positive_benchmark_gates_every_ordered_pair(tmp_path):
