@@ -250,6 +250,11 @@ def cmd_release(args) -> int:
     except (InputError, ReportsError) as e:
         console.print(f"[red]error: the release notes could not be rendered: {e}[/red]", soft_wrap=True)
         verdict.checks.append(release_check("notes", f"the release notes could not be rendered: {e}"))
+    except Exception as e:  # a record no renderer foresaw: the verdict still reaches JUnit, the summary and the exit
+        console.print(f"[red]error: the release notes could not be rendered: {type(e).__name__}: {e}[/red]",
+                      soft_wrap=True)
+        verdict.checks.append(release_check("notes", f"the release notes could not be rendered: "
+                                                     f"{type(e).__name__}: {e}"))
     return _finish(args, verdict)
 
 
@@ -269,6 +274,20 @@ def _finish(args, verdict) -> int:
     print_verdict(verdict)
     code = _ci_reports(args, verdict)
     return _exit(code, verdict.why())
+
+
+def _stopped(args, why: str, interrupted: bool = False) -> int:
+    """A command that stopped before its verdict (bad input, Ctrl-C): its JUnit and step summary still say so,
+    from a verdict of that one line, so a report of an earlier run is never left standing as this one's."""
+    from validate.verdict import ReleaseVerdict, release_check
+
+    v = ReleaseVerdict(getattr(args, "release", None) or getattr(args, "name", None) or "-", interrupted=interrupted,
+                       what=args.cmd + (" --perf" if getattr(args, "perf", False) else ""))
+    v.checks.append(release_check("interrupted" if interrupted else "input", why))
+    try:
+        return _ci_reports(args, v) if interrupted else combine_exit(2, _ci_reports(args, v))
+    except Exception:  # the reports are best effort here; the exit status stands
+        return 130 if interrupted else 2
 
 
 def _render(root: Path, reports: Path, release: str, checklist, verdict) -> Path:
@@ -303,17 +322,19 @@ def _ci_reports(args, verdict) -> int:
     ``verdict``. Returns the exit status (a report that cannot be written adds 2; a finding still outranks it)."""
     from validate.ci_formats import append_github_summary, github_summary, write_junit
 
-    code = verdict.exit_code()
+    from validate.verdict import release_check
+
     if getattr(args, "junit_xml", None):
         try:
             path = write_junit(args.junit_xml, verdict)
             console.print(f"JUnit report: {path}")
         except OSError as e:
-            console.print(f"[red]error: cannot write the JUnit report {args.junit_xml}: {e.strerror or e}[/red]")
-            code = combine_exit(code, 2)
+            why = f"cannot write the JUnit report {args.junit_xml}: {e.strerror or e}"
+            console.print(f"[red]error: {why}[/red]")
+            verdict.checks.append(release_check("junit", why))  # the summary and the exit status say it too
     if append_github_summary(github_summary(verdict)) is False:
         console.print("[yellow]warning: cannot append to $GITHUB_STEP_SUMMARY[/yellow]")
-    return code
+    return verdict.exit_code()
 
 
 def cmd_suite(args) -> int:
@@ -630,20 +651,22 @@ def main(argv: list[str] | None = None) -> int:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+    reports = args.cmd in ("release", "suite", "gate")  # the commands that write JUnit and the step summary
     try:
         return args.fn(args)
     except InputError as e:
         console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        return 2
+        return _stopped(args, f"bad input: {e}") if reports else 2
     except LaunchError as e:
         console.print(f"[red]launch failed:[/red] {e}", soft_wrap=True)
-        return 2
+        return _stopped(args, f"launch failed: {e.cause}") if reports else 2
     except ReportsError as e:
         console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        return 2
+        return _stopped(args, str(e)) if reports else 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: servers stopped, records written so far are kept[/yellow]")
-        return 130
+        return _stopped(args, "interrupted before the verdict: the records written so far are kept",
+                        interrupted=True) if reports else 130
 
 
 if __name__ == "__main__":

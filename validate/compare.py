@@ -254,9 +254,14 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
     if not base:
         raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
     tasks, unpaired, blocking = [], [], []
+    same_folder = reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()
     for r in cand:
         key = (against_config or r.config, r.suite)
         b = base.get(key)
+        if b is not None and candidate == baseline and same_folder and key == (r.config, r.suite):
+            unpaired.append(f"{r.config}/{r.suite}: a record is never its own baseline")
+            blocking.append(unpaired[-1])
+            continue
         if b is None:
             unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
             continue
@@ -289,75 +294,75 @@ def resolve_baseline(reports: Path, release: str, baseline: str | None) -> str |
     return choose_baseline(reports, release, baseline)[0]
 
 
-def choose_baseline(reports: Path, release: str, baseline: str | None) -> tuple[str | None, str]:
+def choose_baseline(reports: Path, release: str, baseline: str | None,
+                    want: set[tuple[str, str]] | None = None) -> tuple[str | None, str]:
     """(the baseline a run compares with, why that one): ``baseline`` as named; None for :data:`NO_BASELINE`;
-    else :func:`previous_release`. The reason is said in the notes and on the console."""
+    else :func:`previous_release` (``want``: the candidate's gated (configuration, suite kind) pairs, which
+    the baseline must hold one of). The reason is said in the notes and on the console."""
     if baseline == NO_BASELINE:
         return None, "--baseline none: no baseline"
     if baseline:
         return baseline, "named with --baseline"
-    name = previous_release(reports, release)
+    name = previous_release(reports, release, want)
     by_version = _version(release) is not None
+    rule = ("pre-releases and dev releases are never taken (name one with --baseline), and the baseline must hold "
+            "an eval or BetterBench record of a configuration the candidate has")
     if name is None:
-        return None, (f"no {'older ' if by_version else 'other '}release under reports/ holds an eval or BetterBench "
-                      "record" + ("" if by_version else f" ({release!r} is not a version: the newest other release is "
-                                  "taken)"))
+        return None, (f"no {'older ' if by_version else ''}released version under reports/ holds a record to compare "
+                      f"with ({rule})")
     if by_version:
-        return name, (f"the newest release older than {release} by version order that holds an eval or BetterBench "
-                      "record")
-    return name, (f"{release!r} is not a version: the newest other release under reports/ (by when its records "
-                  "ended) that holds an eval or BetterBench record")
+        return name, f"the newest released version older than {release} that can be compared with ({rule})"
+    return name, (f"{release!r} is not a version: the newest released version under reports/ that can be compared "
+                  f"with ({rule})")
 
 
 def _version(name: str):
+    """``name`` as a packaging Version ('v0.3.3' and '0.3.3' alike; one leading 'v' only), None when it is not
+    one."""
     from packaging.version import InvalidVersion, Version
 
+    stem = name[1:] if name.startswith("v") else name
+    if not stem[:1].isdigit():
+        return None
     try:
-        return Version(name.lstrip("v"))
+        return Version(stem)
     except InvalidVersion:
         return None
 
 
-def previous_release(reports: Path, release: str) -> str | None:
-    """The baseline release under ``reports`` for ``release``: the newest older one by version order (v0.3.2 before
-    v0.3.3) when ``release`` is a version, else (a name such as ``candidate``) the newest other one by when its
-    records ended; in both cases one that holds a record a gate compares (a paired eval or BetterBench), or a
-    file that is no readable record (which may be one: the gates then say what they could not compare). An
-    aborted or partial run in between whose records are all of other kinds is no baseline: the gates would
-    compare nothing."""
+def previous_release(reports: Path, release: str, want: set[tuple[str, str]] | None = None) -> str | None:
+    """The baseline release under ``reports`` for ``release``: the newest *released* version (no pre-release
+    such as v0.2.0rc1, no dev release) older than ``release`` by version order (v0.3.2 before v0.3.3, v0.9 before
+    v0.10), or for a name that is not a version (such as ``candidate``) the newest released version, that holds a
+    record a gate compares (a paired eval or BetterBench) of one of the (configuration, suite kind) pairs of
+    ``want`` (any, when None), or a file that is no readable record (which may be one: the gates then say what they
+    could not compare). A pre-release of the same version may itself have regressed, and an aborted run, a
+    ``dev`` folder or a sibling candidate compared with would hide a regression: none is taken automatically."""
     from validate.perfgate import BENCH_KIND
     from validate.suite import paired_eval_kinds
 
     gated = set(paired_eval_kinds()) | {BENCH_KIND}
-    key = _version
 
     def has_gated(folder: Path) -> bool:  # a file that is no readable record may be one: the gate then says so
         for p in folder.glob("*/*.json"):
             try:
-                kind = json.loads(p.read_text()).get("suite_kind")
+                d = json.loads(p.read_text())
+                kind, cfg = d.get("suite_kind"), d.get("config")
             except (OSError, ValueError, AttributeError):
                 return True
-            if not isinstance(kind, str) or kind in gated:
+            if not isinstance(kind, str) or not isinstance(cfg, str):
+                return True
+            if kind in gated and (want is None or (cfg, kind) in want):
                 return True
         return False
 
-    def ended(folder: Path) -> str:
-        last = ""
-        for p in folder.glob("*/*.json"):
-            try:
-                t = json.loads(p.read_text()).get("ended_at")
-            except (OSError, ValueError, AttributeError):
-                continue
-            last = max(last, t) if isinstance(t, str) else last
-        return last
-
     if not reports.is_dir():
         return None
-    cur = key(release)
-    if cur is None:
-        others = sorted(((ended(d), d.name) for d in reports.iterdir() if d.is_dir() and d.name != release
-                         and has_gated(d)), reverse=True)
-        return others[0][1] if others else None
-    older = sorted(((k, d.name) for d in reports.iterdir() if d.is_dir() and (k := key(d.name)) is not None and k < cur),
-                   reverse=True)
-    return next((name for _, name in older if has_gated(reports / name)), None)
+    cur = _version(release)
+    found = []
+    for d in reports.iterdir():
+        k = _version(d.name) if d.is_dir() and d.name != release else None
+        if k is None or k.is_prerelease or k.is_devrelease or (cur is not None and k >= cur):
+            continue
+        found.append((k, d.name))
+    return next((name for _, name in sorted(found, reverse=True) if has_gated(reports / name)), None)

@@ -642,12 +642,9 @@ def memory_series(rec: Record) -> list[MemorySeries]:
 
 
 def _version(name: str):
-    from packaging.version import InvalidVersion, Version
+    from validate.compare import _version as version
 
-    try:
-        return Version(name.lstrip("v"))
-    except InvalidVersion:
-        return None
+    return version(name)
 
 
 def history_releases(reports: Path, release: str) -> list[str]:

@@ -46,6 +46,14 @@ class Verdict(BaseModel):
     cause: str | None = None
 
 
+class StoredGate(BaseModel):
+    """A suite's gate as a record stores it: metric -> bound, each a number (a malformed one names the record)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max: dict[str, float] = Field(default_factory=dict)
+    min: dict[str, float] = Field(default_factory=dict)
+
+
 class Item(BaseModel):
     """One question / prompt of an eval or sanity suite: what pairing and audits need."""
 
@@ -130,10 +138,12 @@ class Record(BaseModel):
     # the suite's gate as it ran ({"max": {metric: bound}, "min": {...}}) and, for BetterBench, its performance
     # gate ({"thresholds_pct": {...}, "alpha": a}): a reader judges by these, never by the checkout's suite files.
     # None in schema 1 records.
-    gate: dict[str, Any] | None = None
+    gate: StoredGate | None = None
     perf_gate: dict[str, Any] | None = None
     #: set by :func:`read_record` (never stored): why the verdict read was not the one stored
     rechecked: str | None = Field(None, exclude=True)
+    #: set by the verdict (never stored): the stored gate differs from the suite file's of the same tree
+    gate_mismatch: str | None = Field(None, exclude=True)
 
     @property
     def passed(self) -> bool:
@@ -161,7 +171,10 @@ def check_name(what: str, name: str, example: str) -> str:
 
 
 def check_release_name(release: str) -> str:
-    """See :func:`check_name`. Raises InputError."""
+    """See :func:`check_name`; ``none`` is refused too (``--baseline none`` means no baseline, so a release of
+    that name could never be one). Raises InputError."""
+    if release == "none":
+        raise InputError("release name 'none': reserved (--baseline none means no baseline; e.g. v0.3.3)")
     return check_name("release name", release, "v0.3.3")
 
 
@@ -237,10 +250,13 @@ def write_record(path: Path, record: Record) -> Path:
     return path
 
 
-def gate_reasons(gate: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+def gate_reasons(gate: "dict[str, Any] | StoredGate", metrics: dict[str, Any]) -> list[str]:
     """Reasons the bounds ``gate`` (``{"max": {metric: bound}, "min": {...}}``) fail on ``metrics``; empty when
     it holds. A gated metric that is missing, not a number, or not finite (NaN compares false with every bound; a
     record stores it as null) is a failure."""
+    if isinstance(gate, StoredGate):
+        gate = gate.model_dump()
+    metrics = metrics if isinstance(metrics, dict) else {}
     reasons = []
     for side, worse, sign in (("max", lambda v, b: v > b, ">"), ("min", lambda v, b: v < b, "<")):
         for name, bound in (gate.get(side) or {}).items():
@@ -250,11 +266,11 @@ def gate_reasons(gate: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
             elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 reasons.append(f"gate: metric {name} = {v!r} is not a finite number")
             elif worse(v, bound):
-                reasons.append(f"gate: {name} = {v} {sign} {bound}")
+                reasons.append(f"gate: {name} = {v} {sign} {bound:g}")
     return reasons
 
 
-def recheck(rec: Record, gate: dict[str, Any] | None, whose: str) -> Record:
+def recheck(rec: Record, gate: "dict[str, Any] | StoredGate | None", whose: str) -> Record:
     """Re-apply ``gate`` to a record's metrics: a record that says "pass" while its metrics fail the gate (edited
     by hand, or written by a runner that did not gate) reads as "fail", with the gate's reasons and
     ``rec.rechecked`` saying so. ``whose``: where the gate comes from ("its own", "the checkout's suite file").

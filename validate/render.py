@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from validate.record import Record
 from validate.suite import Checklist
@@ -190,7 +191,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
     for name in ("changes", "upgrading"):
         f = reports / release / f"{name}.md"
         if f.is_file():
-            setattr(view, f"{name}_md", f.read_text().strip())
+            setattr(view, f"{name}_md", markupsafe.Markup(f.read_text().strip()))
     return view
 
 
@@ -342,6 +343,28 @@ def headline(view: ReleaseView) -> str:
     return "; ".join(parts) or "no measurements"
 
 
+def one_line(value: Any) -> Any:
+    """What a ``{{ }}`` of the notes prints: text from records on one line, with the characters that would end a
+    table cell or open an HTML comment escaped (a record's text must never forge a line of the notes, such as their
+    opening, nor hide the lines after it);
+    markdown written by people (``changes.md``, ``upgrading.md``) is passed as Markup and left as it is."""
+    if isinstance(value, markupsafe.Markup) or not isinstance(value, str):
+        return value
+    return " ".join(value.split("\n")).replace("\r", " ").replace("|", "\\|").replace("<!--", "&lt;!--")
+
+
+def fallback_notes(verdict) -> str:
+    """The notes when the full template cannot be rendered: the verdict's opening line and every check that did
+    not pass, so the release's state is still written beside its records."""
+    lines = [f"# {verdict.release}", "", one_line(verdict.opening()), "", "## Not checked", ""]
+    lines += [f"- {one_line(c.config)} / {one_line(c.name)}: {one_line(c.message or c.limits or c.status)}."
+              for c in verdict.not_checked] or ["- Nothing."]
+    lines += ["", "## Failures", ""]
+    lines += [f"- **{one_line(c.config)} / {one_line(c.name)}: {one_line(c.status)}**: {one_line(c.message)}"
+              for c in verdict.findings] or ["- None."]
+    return "\n".join(lines) + "\n"
+
+
 def render_release(root: Path, reports: Path, release: str, checklist: Checklist | None, verdict=None,
                    baseline: str | None = None) -> Path:
     """Render ``reports/<release>/RELEASE.md`` from ``verdict`` (default: :func:`validate.verdict.assess_release`
@@ -357,15 +380,24 @@ def render_release(root: Path, reports: Path, release: str, checklist: Checklist
     if verdict is None:
         verdict = assess_release(reports, release, root=root, baseline=baseline,
                                  planned=checklist.plan() if checklist else None)
-    view = build_view(reports, release, checklist, verdict)
-    view.plots = render_figures(reports, release, view.baseline, notes=view.plot_notes)
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=_Dash,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    env.filters["num"] = fmt_num
-    env.filters["pct"] = fmt_pct
-    env.filters["change"] = fmt_change
-    env.globals["fig"] = fmt_fig
-    text = env.get_template("release.md.j2").render(v=view)
+    try:
+        view = build_view(reports, release, checklist, verdict)
+        view.plots = render_figures(reports, release, view.baseline, notes=view.plot_notes)
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(root / "templates"), undefined=_Dash,
+                                 trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, finalize=one_line)
+        env.filters["num"] = fmt_num
+        env.filters["pct"] = fmt_pct
+        env.filters["change"] = fmt_change
+        env.globals["fig"] = fmt_fig
+        text = env.get_template("release.md.j2").render(v=view)
+    except jinja2.TemplateError:
+        raise
+    except Exception as e:  # a record no part of the notes foresaw: the verdict is still written, and why
+        from validate.verdict import release_check
+
+        why = f"the release notes could not be rendered in full: {type(e).__name__}: {e}"
+        verdict.checks.append(release_check("notes", why))
+        text = fallback_notes(verdict)
     out = reports / release / "RELEASE.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

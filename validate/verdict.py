@@ -194,7 +194,18 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
     else:
         chk = Check(outcome="not-checked", message=v.cause or (v.reasons[0] if v.reasons else "no cause recorded"),
                     detail=detail, **base)
+    finding, limit = server_faults(rec)
+    if finding and chk.outcome != "finding":
+        chk.outcome, chk.status, chk.message = "finding", "wrong-tree", finding
+    if limit and chk.outcome == "pass":
+        if "restarted" in limit:
+            chk.outcome, chk.status, chk.message = "not-checked", "server-restarted", limit
+        else:
+            chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
     stale = other_tree(rec, tree)
+    if rec.gate_mismatch and not stale and chk.outcome == "pass":
+        chk.outcome, chk.status = "not-checked", "gate-mismatch"
+        chk.message = f"the record of this tree was judged by another gate than its suite file's: {rec.gate_mismatch}"
     if stale and chk.outcome != "finding":
         why = f"made by another tree ({stale})"
         if accept_other_tree:
@@ -312,23 +323,67 @@ def release_check(name: str, message: str, outcome: Outcome = "not-checked", sta
     return Check("release", name, "release", outcome, status, message, [message])
 
 
+def _gate_dict(gate) -> dict | None:
+    from validate.record import StoredGate
+
+    if gate is None:
+        return None
+    try:
+        return StoredGate.model_validate(gate if isinstance(gate, dict) else gate.model_dump()).model_dump()
+    except ValueError:
+        return {"malformed": True}
+
+
 def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
-    """Re-apply to each schema-1 record (no gate stored) the gate of the checkout's suite file of the same name
-    and kind (:func:`validate.record.recheck`); records that store their gate were re-checked when read."""
+    """Judge each record by the gate of the checkout's suite file of the same name and kind as well
+    (:func:`validate.record.recheck`): a schema-1 record stores none, and a stored gate that differs from the
+    suite file's is named (``Record.gate_mismatch``: for a record of this very tree it was edited). Records that
+    store their gate were also re-checked by it when read."""
     if root is None:
         return records
     from validate.suite import find_suite
 
     for r in records:
-        if r.gate is not None or r.verdict.status != "pass":
-            continue
         try:
             s = find_suite(root, r.suite, "quick" if r.profile == "quick" else "full")
         except InputError:
             continue
-        if s.spec.kind == r.suite_kind:
-            recheck(r, s.spec.gate.model_dump(), "the checkout's suite file's")
+        if s.spec.kind != r.suite_kind:
+            continue
+        mine = s.spec.gate.model_dump()
+        stored = _gate_dict(r.gate)
+        if stored is not None and stored != mine:
+            r.gate_mismatch = (f"its stored gate {stored} differs from the checkout's suite file's {mine}")
+        if r.verdict.status == "pass":
+            recheck(r, mine, "the checkout's suite file's")
     return records
+
+
+def server_faults(rec: Record) -> tuple[str | None, str | None]:
+    """(a finding, a limit) the record's server evidence gives: provenance that did not match the record's own
+    tree while its verdict says pass (a finding), counters that went backwards during the suite (the server
+    restarted: the suite's measurements straddle two servers; a finding is not, a check is not made) or impossible
+    values (the server's counters are not to be believed: a limit)."""
+    from r9k import provenance as prov
+
+    finding = None
+    if rec.verdict.status == "pass" and rec.server.provenance_ok is False:
+        finding = "the record says pass, but its server's provenance did not match the tree under validation"
+    elif rec.verdict.status == "pass" and rec.server.launched and rec.tree.source_hash:
+        wrong = sorted({p.source_hash for p in prov.parse("\n".join(rec.server.provenance))} - {rec.tree.source_hash})
+        if wrong:
+            finding = (f"the record says pass, but its server printed plugin source {', '.join(wrong)}, not the "
+                       f"record's {rec.tree.source_hash}")
+    sm = rec.server_metrics if isinstance(rec.server_metrics, dict) else {}
+    d = sm.get("delta") if isinstance(sm.get("delta"), dict) else {}
+    resets = d.get("resets") if isinstance(d.get("resets"), list) else []
+    impossible = d.get("impossible") if isinstance(d.get("impossible"), list) else []
+    limit = None
+    if resets:
+        limit = f"the server's counters went backwards during the suite ({', '.join(map(str, resets))}): it restarted"
+    elif impossible:
+        limit = f"the server reported impossible values ({'; '.join(map(str, impossible))})"
+    return finding, limit
 
 
 def assess(release: str, records: list[Record], *, comparison=None, perf=None, baseline: str | None = None,
@@ -383,7 +438,7 @@ def newest_tree(records: list[Record]) -> Tree | None:
 def assess_release(reports: Path, release: str, *, root: Path | None = None, baseline: str | None = None,
                    planned: list[tuple[str, list[str]]] | None = None, configs: list[str] | None = None,
                    tree: Tree | None = None, accept_other_tree: bool = False, extra: list[Check] | None = None,
-                   say=None) -> ReleaseVerdict:
+                   across_thinking: bool = False) -> ReleaseVerdict:
     """Read ``release``'s records, choose the baseline, run the paired eval gate and the performance gate against
     it once, and return the verdict (:func:`assess`). What the gates could not compare is in it; nothing here
     raises for a record or a baseline that cannot be read: it becomes a not-checked line.
@@ -393,8 +448,9 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
             BetterBench thresholds stand in for a baseline that stored none).
         baseline: ``--baseline`` as given (None: the automatic choice, ``none``: no baseline).
         configs: only these configurations' records (``release --config``).
-        tree: the tree under validation (None: the newest record's, as ``render`` uses).
-        say: a callable for console lines (the gates' tables are printed by the caller from the verdict).
+        tree: the tree under validation (None: the tree most records were made by, as ``render`` uses).
+        across_thinking: pair evals of a thinking model with those of one that does not think
+            (validate.compare.pair).
     """
     from validate.compare import choose_baseline, compare_releases
     from validate.perfgate import BENCH_KIND, compare_perf, specs_of
@@ -408,7 +464,9 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     records = reapply_gates(records, root)
     if tree is None:
         tree = newest_tree(records)
-    base, why = choose_baseline(reports, release, baseline)
+    gated = paired_eval_kinds() | {BENCH_KIND}
+    want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated}
+    base, why = choose_baseline(reports, release, baseline, want)
     cmp = perf = None
     notes: list[str] = []
     if base is not None:
@@ -422,16 +480,22 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         has_evals = any(r.suite_kind in kinds for r in records)
         if has_evals:
             try:
-                cmp = compare_releases(reports, release, base, configs=configs, skipped=[])
+                cmp = compare_releases(reports, release, base, configs=configs, skipped=[],
+                                       across_thinking=across_thinking)
             except InputError as e:
                 extra.append(release_check("paired evals", f"the candidate has eval records and the paired gate "
                                                            f"compared none: {e}"))
+            except Exception as e:  # a record edited by hand: the gate could not run, never a crash or a pass
+                extra.append(release_check("paired evals", f"the paired gate could not run: {type(e).__name__}: {e}"))
         if any(r.suite_kind == BENCH_KIND for r in records):
             try:
                 perf = compare_perf(reports, release, base, specs_of(root) if root else None, configs=configs,
                                     skipped=[], records=records)
             except InputError as e:
                 extra.append(release_check("performance gate", f"the performance gate compared nothing: {e}"))
+            except Exception as e:
+                extra.append(release_check("performance gate",
+                                           f"the performance gate could not run: {type(e).__name__}: {e}"))
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")
                   for w in dict.fromkeys(bskipped)]
     elif records:

@@ -171,7 +171,7 @@ def test_the_automatic_baseline_is_said_and_a_non_version_name_gets_one(tmp_path
     out = outputs(tmp_path, "candidate")
     assert out["verdict"].baseline == "v0.1.0" and "'candidate' is not a version" in out["verdict"].baseline_why
     assert out["code"] == 1
-    assert "Compared with v0.1.0 ('candidate' is not a version: the newest other release" in out["notes"]
+    assert "Compared with v0.1.0 ('candidate' is not a version: the newest released version under reports/" in out["notes"]
 
 
 def test_a_full_candidate_against_a_subset_baseline_cannot_pass(tmp_path, capsys):
