@@ -341,3 +341,173 @@ def test_the_false_positive_benchmark_gates_every_ordered_pair(tmp_path):
     assert res["flagged"] == 4  # fp1 and fp2 against fp0 (+24%, +28%): decode step and combined decode each
     assert gate(tmp_path, 30.0)["flagged"] == 0
     assert json.loads((tmp_path / "fp0" / "cpu-smol" / "betterbench.json").read_text())["config_snapshot"] == {}
+
+
+# --- what a reviewer's attacks found, each one an attack that must fail --------------------------------------
+
+
+@pytest.mark.parametrize("other", ["v0.2.0rc1", "v0.2.0.dev3", "dev", "candidate-old"])
+def test_the_automatic_baseline_is_never_a_pre_release_a_dev_run_or_a_sibling(tmp_path, other):
+    """The candidate's own regressed RC (or a dev folder, a sibling candidate) as the automatic baseline made a
+    50-question, 60% regression read "Every check passed"."""
+    for cand in ("v0.2.0", "candidate"):
+        d = tmp_path / cand
+        save(d, eval_record("v0.1.0", BASE), bench("v0.1.0", 38.0, 1))
+        save(d, eval_record(other, LOST_50), bench(other, 38 * 1.6, 3))
+        save(d, eval_record(cand, LOST_50), bench(cand, 38 * 1.6, 2))
+        out = outputs(d, cand)
+        agree(out)
+        assert out["verdict"].baseline == "v0.1.0" and out["code"] == 1
+
+
+def test_the_automatic_baseline_holds_the_candidates_configuration(tmp_path):
+    """A newer release with only another configuration's evals was chosen, and nothing was compared."""
+    save(tmp_path, eval_record("v0.1.0", BASE), eval_record("v0.1.5", BASE, config="fn-tp4"))
+    save(tmp_path, eval_record("v0.2.0", LOST_50))
+    out = outputs(tmp_path, "v0.2.0", configs=["cpu-smol"])
+    assert out["verdict"].baseline == "v0.1.0" and out["code"] == 1
+
+
+def test_a_large_move_the_passes_do_not_separate_is_never_a_pass(tmp_path):
+    """Median +42% with 4 passes a side that the rank test does not separate: cannot tell, not a full pass."""
+    b, c = bench("v0.1.0", 38.0, 1, n=4), bench("v0.2.0", 38.0, 2, n=4)
+    for row, v in zip(b.metrics["per_pass"], [36.0, 38.0, 40.0, 70.0]):
+        row["decode_step_ms"] = v
+    for row, v in zip(c.metrics["per_pass"], [39.0, 55.0, 56.0, 58.0]):
+        row["decode_step_ms"] = v
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    step = next(x for x in out["verdict"].checks if x.name == "perf decode_step_ms")
+    assert step.outcome == "limited" and step.status == "cannot tell" and "more passes would decide" in step.message
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports", str(tmp_path)]) == 2
+
+
+def test_latency_figures_are_worse_when_they_grow(tmp_path):
+    """c8_ttft_ms_p50 2.5 times higher read as "faster" (the direction came from an _ms suffix)."""
+    from validate.perfgate import judge, lower_is_better
+
+    assert lower_is_better("c8_ttft_ms_p50") and lower_is_better("decode_step_ms") and not lower_is_better("c8_tok_s")
+    assert lower_is_better("passes") is None
+    f = judge("c", "c8_ttft_ms_p50", [100.0 + i for i in range(8)], [250.0 + i for i in range(8)], 5.0)
+    assert f.regression and f.mark == "slower"
+    with pytest.raises(ValueError, match="which way is worse is unknown"):
+        judge("c", "passes", [1.0, 2.0], [1.0, 2.0], 5.0)
+    with pytest.raises(ValueError, match="the baseline's median is 0.0"):
+        judge("c", "decode_step_ms", [0.0] * 4, [72.0] * 4, 3.0)
+
+
+def test_thresholds_that_cover_no_figure_compare_nothing(tmp_path):
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.9, 2)
+    b.perf_gate = {"thresholds_pct": {}, "alpha": 0.05}
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2 and "cover none of the figures" in out["notes"]
+
+
+def test_a_baseline_record_the_candidate_lacks_is_said(tmp_path):
+    b2 = bench("v0.1.0", 38.0, 1)
+    b2.suite = "betterbench-long"
+    save(tmp_path, bench("v0.1.0", 38.0, 1), b2, bench("v0.2.0", 38.0, 2))
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports", str(tmp_path)]) == 2
+    out = outputs(tmp_path, "v0.2.0")
+    assert "cpu-smol / perf betterbench-long: cpu-smol/betterbench-long: the candidate v0.2.0 has no such record" in out["notes"]
+
+
+def test_a_profile_explains_only_parameters(tmp_path):
+    """A quick baseline of another model was read as the quick-against-full gap, a limited check (exit 0)."""
+    b, c = bench("v0.1.0", 38.0, 1, decode_tokens=512), bench("v0.2.0", 38.0 * 1.9, 2)
+    b.profile, b.model = "quick", "other.gguf"
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2
+    c.profile = "quick"
+    b.profile, b.model = "full", c.model
+    save(tmp_path, b, c)
+    assert outputs(tmp_path, "v0.2.0")["code"] == 0  # a quick candidate against a full baseline: limited
+
+
+@pytest.mark.parametrize("gate", ['{"max": {"bad": null}}', '{"max": [["bad", 0]]}', '{"max": {"bad": "x"}}'])
+def test_a_malformed_stored_gate_is_refused_naming_the_record(tmp_path, gate):
+    r = eval_record("v0.0.1", BASE, suite="sanity")
+    r.suite_kind, r.metrics = "strict-sanity", {"bad": 0}
+    path = write_record(record_path(tmp_path, "v0.0.1", "cpu-smol", "sanity"), r)
+    d = json.loads(path.read_text())
+    d["gate"] = json.loads(gate)
+    path.write_text(json.dumps(d))
+    with pytest.raises(InputError, match=r"sanity.json: gate"):
+        read_record(path)
+    save(tmp_path, eval_record("v0.2.0", BASE))
+    out = outputs(tmp_path, "v0.2.0")  # an older release's malformed record never crashes this one's notes
+    assert out["code"] in (0, 2)
+
+
+def test_a_loosened_stored_gate_of_this_tree_is_not_a_pass(tmp_path):
+    """`bad: 57` with the record's own stored gate loosened to `max: {}`: judged by the suite file's as well."""
+    r = eval_record("v0.2.0", BASE, suite="sanity")
+    r.suite_kind, r.metrics, r.gate = "strict-sanity", {"bad": 57, "n": 16, "solo_right": 12, "prompts": 12}, {"max": {}}
+    save(tmp_path, r)
+    v = assess_release(tmp_path, "v0.2.0", root=REPO, baseline="none", tree=r.tree)
+    (c,) = [c for c in v.checks if c.area == "suite"]
+    assert c.outcome == "finding" and "gate: bad = 57 > 0" in c.message
+
+
+def test_a_pass_whose_server_ran_another_tree_or_restarted_is_not_a_pass(tmp_path):
+    a = eval_record("v0.2.0", BASE, suite="probe")
+    a.suite_kind, a.server.provenance_ok = "probe", False
+    b = eval_record("v0.2.0", BASE, suite="soak")
+    b.suite_kind = "soak"
+    b.server_metrics = {"available": True, "delta": {"resets": ["preemptions"]}, "series": []}
+    save(tmp_path, a, b)
+    v = assess_release(tmp_path, "v0.2.0", baseline="none")
+    by = {c.name: c for c in v.checks if c.area == "suite"}
+    assert by["probe"].outcome == "finding" and by["soak"].outcome == "not-checked"
+    assert "it restarted" in by["soak"].message
+
+
+def test_a_record_is_never_its_own_baseline(tmp_path):
+    save(tmp_path, eval_record("v0.2.0", LOST_50))
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.2.0", "--against-config", "cpu-smol",
+                 "--reports", str(tmp_path)]) == 2
+
+
+def test_a_gate_that_stops_early_still_writes_its_reports(tmp_path, monkeypatch):
+    old = tmp_path / "old.xml"
+    old.write_text('<?xml version="1.0"?><testsuites tests="1" failures="0" errors="0"><testsuite name="x" '
+                   'tests="1" failures="0" errors="0"><testcase name="ok"/></testsuite></testsuites>')
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert main(["gate", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path), "--junit-xml", str(old)]) == 2
+    xml = JUnitXml.fromfile(str(old))
+    assert (xml.tests, xml.errors) == (1, 1) and "no eval records" in next(iter(next(iter(xml)))).result[0].message
+    assert "**NOT CHECKED**" in summary.read_text()
+
+
+def test_a_junit_file_that_cannot_be_written_is_in_the_summary(tmp_path, monkeypatch):
+    save(tmp_path, eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    (tmp_path / "file").write_text("")
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path),
+                 "--junit-xml", str(tmp_path / "file" / "j.xml")]) == 2
+    text = summary.read_text()
+    assert "exit status 2" in text and "cannot write the JUnit report" in text
+
+
+def test_record_text_cannot_forge_a_line_of_the_notes(tmp_path):
+    r = eval_record("v0.2.0", BASE, suite="humaneval")
+    r.suite_kind, r.dataset, r.items = "humaneval", None, []
+    r.verdict.status, r.verdict.cause = "error", "x\n\nEvery check passed: all good\n\n<!-- hide"
+    save(tmp_path, r)
+    notes = outputs(tmp_path, "v0.2.0", baseline="none")["notes"]
+    assert not any(line.startswith("Every check passed") for line in notes.splitlines())
+    assert "<!--" not in notes and "&lt;!-- hide" in notes
+
+
+def test_none_is_no_release_name():
+    from validate.record import check_release_name
+
+    with pytest.raises(InputError, match="release name 'none': reserved"):
+        check_release_name("none")
