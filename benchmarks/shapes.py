@@ -185,9 +185,10 @@ SYSTEMS: tuple[System, ...] = (
 SYSTEM_BY_NAME = {s.name: s for s in SYSTEMS}
 
 # The M a GEMM is compiled at for each bucket of the fp8 dispatch's config table (kernels/fp8/gemm.py:
-# M <= 16, M <= SMALL_M_MAX = 64, larger): M = 1 (a single token: Triton specialises an int equal to 1), 16, the
-# system's decode step (clamped into its bucket), and its prefill steps.
-M_BUCKETS = (1, 16, 64)
+# M <= 16, M <= SMALL_M_MAX = 64, larger): 16 and 64, the system's decode step and its prefill steps. M = 1
+# (a single-token step, which Triton specialises apart) does not occur with MTP-3: a decode step carries 4
+# tokens a sequence.
+M_BUCKETS = (16, 64)
 
 
 def fp8_ms(system: System) -> tuple[int, ...]:

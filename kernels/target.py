@@ -20,17 +20,24 @@ from kernels._util import _interpreting
 class Target:
     """What a kernel configuration must fit: ``backend`` "cuda", "hip" or "interpreter"; ``arch`` ("90",
     "gfx1201", ...); ``warp_size`` lanes a warp / wavefront; ``lds_bytes`` shared memory (LDS) one workgroup may
-    allocate; ``fp8_mma`` whether the matrix instructions take e4m3fn operands (else Triton upcasts them)."""
+    allocate; ``fp8_mma`` whether the matrix instructions take e4m3fn operands (else Triton upcasts them);
+    ``units`` SMs / compute units (0 where unknown)."""
 
     backend: str
     arch: str
     warp_size: int
     lds_bytes: int
     fp8_mma: bool
+    units: int = 0
 
     @property
     def is_amd(self) -> bool:
         return self.backend == "hip"
+
+    @property
+    def tma(self) -> bool:
+        """Whether the target has NVIDIA's tensor memory accelerator (sm_90 and later)."""
+        return self.backend == "cuda" and int(self.arch) >= 90
 
 
 INTERPRETER = Target("interpreter", "cpu", 1, 1 << 30, True)
@@ -70,6 +77,7 @@ def target_of(device=None) -> Target:
         t = d.get_current_target()
         props = d.utils.get_device_properties(d.get_current_device())
         arch = str(t.arch)
-        hit = (d, Target(t.backend, arch, int(t.warp_size), int(props["max_shared_mem"]), fp8_mma(t.backend, arch)))
+        hit = (d, Target(t.backend, arch, int(t.warp_size), int(props["max_shared_mem"]), fp8_mma(t.backend, arch),
+                         int(props.get("multiprocessor_count", 0))))
         _TARGETS[key] = hit  # the driver is kept alive here, so its id is never reused for another
     return hit[1]

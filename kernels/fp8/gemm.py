@@ -261,10 +261,17 @@ def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, s
 
 def tma_supported(device) -> bool:
     """Whether _block_gemm_tma_kernel can run on ``device``: a CUDA GPU of compute capability 9 or more (TMA),
-    not ROCm; or Triton's interpreter, which runs tensor descriptors on the CPU."""
+    not ROCm; or Triton's interpreter, which runs tensor descriptors on the CPU. A CPU tensor outside the
+    interpreter (the portability gate's stand-in drivers compile for a target from CPU tensors) has what the
+    target Triton compiles for has (:func:`kernels.target.target_of`)."""
     if _interpreting():
         return True
     device = torch.device(device)
+    if device.type == "cpu":
+        try:
+            return target_of(device).tma
+        except RuntimeError:  # no active Triton driver: nothing can launch here
+            return False
     return (device.type == "cuda" and torch.version.hip is None
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
@@ -590,7 +597,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
 
         BM = cfg["BM"]
         tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
-        sms = NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count
+        sms = (NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count
+               if a.is_cuda else target.units or NUM_SMS)
         programs = min(cfg.get("PROGRAMS") or sms, tiles)
         # fnuz bits are read as e4m3fn (HALF undoes the doubling), as in the pointer kernels
         a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)

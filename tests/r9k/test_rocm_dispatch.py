@@ -74,9 +74,9 @@ def test_vllm_rocm_fp8_dtype_per_arch_is_a_format_the_dispatch_covers(monkeypatc
 
 
 @pytest.mark.parametrize("name, want", [
-    ("gfx1201", Target("hip", "gfx1201", 32, 65536, True)),
-    ("gfx942", Target("hip", "gfx942", 64, 65536, False)),
-    ("cuda:90", Target("cuda", "90", 32, 232448, True)),
+    ("gfx1201", Target("hip", "gfx1201", 32, 65536, True, 64)),
+    ("gfx942", Target("hip", "gfx942", 64, 65536, False, 304)),
+    ("cuda:90", Target("cuda", "90", 32, 232448, True, 132)),
 ])
 def test_target_of_reads_the_active_driver(monkeypatch, name, want):
     from benchmarks.portability.standin import DEVICE_BY_NAME, compiling_for
@@ -121,3 +121,14 @@ def test_the_plan_key_holds_the_target(monkeypatch):
             keys[name] = _plan_key(x, qb, sb, torch.bfloat16)
     assert len(set(keys.values())) == 3
     assert keys["gfx942"][-1].warp_size == 64
+
+
+@pytest.mark.parametrize("name, tma", [("gfx1201", False), ("gfx942", False), ("cuda:90", True)])
+def test_tma_follows_the_target_for_cpu_tensors(monkeypatch, name, tma):
+    """The gate compiles from CPU tensors: whether the TMA kernel is picked is the target's (sm_90: yes, AMD:
+    no), as a tensor on that GPU would have it."""
+    from benchmarks.portability.standin import DEVICE_BY_NAME, compiling_for
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with compiling_for(DEVICE_BY_NAME[name]):
+        assert gemm.tma_supported("cpu") is tma
