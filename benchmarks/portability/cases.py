@@ -9,7 +9,9 @@ through the code the dispatch runs (its real arguments, CPU tensors), plus the e
   L2 norm already applied (``use_qk_l2norm_in_kernel=False``), the conv input the transpose of ``[T, dim]``
   and the conv state ``[slots, dim, W-1]`` over ``(W-1, dim)`` storage (vLLM's SD layout).
 * block fp8 (r9k/ops/fp8.py): ``fp8_linear`` for every fp8 linear of the system at every M of
-  :func:`benchmarks.shapes.fp8_ms` (the quant kernel and the GEMM the config table picks for that M).
+  :func:`benchmarks.shapes.fp8_ms` (the quant kernel and the GEMM the config table picks for that M); and
+  ``fp8_block_gemm_qa`` (library code: the quant in the GEMM's A-load) at the decode and first prefill M of the
+  system's first linear, for its rows of the table.
 * the expert cache (kernels/moe/cache.py, library code): an ``ExpertCache`` over the system's routed experts
   on its device path (the plan kernel and the gather-copy kernel), and ``moe_topk_sum`` at the decode step.
 
@@ -85,6 +87,16 @@ def _fp8_linear(lin: S.Linear, M: int, hidden_dtype=torch.bfloat16) -> Callable[
     return run
 
 
+def _fp8_gemm_qa(lin: S.Linear, M: int) -> Callable[[], object]:
+    def run():
+        from kernels.fp8 import fp8_block_gemm_qa
+
+        N, K = lin.N.value, lin.K.value
+        return fp8_block_gemm_qa(torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.float8_e4m3fn),
+                                 torch.empty((N + 127) // 128, K // 128, dtype=torch.float32))
+    return run
+
+
 def _expert_cache(sys: S.System) -> Callable[[], object]:
     def run():
         from kernels.moe import cache as C
@@ -135,6 +147,11 @@ def cases() -> list[Case]:
             for M in S.fp8_ms(sys):
                 out.append(Case(f"fp8_linear {lin.name} M={M} N={lin.N.value} K={lin.K.value}", sys.name,
                                 _fp8_linear(lin, M)))
+        if sys.linears:  # the GEMM with the quant in its A-load (library code: the dispatch runs fp8_linear)
+            lin = sys.linears[0]
+            for M in (sys.decode_m.value, sys.prefill_m[0].value):
+                out.append(Case(f"fp8_block_gemm_qa (library) {lin.name} M={M} N={lin.N.value} K={lin.K.value}",
+                                sys.name, _fp8_gemm_qa(lin, M)))
         if sys.experts is not None and sys.experts.slots is not None:
             out.append(Case(f"ExpertCache.prepare, {sys.experts.slots.value} slots, T={_cache_tokens(sys)}",
                             sys.name, _expert_cache(sys)))
