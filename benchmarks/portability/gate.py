@@ -98,17 +98,15 @@ def run_target(dev: standin.Device, cases) -> list[Row]:
             except Exception as e:  # noqa: BLE001 - a compile error is the gate's finding, recorded
                 err = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
             new = sd.compiled[first:]
+            refused = err.startswith("OutOfResources")
             for ck in new:
-                u = usage(ck)
-                lab = label(ck)
+                u, lab = usage(ck), label(ck)
+                # the launch refused is the call's last: where it compiled here, its row carries the refusal
                 rows.append(Row(dev.name, lab, ck.hash[:16], case.name, case.system, u, dev.lds_bytes,
-                                err if ck is new[-1] else "", judge(dev, lab, u, "")))
-            if err and not new:
+                                err if refused and ck is new[-1] else "", judge(dev, lab, u, "")))
+            if err and not (refused and new):  # a compile error (or a refusal of a kernel compiled earlier)
                 rows.append(Row(dev.name, "-", "-", case.name, case.system, None, dev.lds_bytes, err,
                                 judge(dev, "-", None, err)))
-            elif err and not err.startswith("OutOfResources"):
-                rows.append(Row(dev.name, "-", "-", case.name, case.system, None, dev.lds_bytes, err,
-                                f"FAIL: {err}"))
     return rows
 
 

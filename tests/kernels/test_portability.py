@@ -116,3 +116,18 @@ def test_judge_fails_lds_and_spills_and_accepts_only_listed_configurations(monke
     big_spill = Usage(regs=256, spills=4, sgpr_spills=None, lds=1 << 20, scratch=8, mma=())
     assert gate.judge(h200, "k w8 s3", big_spill, "").startswith("FAIL: LDS")  # acceptance never covers LDS
     assert gate.judge(gfx, "-", None, "CompilationError: x") == "FAIL: CompilationError: x"
+
+
+def test_a_call_that_raises_is_a_failing_row():
+    """A compile error (here any exception of the call) is a FAIL row naming the call, whatever compiled."""
+    from benchmarks.portability.cases import Case
+    from benchmarks.portability.gate import run_target
+    from benchmarks.portability.standin import DEVICE_BY_NAME
+
+    def boom():
+        raise ValueError("the kernel does not build\nsecond line")
+
+    rows = run_target(DEVICE_BY_NAME["gfx1201"], [Case("a call", "fn-tp2", boom)])
+    assert [(r.kernel, r.case, r.error, r.verdict) for r in rows] == [
+        ("-", "a call", "ValueError: the kernel does not build", "FAIL: ValueError: the kernel does not build")]
+    assert render.failures({"rows": [{"verdict": r.verdict} for r in rows]}) != []
