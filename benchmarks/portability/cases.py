@@ -13,7 +13,9 @@ through the code the dispatch runs (its real arguments, CPU tensors), plus the e
   ``fp8_block_gemm_qa`` (library code: the quant in the GEMM's A-load) at the decode and first prefill M of the
   system's first linear, for its rows of the table.
 * the expert cache (kernels/moe/cache.py, library code): an ``ExpertCache`` over the system's routed experts
-  on its device path (the plan kernel and the gather-copy kernel), and ``moe_topk_sum`` at the decode step.
+  on its device path (the plan kernel and the gather-copy kernel), and ``moe_topk_sum`` at the decode step;
+* the one-shot all-reduce (kernels/allreduce/, library code): its launch at the TP size over one decode step's
+  hidden states (fp32, up to its capacity).
 
 A case is a name and a zero-argument callable; the runner calls each under a stand-in driver
 (benchmarks/portability/standin.py) and collects what compiled.
@@ -125,6 +127,21 @@ def _cache_tokens(sys: S.System) -> int:
     return min(sys.decode_m.value, sys.experts.slots.value // sys.experts.top_k.value)
 
 
+def _allreduce(sys: S.System, n: int) -> Callable[[], object]:
+    def run():
+        from kernels.allreduce import one_shot as A
+
+        W = sys.tp.value
+        # OneShotAllReduce's launch (its _launch) on one rank's state; the peer tables are what its
+        # symmetric-memory / IPC set-up would fill (addresses only: nothing runs under the stand-in)
+        ptrs = torch.zeros(W, dtype=torch.int64)
+        G = _allreduce_default("blocks")
+        st = A._RankState(0, ptrs, ptrs.clone(), G, "cpu")
+        x = torch.empty(n, dtype=torch.float32)
+        return A._launch(st, x, torch.empty_like(x), W, G, _allreduce_default("cap"))
+    return run
+
+
 def _topk_sum(sys: S.System) -> Callable[[], object]:
     def run():
         from kernels.moe import moe_topk_sum
@@ -133,6 +150,15 @@ def _topk_sum(sys: S.System) -> Callable[[], object]:
         return moe_topk_sum(torch.empty(T, k, H, dtype=torch.bfloat16), torch.empty(T, k),
                             torch.empty(T, H, dtype=torch.bfloat16), torch.empty(T, 1, dtype=torch.bfloat16))
     return run
+
+
+def _allreduce_default(name: str) -> int:
+    """A default of OneShotAllReduce (``cap``: elements a half; ``blocks``: the fixed grid), from its signature."""
+    import inspect
+
+    from kernels.allreduce import OneShotAllReduce
+
+    return inspect.signature(OneShotAllReduce.__init__).parameters[name].default
 
 
 def cases() -> list[Case]:
@@ -157,6 +183,8 @@ def cases() -> list[Case]:
                             sys.name, _expert_cache(sys)))
         if sys.experts is not None:
             out.append(Case(f"moe_topk_sum T={sys.decode_m.value}", sys.name, _topk_sum(sys)))
+        n = min(sys.decode_m.value * sys.hidden.value, _allreduce_default("cap"))
+        out.append(Case(f"one-shot all-reduce (library), W={sys.tp.value}, {n} fp32", sys.name, _allreduce(sys, n)))
     return out
 
 
