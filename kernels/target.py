@@ -56,6 +56,7 @@ def fp8_mma(backend: str, arch: str) -> bool:
 
 
 _TARGETS: dict = {}
+_DRIVER = None  # triton.runtime.driver, imported on first use (fp8_linear's plan key asks on every call)
 
 
 def target_of(device=None) -> Target:
@@ -66,11 +67,12 @@ def target_of(device=None) -> Target:
     Raises:
         RuntimeError: Triton has no active driver (no GPU and no interpreter).
     """
+    global _DRIVER
     if _interpreting():
         return INTERPRETER
-    from triton.runtime import driver
-
-    d = driver.active
+    if _DRIVER is None:
+        from triton.runtime import driver as _DRIVER
+    d = _DRIVER.active
     key = (id(d), device)
     hit = _TARGETS.get(key)
     if hit is None or hit[0] is not d:

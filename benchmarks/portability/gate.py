@@ -40,7 +40,7 @@ class Row:
 
 
 _TILE_KEYS = ("BM", "BN", "GROUP_M", "KPI", "QUANT_A", "BK", "BV", "U", "KC", "DEFER", "BD", "BT", "BH", "K",
-              "GPP", "REDUCE", "BE", "NSP", "NT", "BLOCK", "W", "G")
+              "GPP", "REDUCE", "BE", "NSP", "NT", "BLOCK", "W", "G", "PTX")
 
 
 def label(ck) -> str:

@@ -241,11 +241,15 @@ TILE_DEFAULT = dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8
 # (two spill 4 VGPRs on gfx1201): 32 KiB of LDS, 234 VGPRs on gfx1201, 167 on gfx942. Quant in the A-load:
 # 128 x 128 spills 103 VGPRs on gfx1201, so 64 x 128 there (24 KiB, 193 VGPRs); 128 x 128 on gfx942 (48 KiB,
 # 227 VGPRs with its AGPRs).
-AMD_TILE_PREFILL = {32: dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=2,
-                             FAST_DIV=True),
-                    64: dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=2,
-                             FAST_DIV=True)}
-AMD_TILE_PREFILL_QA = {32: dict(AMD_TILE_PREFILL[32], BM=64), 64: dict(AMD_TILE_PREFILL[64])}
+# Keyed by (wave size, whether the matrix instructions take e4m3fn): (32, True) is gfx12 (RDNA4: WMMA fp8),
+# (64, False) gfx942 (CDNA3: the dot upcast to fp16 MFMAs). Another AMD target (gfx950: wave64 with fp8 MFMAs
+# and 160 KiB of LDS; gfx11: wave32 without fp8 WMMA) has no row: no tile was checked there.
+AMD_TILE_PREFILL = {(32, True): dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=2,
+                                     FAST_DIV=True),
+                    (64, False): dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=2,
+                                      FAST_DIV=True)}
+AMD_TILE_PREFILL_QA = {(32, True): dict(AMD_TILE_PREFILL[(32, True)], BM=64),
+                       (64, False): dict(AMD_TILE_PREFILL[(64, False)])}
 # "tma": _block_gemm_tma_kernel, pre-quantised A on a GPU with TMA (compute capability 9+, not ROCm); keys as
 # "tile" plus PROGRAMS (the persistent grid; default the device's SM count)
 TMA_DEFAULT = dict(kernel="tma", BM=128, BN=128, GROUP_M=8, KPI=2, num_warps=8, num_stages=3)
@@ -373,8 +377,9 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
                         tma: bool = False, gluon: bool = False, target: Target | None = None) -> dict:
     """Tile config by shape and target (:class:`kernels.target.Target`: None or a CUDA target, the H200's table
     below; an AMD one, the same decode tiles and :data:`AMD_TILE_PREFILL` / :data:`AMD_TILE_PREFILL_QA` at
-    M > 64, by its wave size; a wave size with no row, or an LDS limit under 64 KiB, raises ValueError: no tile
-    was checked there). Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
+    M > 64, by its wave size and whether it has fp8 matrix instructions; a target with no row, or an LDS limit
+    under 64 KiB, raises ValueError: no tile was checked there, and the vLLM dispatch hands such a call to
+    vLLM's kernel). Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
     _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
     kernels/fp8/wgmma.py (H200, 2026-12-01; docs/kernels/fp8.md): M <=
     16 the swap-AB split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with a 32-token
@@ -430,10 +435,12 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
     amd = target is not None and target.is_amd
     if amd and M > SMALL_M_MAX:
         table = AMD_TILE_PREFILL_QA if quant_a else AMD_TILE_PREFILL
-        if target.warp_size not in table or target.lds_bytes < 65536:
+        row = table.get((target.warp_size, target.fp8_mma))
+        if row is None or target.lds_bytes < 65536:
             raise ValueError(f"no fp8 GEMM tile was checked for {target.backend}:{target.arch} (wave "
-                             f"{target.warp_size}, {target.lds_bytes} B of LDS a workgroup); give config=")
-        return dict(table[target.warp_size])
+                             f"{target.warp_size}, fp8 matrix instructions: {target.fp8_mma}, {target.lds_bytes} B "
+                             f"of LDS a workgroup); give config=")
+        return dict(row)
     # decode tiles: the same on AMD (36 KiB of LDS at M <= 16, 18 KiB above; no spill on gfx1201 or gfx942)
     if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 by kernel time (H200, 2026-11-29)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2, num_warps=4, num_stages=4, FAST_DIV=True)

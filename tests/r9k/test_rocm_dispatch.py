@@ -38,6 +38,11 @@ def test_no_inline_ptx_on_rocm(monkeypatch):
     assert _use_ptx(gpu_tensor) is True
     monkeypatch.setattr(torch.version, "hip", "7.0.0", raising=False)
     assert _use_ptx(gpu_tensor) is False
+    from benchmarks.portability.standin import DEVICE_BY_NAME, compiling_for
+
+    for name, ptx in (("gfx1201", False), ("gfx942", False), ("cuda:90", True)):  # CPU tensors: the target's
+        with compiling_for(DEVICE_BY_NAME[name]):
+            assert _use_ptx(torch.empty(1)) is ptx, name
 
 
 def test_an_amd_gpu_reporting_9_4_takes_no_hopper_path(rocm, monkeypatch):
@@ -103,8 +108,10 @@ def test_fp8_tiles_per_target(monkeypatch):
     for kw in (dict(), dict(tma=True), dict(quant_a=True), dict(quant_a=True, a_itemsize=4)):
         assert G.default_gemm_config(256, 4096, 4096, target=h200, **kw) == G.default_gemm_config(256, 4096, 4096, **kw)
     assert G.default_gemm_config(256, 4096, 4096) == dict(G.TILE_DEFAULT, KPI=2)
-    with pytest.raises(ValueError, match="no fp8 GEMM tile was checked for hip:gfx1151 \\(wave 16"):
-        G.default_gemm_config(256, 4096, 4096, target=Target("hip", "gfx1151", 16, 65536, True))
+    for t in (Target("hip", "gfx950", 64, 163840, True), Target("hip", "gfx1100", 32, 65536, False)):
+        with pytest.raises(ValueError, match=f"no fp8 GEMM tile was checked for hip:{t.arch} \\(wave {t.warp_size}"):
+            G.default_gemm_config(256, 4096, 4096, target=t)  # their tiles were never compiled and read
+        assert G.default_gemm_config(64, 4096, 4096, target=t)["BM"] == 16  # the decode tile (fits 64 KiB)
     with pytest.raises(ValueError, match="32768 B of LDS"):
         G.default_gemm_config(256, 4096, 4096, target=Target("hip", "gfx1201", 32, 32768, True))
 
