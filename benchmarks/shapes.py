@@ -2,7 +2,8 @@
 serve/27b-tp2.yaml), per rank, each figure with its source.
 
 What reads it: the compile gate for the seeds' cards (benchmarks/portability/, tests/kernels/test_portability.py)
-calls every kernel the dispatch can launch at these shapes; the kernel benchmarks can take them as shapes.
+calls every kernel the dispatch can launch at these shapes; the kernel benchmarks run at them with
+``python -m benchmarks.kernels --op OP --system NAME`` (:func:`bench_spec`).
 
 Sources, named in each :class:`Fig`:
 
@@ -205,6 +206,40 @@ def expert_bytes(system: System) -> int:
     return 3 * ex.inter.value * ex.hidden.value
 
 
+def bench_spec(system: System, op: str) -> str:
+    """The kernel benchmarks' ``--shapes`` spec (benchmarks/kernels: ``k=v,...;...``, ``a|b`` one shape each) of
+    ``op`` at ``system``'s per-rank shapes: what ``python -m benchmarks.kernels --system NAME`` runs.
+
+    Raises:
+        ValueError: an op the table has no shapes for, or one the system does not run (fp8 ops on a system
+            without fp8 linears, MoE ops on one without experts)."""
+    g = system.gdn
+    gdn = f"H={g.H.value},HV={g.HV.value},K={g.K.value},V={g.V.value}"
+    ms = "|".join(str(m) for m in fp8_ms(system))
+    T = g.prefill_max.value
+    if op in ("fp8_gemm", "fp8_linear", "fp8_quant"):
+        if not system.linears:
+            raise ValueError(f"{system.name} dispatches no fp8 linear (no R9K_FP8_BLOCK_GEMM)")
+        if op == "fp8_quant":
+            return ";".join(f"M={ms},K={k}" for k in sorted({lin.K.value for lin in system.linears}))
+        nk = sorted({(lin.N.value, lin.K.value) for lin in system.linears})
+        return ";".join(f"M={ms},N={n},K={k}" for n, k in nk)
+    if op == "gdn_seq":
+        return f"B=1,{gdn},T={T}"
+    if op == "gdn_conv":
+        return f"{gdn},W={g.conv_width.value},T={T}"
+    if op == "gdn_prefill":  # steps of up to R9K_GDN_PREFILL_MAX tokens over 1, 4 or 16 sequences
+        return ";".join(f"H={g.H.value},HV={g.HV.value},K={g.K.value},N={n},L={T // n}" for n in (1, 4, 16))
+    if op in ("moe_topk_sum", "expert_cache"):
+        ex = system.experts
+        if ex is None:
+            raise ValueError(f"{system.name} has no routed experts")
+        if op == "moe_topk_sum":
+            return f"T={system.decode_m.value}|{T},k={ex.top_k.value},H={system.hidden.value}"
+        return f"per_step=1|{ex.top_k.value},bytes={expert_bytes(system)}"
+    raise ValueError(f"benchmarks/shapes.py has no shapes for op {op!r}")
+
+
 def rows(system: System) -> list[tuple[str, int, str]]:
     """(what, value, source) for every figure of ``system``, in a fixed order: the table in
     docs/kernels/portability.md."""
@@ -229,4 +264,4 @@ def rows(system: System) -> list[tuple[str, int, str]]:
 
 
 __all__ = ["Fig", "Linear", "Gdn", "Experts", "System", "SYSTEMS", "SYSTEM_BY_NAME", "M_BUCKETS", "fp8_ms",
-           "expert_bytes", "rows"]
+           "expert_bytes", "bench_spec", "rows"]

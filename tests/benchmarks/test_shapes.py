@@ -45,3 +45,28 @@ def test_per_rank_shapes():
 def test_a_figure_that_does_not_split_is_refused():
     with pytest.raises(ValueError, match="does not divide over TP 3"):
         S._split(S.Fig(16, "x"), S.Fig(3, "y"), "heads")
+
+
+def test_the_benchmark_runner_takes_a_systems_shapes(capsys):
+    from benchmarks.kernels import REGISTRY
+    from benchmarks.kernels.__main__ import parse_args
+
+    a = parse_args(["--op", "fp8_gemm", "--system", "fn-tp2"])
+    shapes = REGISTRY["fp8_gemm"].shape_list(a.shapes)
+    assert dict(M=16, N=6144, K=2048) in shapes and dict(M=2048, N=2048, K=256) in shapes
+    assert len(shapes) == 5 * len(S.fp8_ms(S.SYSTEM_BY_NAME["fn-tp2"]))  # 5 distinct (N, K), every M
+    a = parse_args(["--op", "gdn_seq", "--system", "27b-tp2"])
+    assert REGISTRY["gdn_seq"].shape_list(a.shapes) == [dict(B=1, H=8, HV=24, K=128, V=128, T=400)]
+    a = parse_args(["--op", "gdn_prefill", "--system", "fn-tp4"])
+    assert [(s["HV"], s["N"], s["L"]) for s in REGISTRY["gdn_prefill"].shape_list(a.shapes)] == [
+        (8, 1, 256), (8, 4, 64), (8, 16, 16)]
+    a = parse_args(["--op", "expert_cache", "--system", "fn-tp2"])
+    assert REGISTRY["expert_cache"].shape_list(a.shapes) == [dict(per_step=1, bytes=1572864),
+                                                             dict(per_step=10, bytes=1572864)]
+    for argv, msg in ((["--op", "fp8_gemm", "--system", "27b-tp2"], "dispatches no fp8 linear"),
+                      (["--op", "fp8_gemm", "--system", "nope"], "unknown system"),
+                      (["--op", "fp8_gemm", "--system", "fn-tp2", "--shapes", "M=1"], "contradict"),
+                      (["--op", "allreduce", "--system", "fn-tp2"], "no shapes for op 'allreduce'")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert msg in capsys.readouterr().err
