@@ -35,7 +35,7 @@ demo: setup
 	$(VENV)/bin/r9k-validate release $(RELEASE) --config cpu-smol --profile quick
 
 test: setup
-	$(PY) -m pytest -n 2 -m "not server" -q -p no:cacheprovider
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not server" -q -p no:cacheprovider
 	$(PY) -m pytest -m server -q -p no:cacheprovider
 
 clean-venv:

@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--mode", action="append", choices=MODES, help="how to time (repeatable; default the op's)")
     ap.add_argument("--shapes", metavar="SPEC", help='shapes instead of the defaults: "k=v,k=v;k=v", a value '
                     'a|b|c expanding into one shape each, keys not given taken from the first default shape')
+    ap.add_argument("--system", metavar="NAME", help="shapes of a serving system instead of the defaults: its "
+                    "layers per rank from benchmarks/shapes.py (fn-tp4, fn-tp2, 27b-tp2)")
     ap.add_argument("--flush", choices=("zero", "read"), help="kernel mode's L2 flush (default zero: a write)")
     ap.add_argument("--repeat", type=int, default=1, metavar="R", help="rounds of every impl in turn (median)")
     ap.add_argument("--profile", action="store_true", help="cProfile of r9k's call at the first shape")
@@ -94,6 +96,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("nothing to run: give --op NAME (python -m benchmarks.kernels --list shows the registry)")
     if args.repeat < 1:
         ap.error(f"--repeat must be a positive int, got {args.repeat}")
+    if args.system:
+        from benchmarks import shapes as S
+
+        if args.shapes:
+            ap.error("--system and --shapes contradict each other")
+        if args.system not in S.SYSTEM_BY_NAME:
+            ap.error(f"unknown system {args.system!r} (benchmarks/shapes.py: {', '.join(S.SYSTEM_BY_NAME)})")
+        if len(args.op or ()) != 1:
+            ap.error("--system takes one --op (each op has its own shape keys)")
+        try:
+            args.shapes = S.bench_spec(S.SYSTEM_BY_NAME[args.system], args.op[0])
+        except ValueError as e:
+            ap.error(str(e))
     for name in args.op or ():
         if name not in REGISTRY:
             ap.error(f"unknown op {name!r}; the registry: {', '.join(REGISTRY)}")

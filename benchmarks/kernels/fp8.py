@@ -130,6 +130,13 @@ GEMM_VARIANTS = {
     "ws2_bn32": dict(kernel="wgmma", WS=2, BN=32),
     "split1": dict(kernel="wgmma_small_m", SPLIT_K=1),
     "rows_bn32": dict(kernel="wgmma_small_m", SWAP_AB=False, BN=32, num_stages=8),
+    # prefill tiles that build for gfx1201 with no spill and fit its 64 KiB of LDS, the candidates to time on an
+    # R9700 against the default there (kernels.fp8.gemm.AMD_TILE_PREFILL; docs/kernels/portability.md)
+    "amd_64x64_s3": dict(kernel="tile", BM=64, BN=64, GROUP_M=8, KPI=1, num_warps=4, num_stages=3, FAST_DIV=True),
+    "amd_64x128_s2": dict(kernel="tile", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=2, FAST_DIV=True),
+    "amd_64x128_s3": dict(kernel="tile", BM=64, BN=128, GROUP_M=8, KPI=1, num_warps=4, num_stages=3, FAST_DIV=True),
+    "amd_64x128_w8_kpi2": dict(kernel="tile", BM=64, BN=128, GROUP_M=8, KPI=2, num_warps=8, num_stages=2,
+                               FAST_DIV=True),
 }
 
 

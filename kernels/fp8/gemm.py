@@ -8,6 +8,7 @@ import torch
 from kernels._util import _interpreting
 from kernels.fp8.common import FP8_DTYPE, FP8_MAX, GROUP, _check_x, _fmt, _fmt_of
 from kernels.fp8.quant import _quant_tile, fp8_quant_group
+from kernels.target import Target, target_of
 
 try:  # the references work without Triton
     import triton
@@ -230,6 +231,25 @@ SMALL_M_MAX = 64
 NUM_SMS = 132
 WAVES = 4
 TILE_DEFAULT = dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=3, FAST_DIV=True)
+# AMD (ROCm) prefill tiles, M > 64, by wave size: 64 KiB of LDS a workgroup on gfx1201 and gfx942 alike, a
+# quarter of the H200's. TILE_DEFAULT there asks for 128 KiB (Triton refuses the launch: OutOfResources) and
+# spills 132 (gfx1201) / 86 (gfx942) VGPRs. Chosen by compiling candidates for each target with no card at hand
+# (benchmarks/portability: registers, spills and LDS read from the built hsaco, Triton 3.9.0): the largest tile
+# that builds with no VGPR spill, two stages (one K-block loaded while the previous one's MMA runs: the least
+# that overlaps, and the conservative pick where only the card can tell which depth is faster; docs/kernels/
+# portability.md, "What only the card can settle"). Pre-quantised A: 128 x 128, 8 warps, one K-block a turn
+# (two spill 4 VGPRs on gfx1201): 32 KiB of LDS, 234 VGPRs on gfx1201, 167 on gfx942. Quant in the A-load:
+# 128 x 128 spills 103 VGPRs on gfx1201, so 64 x 128 there (24 KiB, 193 VGPRs); 128 x 128 on gfx942 (48 KiB,
+# 227 VGPRs with its AGPRs).
+# Keyed by (wave size, whether the matrix instructions take e4m3fn): (32, True) is gfx12 (RDNA4: WMMA fp8),
+# (64, False) gfx942 (CDNA3: the dot upcast to fp16 MFMAs). Another AMD target (gfx950: wave64 with fp8 MFMAs
+# and 160 KiB of LDS; gfx11: wave32 without fp8 WMMA) has no row: no tile was checked there.
+AMD_TILE_PREFILL = {(32, True): dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=2,
+                                     FAST_DIV=True),
+                    (64, False): dict(kernel="tile", BM=128, BN=128, GROUP_M=8, KPI=1, num_warps=8, num_stages=2,
+                                      FAST_DIV=True)}
+AMD_TILE_PREFILL_QA = {(32, True): dict(AMD_TILE_PREFILL[(32, True)], BM=64),
+                       (64, False): dict(AMD_TILE_PREFILL[(64, False)])}
 # "tma": _block_gemm_tma_kernel, pre-quantised A on a GPU with TMA (compute capability 9+, not ROCm); keys as
 # "tile" plus PROGRAMS (the persistent grid; default the device's SM count)
 TMA_DEFAULT = dict(kernel="tma", BM=128, BN=128, GROUP_M=8, KPI=2, num_warps=8, num_stages=3)
@@ -245,10 +265,17 @@ def pick_split_k(M: int, N: int, K: int, BM: int, BN: int, waves: int = WAVES, s
 
 def tma_supported(device) -> bool:
     """Whether _block_gemm_tma_kernel can run on ``device``: a CUDA GPU of compute capability 9 or more (TMA),
-    not ROCm; or Triton's interpreter, which runs tensor descriptors on the CPU."""
+    not ROCm; or Triton's interpreter, which runs tensor descriptors on the CPU. A CPU tensor outside the
+    interpreter (the portability gate's stand-in drivers compile for a target from CPU tensors) has what the
+    target Triton compiles for has (:func:`kernels.target.target_of`)."""
     if _interpreting():
         return True
     device = torch.device(device)
+    if device.type == "cpu":
+        try:
+            return target_of(device).tma
+        except RuntimeError:  # no active Triton driver: nothing can launch here
+            return False
     return (device.type == "cuda" and torch.version.hip is None
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
@@ -347,8 +374,12 @@ def _tma_layout_problem(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> st
 
 
 def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsize: int = 2,
-                        tma: bool = False, gluon: bool = False) -> dict:
-    """Tile config by shape. Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
+                        tma: bool = False, gluon: bool = False, target: Target | None = None) -> dict:
+    """Tile config by shape and target (:class:`kernels.target.Target`: None or a CUDA target, the H200's table
+    below; an AMD one, the same decode tiles and :data:`AMD_TILE_PREFILL` / :data:`AMD_TILE_PREFILL_QA` at
+    M > 64, by its wave size and whether it has fp8 matrix instructions; a target with no row, or an LDS limit
+    under 64 KiB, raises ValueError: no tile was checked there, and the vLLM dispatch hands such a call to
+    vLLM's kernel). Under the interpreter small tiles. On a Hopper GPU with Triton's Gluon (``gluon``:
     _gemm passes it where A and B are TMA-addressable) and a pre-quantised A, the Gluon kernels of
     kernels/fp8/wgmma.py (H200, 2026-12-01; docs/kernels/fp8.md): M <=
     16 the swap-AB split-K decode kernel (:data:`WGMMA_SMALL_M_DEFAULT`), M <= 32 the same with a 32-token
@@ -401,6 +432,16 @@ def default_gemm_config(M: int, N: int, K: int, quant_a: bool = False, a_itemsiz
                 # BN 64 was slower, 45.60 against 33.23
                 return dict(WGMMA_DEFAULT, BN=64)
             return dict(WGMMA_DEFAULT)
+    amd = target is not None and target.is_amd
+    if amd and M > SMALL_M_MAX:
+        table = AMD_TILE_PREFILL_QA if quant_a else AMD_TILE_PREFILL
+        row = table.get((target.warp_size, target.fp8_mma))
+        if row is None or target.lds_bytes < 65536:
+            raise ValueError(f"no fp8 GEMM tile was checked for {target.backend}:{target.arch} (wave "
+                             f"{target.warp_size}, fp8 matrix instructions: {target.fp8_mma}, {target.lds_bytes} B "
+                             f"of LDS a workgroup); give config=")
+        return dict(row)
+    # decode tiles: the same on AMD (36 KiB of LDS at M <= 16, 18 KiB above; no spill on gfx1201 or gfx942)
     if M <= 16:  # two K-blocks a turn: best at M = 1 and 16 by kernel time (H200, 2026-11-29)
         return dict(kernel="tile", BM=16, BN=32, GROUP_M=1, KPI=2, num_warps=4, num_stages=4, FAST_DIV=True)
     if M <= SMALL_M_MAX:
@@ -476,8 +517,9 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
 
         gluon_ok = (gluon_supported(a.device) and _tma_layout_problem(a, b, b) is None
                     and (M <= SMALL_M_MAX or c.dtype in (torch.bfloat16, torch.float16)))
+    target = None if _interpreting() else target_of(a.device)
     cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize, tma=tma_ok and not _interpreting(),
-                                   gluon=gluon_ok))
+                                   gluon=gluon_ok, target=target))
     if config:
         want = config.get("kernel")
         if want is not None and want not in KERNELS:
@@ -485,7 +527,7 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
         if want is None and cfg["kernel"] in ("tma", "wgmma", "wgmma_small_m"):
             # tuning keys without a kernel name keep their meaning from before the TMA and Gluon kernels: the
             # tile kernel's (or the small-M kernel's under the interpreter); naming a kernel tunes that one
-            cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize))
+            cfg = dict(default_gemm_config(M, N, K, quant_a, itemsize, target=target))
         elif want is not None and (want != cfg["kernel"] or want == "wgmma_small_m"):
             # (wgmma_small_m named: its own defaults, the split kernel, not the shape's variant of it)
             cfg = dict({"tile": TILE_DEFAULT, "tma": TMA_DEFAULT, "wgmma": WGMMA_DEFAULT,
@@ -562,7 +604,8 @@ def _gemm(a, sa, b, sb, out_dtype, quant_a, fmt, store_a, config):
 
         BM = cfg["BM"]
         tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
-        sms = NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count
+        sms = (NUM_SMS if _interpreting() else torch.cuda.get_device_properties(a.device).multi_processor_count
+               if a.is_cuda else target.units or NUM_SMS)
         programs = min(cfg.get("PROGRAMS") or sms, tiles)
         # fnuz bits are read as e4m3fn (HALF undoes the doubling), as in the pointer kernels
         a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)

@@ -9,6 +9,7 @@ from kernels.fp8.common import FP8_MAX, GROUP, _check_x, _fmt_of
 from kernels.fp8.gemm import (SMALL_M_MAX, _lock_buffer, _tma_layout_problem, default_gemm_config, fp8_block_gemm,
                                tma_supported)
 from kernels.fp8.quant import _quant_group_kernel, fp8_quant_group
+from kernels.target import target_of
 
 try:  # the references work without Triton
     import triton
@@ -26,9 +27,11 @@ _PLANS_MAX = 4096
 
 
 def _plan_key(x, qb, sb, out_dtype) -> tuple:
+    # the target too (kernels/target.py): a plan's configs are chosen for it, and one process may compile for
+    # another (the portability gate's stand-in drivers)
     return (x.shape[0], x.shape[1], qb.shape[0], qb.shape[1], x.dtype, x.stride(0), x.data_ptr() % 16 == 0,
             out_dtype, qb.dtype, qb.stride(0), qb.stride(1), qb.data_ptr() % 16 == 0, sb.shape, sb.stride(0),
-            sb.stride(1), sb.dtype, x.device)
+            sb.stride(1), sb.dtype, x.device, target_of(x.device))
 
 
 def fp8_linear(x: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:
@@ -89,7 +92,8 @@ def _make_plan(x, qb, sb, out_dtype):
     gluon_ok = (fp8_wgmma.gluon_supported(x.device) and _tma_layout_problem(qa0, qb, qb) is None
                 and (M <= SMALL_M_MAX or out_dtype in (torch.bfloat16, torch.float16)))
     tma_ok = out_dtype in (torch.bfloat16, torch.float16) and _tma_layout_problem(qa0, qb, c0) is None
-    cfg = default_gemm_config(M, N, K, False, 1, tma=tma_ok and tma_supported(x.device), gluon=gluon_ok)
+    cfg = default_gemm_config(M, N, K, False, 1, tma=tma_ok and tma_supported(x.device), gluon=gluon_ok,
+                              target=target_of(x.device))
     if not gluon_ok or cfg["kernel"] not in ("wgmma", "wgmma_small_m"):
         return general
     from kernels._launch import launcher

@@ -593,8 +593,18 @@ def _default_seq_config(V: int) -> tuple[int, int, int, int]:
 
 def _use_ptx(x: torch.Tensor) -> bool:
     """Whether a kernel launched on x's device may use NVIDIA inline PTX (_to_f32): CUDA, not ROCm, and not
-    Triton's interpreter."""
-    return x.is_cuda and torch.version.hip is None and not _interpreting()
+    Triton's interpreter. A CPU tensor outside the interpreter (the portability gate compiles for a target from
+    CPU tensors through a stand-in driver) takes the target Triton compiles for (kernels/target.py)."""
+    if _interpreting():
+        return False
+    if x.is_cuda:
+        return torch.version.hip is None
+    from kernels.target import target_of
+
+    try:
+        return target_of(x.device).backend == "cuda"
+    except RuntimeError:  # no active Triton driver: nothing can launch here
+        return False
 
 
 def _row_offsets_64(rows: int, strides) -> bool:
