@@ -183,7 +183,10 @@ def other_tree(rec: Record, tree: Tree | None) -> str | None:
 
 
 def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool = False) -> Check:
-    """The check of one suite record: its verdict, limits, and whether ``tree`` made it."""
+    """The check of one suite record: its verdict (re-checked against its gates when read), its limits
+    (:func:`record_limits`), what its server evidence says (:func:`server_faults`), whether its stored gate is its
+    suite file's, and whether ``tree`` made it (:func:`other_tree`; limited instead of not-checked with
+    ``accept_other_tree``)."""
     v = rec.verdict
     detail = ([v.cause] if v.cause else []) + list(v.reasons)
     base = dict(config=rec.config, name=rec.suite, area="suite", status=v.status, record=rec)
@@ -194,14 +197,13 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
     else:
         chk = Check(outcome="not-checked", message=v.cause or (v.reasons[0] if v.reasons else "no cause recorded"),
                     detail=detail, **base)
-    finding, limit = server_faults(rec)
+    finding, restart, limit = server_faults(rec)
     if finding and chk.outcome != "finding":
         chk.outcome, chk.status, chk.message = "finding", "wrong-tree", finding
+    if restart and chk.outcome == "pass":
+        chk.outcome, chk.status, chk.message = "not-checked", "server-restarted", restart
     if limit and chk.outcome == "pass":
-        if "restarted" in limit:
-            chk.outcome, chk.status, chk.message = "not-checked", "server-restarted", limit
-        else:
-            chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
+        chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
     stale = other_tree(rec, tree)
     if rec.gate_mismatch and not stale and chk.outcome == "pass":
         chk.outcome, chk.status = "not-checked", "gate-mismatch"
@@ -359,11 +361,11 @@ def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
     return records
 
 
-def server_faults(rec: Record) -> tuple[str | None, str | None]:
-    """(a finding, a limit) the record's server evidence gives: provenance that did not match the record's own
-    tree while its verdict says pass (a finding), counters that went backwards during the suite (the server
-    restarted: the suite's measurements straddle two servers; a finding is not, a check is not made) or impossible
-    values (the server's counters are not to be believed: a limit)."""
+def server_faults(rec: Record) -> tuple[str | None, str | None, str | None]:
+    """(a finding, a restart, a limit) the record's server evidence gives: provenance that did not match the
+    record's own tree while its verdict says pass (a finding); counters that went backwards during the suite (the
+    server restarted: the suite's measurements straddle two servers, so the check was not made); impossible values
+    (the server's counters are not to be believed: a limit)."""
     from r9k import provenance as prov
 
     finding = None
@@ -378,12 +380,10 @@ def server_faults(rec: Record) -> tuple[str | None, str | None]:
     d = sm.get("delta") if isinstance(sm.get("delta"), dict) else {}
     resets = d.get("resets") if isinstance(d.get("resets"), list) else []
     impossible = d.get("impossible") if isinstance(d.get("impossible"), list) else []
-    limit = None
-    if resets:
-        limit = f"the server's counters went backwards during the suite ({', '.join(map(str, resets))}): it restarted"
-    elif impossible:
-        limit = f"the server reported impossible values ({'; '.join(map(str, impossible))})"
-    return finding, limit
+    restart = (f"the server's counters went backwards during the suite ({', '.join(map(str, resets))}): it "
+               "restarted" if resets else None)
+    limit = f"the server reported impossible values ({'; '.join(map(str, impossible))})" if impossible else None
+    return finding, restart, limit
 
 
 def assess(release: str, records: list[Record], *, comparison=None, perf=None, baseline: str | None = None,
