@@ -11,7 +11,7 @@
 # Steps (a fresh H200 compiles every kernel cold; a device call may run 10 minutes, so give it three or four):
 #   env        every vLLM module r9k binds to (pins.toml's roots) and fla import from the archive (~10 s)
 #   gates      the vLLM dispatch gates and the Gluon fp8 gates (~3-4 min)
-#   gates_all  every GPU kernel gate (~4-5 min; with 2+ GPUs also the all-reduce's)
+#   gates_all  every GPU kernel gate (over 5 min cold, 8 workers; with 2+ GPUs also the all-reduce's)
 #   gdn32      the GDN prefill crossover at 16 : 32 heads, r9k's dispatch against vLLM's chunked core (~3 min)
 #   gdn8       the same at 4 : 8 heads (the seeds' TP 4 rank, ~3 min)
 #   gdn        gdn_seq against fla's recurrent and chunked cores, gdn_conv against vLLM's (needs fla-core, ~2 min)
@@ -61,7 +61,7 @@ for step in $STEPS; do
     gates) tests gates 280 -q -n 4 -rfs --tb=short -m gpu -p no:cacheprovider \
              tests/kernels/gdn/test_vllm_layer.py tests/kernels/fp8/test_linear_dispatch.py \
              tests/kernels/fp8/test_wgmma.py ;;
-    gates_all) tests gates_all 300 -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
+    gates_all) tests gates_all 540 -q -n 8 -rf --tb=short -m gpu -p no:cacheprovider tests/kernels \
                  --ignore=tests/kernels/allreduce
                if [ "$NGPU" -ge 2 ]; then tests gates_allreduce 150 -q -m gpu -p no:cacheprovider \
                  tests/kernels/allreduce; fi ;;
