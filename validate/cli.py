@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -222,13 +223,13 @@ def _run(plan: list[tuple[str, list[str]]], release: str, args, external=None):
 
 def _exit(code: int, why: str) -> int:
     style = "green" if code == 0 else "red"
-    console.print(f"[{style}]exit status {code}: {why}[/{style}]", soft_wrap=True)
+    console.print(f"[{style}]exit status {code}: {escape(why)}[/{style}]", soft_wrap=True)
     return code
 
 
 def cmd_release(args) -> int:
     from validate.suite import load_checklist
-    from validate.verdict import assess_release, release_check
+    from validate.verdict import assess_release
 
     root = _root()
     checklist = load_checklist(root)
@@ -240,33 +241,51 @@ def cmd_release(args) -> int:
         plan = [(c, [s for s in suites if s in args.suite]) for c, suites in plan]
     outcome, tree = _run(plan, args.release, args)
     opts = _opts(args)
-    # the one verdict: the records as written, the paired and performance gates against the baseline, the tree
+    # the one verdict of the release: every record of it (a run of some configurations or suites leaves the
+    # others' records standing: they are the release's too), the paired and performance gates, the tree
     verdict = assess_release(opts.reports, args.release, root=root, baseline=args.baseline, planned=plan,
-                             configs=[c for c, _ in plan], tree=tree, accept_other_tree=args.accept_other_tree)
+                             tree=tree, accept_other_tree=args.accept_other_tree)
+    ran = {c for c, _ in plan}
+    earlier = sorted({r.config for r in verdict.records} - ran)
+    if earlier:
+        verdict.notes.append(f"this run covered {', '.join(sorted(ran))}; the verdict also holds the records of "
+                             f"{', '.join(earlier)} left in reports/{args.release}/ by earlier runs")
     _print_gates(verdict)
+    _notes(root, opts.reports, args.release, checklist, verdict)
+    n = len(verdict.checks)
+    code = _finish(args, verdict)
+    if len(verdict.checks) != n:  # JUnit could not be written: the notes must say so too
+        _notes(root, opts.reports, args.release, checklist, verdict, quiet=True)
+    return code
+
+
+def _notes(root: Path, reports: Path, release: str, checklist, verdict, quiet: bool = False) -> None:
+    """Render the release notes from ``verdict``; notes that cannot be rendered are a not-checked line of it."""
+    from validate.verdict import release_check
+
     try:  # whatever the records hold, the run ends with its exit line and the CI reports
-        out = _render(root, opts.reports, args.release, checklist, verdict)
-        console.print(f"release notes: {out}")
+        out = _render(root, reports, release, checklist, verdict)
+        if not quiet:
+            console.print(f"release notes: {out}")
     except (InputError, ReportsError) as e:
-        console.print(f"[red]error: the release notes could not be rendered: {e}[/red]", soft_wrap=True)
+        console.print(f"[red]error: the release notes could not be rendered: {escape(str(e))}[/red]", soft_wrap=True)
         verdict.checks.append(release_check("notes", f"the release notes could not be rendered: {e}"))
     except Exception as e:  # a record no renderer foresaw: the verdict still reaches JUnit, the summary and the exit
-        console.print(f"[red]error: the release notes could not be rendered: {type(e).__name__}: {e}[/red]",
-                      soft_wrap=True)
+        console.print(f"[red]error: the release notes could not be rendered: {type(e).__name__}: "
+                      f"{escape(str(e))}[/red]", soft_wrap=True)
         verdict.checks.append(release_check("notes", f"the release notes could not be rendered: "
                                                      f"{type(e).__name__}: {e}"))
-    return _finish(args, verdict)
 
 
 def _print_gates(verdict) -> None:
     """The baseline and the gates' tables on the console (what the verdict holds; nothing decided here)."""
-    console.print(f"baseline: {verdict.baseline or 'none'} ({verdict.baseline_why})", soft_wrap=True)
+    console.print(escape(f"baseline: {verdict.baseline or 'none'} ({verdict.baseline_why})"), soft_wrap=True)
     if verdict.comparison is not None:
         print_comparison(verdict.comparison)
     if verdict.perf is not None:
         print_perf(verdict.perf)
     for n in verdict.notes:
-        console.print(f"[yellow]note: {n}[/yellow]", soft_wrap=True)
+        console.print(f"[yellow]note: {escape(n)}[/yellow]", soft_wrap=True)
 
 
 def _finish(args, verdict) -> int:
@@ -278,16 +297,40 @@ def _finish(args, verdict) -> int:
 
 def _stopped(args, why: str, interrupted: bool = False) -> int:
     """A command that stopped before its verdict (bad input, Ctrl-C): its JUnit and step summary still say so,
-    from a verdict of that one line, so a report of an earlier run is never left standing as this one's."""
+    from a verdict of that one line, so a report of an earlier run is never left standing as this one's. An
+    interrupted ``release`` re-renders its notes from the records written so far, marked interrupted, so the
+    notes of an earlier run are not left standing as this one's either."""
     from validate.verdict import ReleaseVerdict, release_check
 
     v = ReleaseVerdict(getattr(args, "release", None) or getattr(args, "name", None) or "-", interrupted=interrupted,
                        what=args.cmd + (" --perf" if getattr(args, "perf", False) else ""))
     v.checks.append(release_check("interrupted" if interrupted else "input", why))
+    if interrupted and args.cmd == "release":
+        try:
+            v = _interrupted_release(args, v.checks[0])
+        except (Exception, KeyboardInterrupt) as e:  # best effort: the one-line verdict stands
+            console.print(f"[yellow]the notes were not re-rendered: {type(e).__name__}: {escape(str(e))}[/yellow]")
     try:
         return _ci_reports(args, v) if interrupted else combine_exit(2, _ci_reports(args, v))
     except Exception:  # the reports are best effort here; the exit status stands
         return 130 if interrupted else 2
+
+
+def _interrupted_release(args, stop):
+    """The verdict of an interrupted ``release`` from the records written so far and ``stop`` (the line saying it
+    stopped), its notes rendered from it."""
+    from validate.suite import load_checklist
+    from validate.verdict import assess_release
+
+    root = _root()
+    checklist = load_checklist(root)
+    reports = _opts(args).reports
+    v = assess_release(reports, args.release, root=root, baseline=args.baseline, planned=checklist.plan(args.config))
+    v.interrupted = True
+    v.checks.append(stop)
+    if (reports / args.release).is_dir():
+        _notes(root, reports, args.release, checklist, v)
+    return v
 
 
 def _render(root: Path, reports: Path, release: str, checklist, verdict) -> Path:
@@ -306,15 +349,16 @@ def print_perf(perf) -> None:
         t.add_column(col)
     for f in perf.figures:
         band = lambda v, b: f"{statistics.median(v):,.2f} ({b[0]:,.2f}-{b[1]:,.2f}, {len(v)})"  # noqa: E731
-        t.add_row(f.config, f.figure, band(f.base, f.base_band), band(f.cand, f.cand_band), f"{f.change_pct:+.1f}%",
+        t.add_row(escape(f.config), escape(f.figure), band(f.base, f.base_band), band(f.cand, f.cand_band),
+                  f"{f.change_pct:+.1f}%",
                   f"{f.threshold_pct:g}%",
-                  f"{f.p_value:.3g}", "[red]regression[/red]" if f.regression else f.mark)
+                  f"{f.p_value:.3g}", "[red]regression[/red]" if f.regression else escape(f.mark))
     console.print(t)
     for f in perf.figures:
         if f.mark != "within the threshold":
-            console.print(f"{f.config}/{f.figure}: {f.message}", soft_wrap=True)
+            console.print(escape(f"{f.config}/{f.figure}: {f.message}"), soft_wrap=True)
     for u in perf.unpaired + perf.limited:
-        console.print(f"[yellow]not compared:[/yellow] {u}", soft_wrap=True)
+        console.print(f"[yellow]not compared:[/yellow] {escape(u)}", soft_wrap=True)
 
 
 def _ci_reports(args, verdict) -> int:
@@ -437,23 +481,25 @@ def print_comparison(cmp) -> None:
         t.add_column(col)
     for x in cmp.tasks:
         cfg = x.config if x.config == x.baseline_config else f"{x.config} vs {x.baseline_config}"
-        t.add_row(cfg, x.task + (" (subset)" if x.subset else ""), f"{x.n:,}",
+        t.add_row(escape(cfg), escape(x.task + (" (subset)" if x.subset else "")), f"{x.n:,}",
                   f"{100 * x.acc_baseline:.2f}% ({x.correct_baseline:,})", f"{100 * x.acc_candidate:.2f}% ({x.correct_candidate:,})",
                   f"{x.b} / {x.c}", f"{x.p_two_sided:.3g}", f"{x.p_holm:.3g}", f"{100 * x.identical_share:.1f}%",
-                  "[red]regression[/red]" if x.regression else x.verdict_text)
+                  "[red]regression[/red]" if x.regression else escape(x.verdict_text))
     console.print(t)
     for x in cmp.tasks:
         if x.diff_ci:
-            console.print(f"{x.config}/{x.task}: difference {100 * (x.correct_candidate - x.correct_baseline) / x.n:+.1f} "
-                          f"points, 95% interval {100 * x.diff_ci[0]:+.1f} to {100 * x.diff_ci[1]:+.1f}; {x.sensitivity}")
+            console.print(escape(f"{x.config}/{x.task}: difference "
+                                 f"{100 * (x.correct_candidate - x.correct_baseline) / x.n:+.1f} points, 95% interval "
+                                 f"{100 * x.diff_ci[0]:+.1f} to {100 * x.diff_ci[1]:+.1f}; {x.sensitivity}"))
     for x in cmp.tasks:
         if x.lost or x.gained:
-            console.print(f"{x.config}/{x.task}: right only in {cmp.baseline}: {', '.join(x.lost[:40]) or '-'}"
-                          + (" ..." if len(x.lost) > 40 else ""))
-            console.print(f"{x.config}/{x.task}: right only in {cmp.candidate}: {', '.join(x.gained[:40]) or '-'}"
-                          + (" ..." if len(x.gained) > 40 else ""))
+            console.print(escape(f"{x.config}/{x.task}: right only in {cmp.baseline}: {', '.join(x.lost[:40]) or '-'}"
+                                 + (" ..." if len(x.lost) > 40 else "")), soft_wrap=True)
+            console.print(escape(f"{x.config}/{x.task}: right only in {cmp.candidate}: "
+                                 f"{', '.join(x.gained[:40]) or '-'}" + (" ..." if len(x.gained) > 40 else "")),
+                          soft_wrap=True)
     for u in cmp.unpaired:
-        console.print(f"[yellow]not paired:[/yellow] {u}")
+        console.print(f"[yellow]not paired:[/yellow] {escape(u)}", soft_wrap=True)
 
 
 def cmd_compare(args) -> int:
@@ -466,13 +512,13 @@ def _gate_tree(args, kinds: set[str]):
     """Checks that the candidate's records of ``kinds`` were made by this checkout's tree (verdict.tree_checks)."""
     from validate.engine import current_tree
     from validate.record import release_records
-    from validate.verdict import tree_checks
+    from validate.verdict import reapply_gates, tree_checks
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
     recs = [r for r in release_records(reports, args.release, skipped=[])
             if r.suite_kind in kinds and (not args.config or r.config in args.config)]
     what = "performance gate" if args.perf else "paired gate"
-    return tree_checks(recs, current_tree(_root()), args.accept_other_tree, what)
+    return tree_checks(reapply_gates(recs, _root()), current_tree(_root()), args.accept_other_tree, what)
 
 
 def cmd_gate(args) -> int:
@@ -488,7 +534,7 @@ def cmd_gate(args) -> int:
     print_comparison(cmp)
     for x in cmp.tasks:
         if x.regression:
-            console.print(f"[red]gate: {x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, one-sided p = "
+            console.print(f"[red]gate: {escape(x.config)}/{escape(x.task)} regressed: {x.b} lost vs {x.c} gained, one-sided p = "
                           f"{x.p_one_sided:.3g}, Holm-adjusted {x.p_holm:.3g} < alpha {cmp.alpha}[/red]")
     if cmp.unpaired:
         console.print(f"[red]gate: {len(cmp.unpaired)} task(s) cannot be paired[/red]")
@@ -655,18 +701,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except InputError as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return _stopped(args, f"bad input: {e}") if reports else 2
     except LaunchError as e:
-        console.print(f"[red]launch failed:[/red] {e}", soft_wrap=True)
+        console.print(f"[red]launch failed:[/red] {escape(str(e))}", soft_wrap=True)
         return _stopped(args, f"launch failed: {e.cause}") if reports else 2
     except ReportsError as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         return _stopped(args, str(e)) if reports else 2
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: servers stopped, records written so far are kept[/yellow]")
         return _stopped(args, "interrupted before the verdict: the records written so far are kept",
                         interrupted=True) if reports else 130
+    except Exception as e:  # a fault no check foresaw: said, attributed, and never an exit status of 0 or 1
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        why = f"internal error: {type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})"
+        console.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True)
+        return _stopped(args, why) if reports else 2
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from validate.errors import InputError
 from validate.reasoning import pairing_reasons
-from validate.record import Record, release_records
+from validate.record import Record, release_records, same_run
 from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
 
 # Suite parameters that cannot change a score (how many sandboxes run at once); every other one must match.
@@ -262,6 +262,11 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             unpaired.append(f"{r.config}/{r.suite}: a record is never its own baseline")
             blocking.append(unpaired[-1])
             continue
+        if b is not None and same_run(b, r):
+            unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline}'s record is a copy of the candidate's (every "
+                            "field but the release name the same): a record is never its own baseline")
+            blocking.append(unpaired[-1])
+            continue
         if b is None:
             unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
             continue
@@ -305,8 +310,9 @@ def choose_baseline(reports: Path, release: str, baseline: str | None,
         return baseline, "named with --baseline"
     name = previous_release(reports, release, want)
     by_version = _version(release) is not None
-    rule = ("pre-releases and dev releases are never taken (name one with --baseline), and the baseline must hold "
-            "an eval or BetterBench record of a configuration the candidate has")
+    rule = ("pre-releases, dev releases and local versions are never taken (name one with --baseline); the baseline "
+            "is the one holding eval and BetterBench records of the most configurations and suites the candidate "
+            "has, the newest among equals")
     if name is None:
         return None, (f"no {'older ' if by_version else ''}released version under reports/ holds a record to compare "
                       f"with ({rule})")
@@ -331,30 +337,39 @@ def _version(name: str):
 
 
 def previous_release(reports: Path, release: str, want: set[tuple[str, str]] | None = None) -> str | None:
-    """The baseline release under ``reports`` for ``release``: the newest *released* version (no pre-release
-    such as v0.2.0rc1, no dev release) older than ``release`` by version order (v0.3.2 before v0.3.3, v0.9 before
-    v0.10), or for a name that is not a version (such as ``candidate``) the newest released version, that holds a
-    record a gate compares (a paired eval or BetterBench) of one of the (configuration, suite kind) pairs of
-    ``want`` (any, when None), or a file that is no readable record (which may be one: the gates then say what they
-    could not compare). A pre-release of the same version may itself have regressed, and an aborted run, a
-    ``dev`` folder or a sibling candidate compared with would hide a regression: none is taken automatically."""
+    """The baseline release under ``reports`` for ``release``: among the *released* versions (no pre-release
+    such as v0.2.0rc1, no dev release, no local version such as v0.3.1+exp) older than ``release`` by version order
+    (v0.3.2 before v0.3.3, v0.9 before v0.10), or for a name that is not a version (such as ``candidate``) among
+    every released version, the one that holds records a gate compares (a paired eval or BetterBench) of the most
+    (configuration, suite kind) pairs of ``want`` (any such record, when None), the newest among equals. A
+    version that holds every pair is so taken over a newer one that holds only some (an eval-only point release
+    would otherwise leave the candidate's BetterBench figures uncompared). A file that is no readable record
+    counts as a folder that may hold one (the gates then say what they could not compare). A pre-release of the
+    same version may itself have regressed, and an aborted run, a ``dev`` folder or a sibling candidate compared
+    with would hide a regression: none is taken automatically."""
     from validate.perfgate import BENCH_KIND
     from validate.suite import paired_eval_kinds
 
     gated = set(paired_eval_kinds()) | {BENCH_KIND}
 
-    def has_gated(folder: Path) -> bool:  # a file that is no readable record may be one: the gate then says so
+    def coverage(folder: Path) -> tuple[bool, int]:
+        """(holds a gated record, or a file that may be one; how many pairs of ``want`` it holds)."""
+        eligible, pairs = False, set()
         for p in folder.glob("*/*.json"):
             try:
                 d = json.loads(p.read_text())
                 kind, cfg = d.get("suite_kind"), d.get("config")
-            except (OSError, ValueError, AttributeError):
-                return True
+            except (OSError, ValueError, AttributeError, RecursionError):
+                eligible = True
+                continue
             if not isinstance(kind, str) or not isinstance(cfg, str):
-                return True
+                eligible = True
+                continue
             if kind in gated and (want is None or (cfg, kind) in want):
-                return True
-        return False
+                eligible = True
+                if want is not None:
+                    pairs.add((cfg, kind))
+        return eligible, len(pairs)
 
     if not reports.is_dir():
         return None
@@ -362,7 +377,10 @@ def previous_release(reports: Path, release: str, want: set[tuple[str, str]] | N
     found = []
     for d in reports.iterdir():
         k = _version(d.name) if d.is_dir() and d.name != release else None
-        if k is None or k.is_prerelease or k.is_devrelease or (cur is not None and k >= cur):
+        if (k is None or k.is_prerelease or k.is_devrelease or k.local is not None
+                or (cur is not None and k >= cur)):
             continue
-        found.append((k, d.name))
-    return next((name for _, name in sorted(found, reverse=True) if has_gated(reports / name)), None)
+        eligible, n = coverage(d)
+        if eligible:
+            found.append((n, k, d.name))
+    return max(found)[2] if found else None

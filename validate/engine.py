@@ -20,6 +20,8 @@ from typing import Callable
 
 from r9k import knobs
 from r9k import provenance as prov
+from rich.markup import escape as esc
+
 from validate import server as srvmod
 from validate.client import OpenAIClient
 from validate.config import ServeConfig, find_config
@@ -327,6 +329,11 @@ class Engine:
             cfg = cfg.model_copy(update={"launch_timeout_s": self.o.launch_timeout_s})
         todo = [find_suite(self.o.root, s, self.o.profile) for s in todo_names]
         folder = self.o.reports / release / cfg.name
+        if any(s.spec.needs_server for s in todo):  # suites that need no server (the kernel gates) run first,
+            # before the server takes the machine's memory and cores
+            for s in [s for s in todo if not s.spec.needs_server]:
+                outcome.records.append(self._run_suite(release, cfg, s, None, ServerInfo()))
+            todo = [s for s in todo if s.spec.needs_server]
         server = None
         info = ServerInfo()
         need_server = any(s.spec.needs_server for s in todo)
@@ -342,12 +349,12 @@ class Engine:
                                            serving_pid=None if server.launched else server.pid)
                 info.provenance_ok = ok
                 if ok is False:
-                    self.say(f"[red]{cfg.name}: wrong tree: {why}[/red]")
+                    self.say(f"[red]{cfg.name}: wrong tree: {esc(why)}[/red]")
                     self.record_unrun(release, cfg, todo, Verdict(status="wrong-tree", cause=why), outcome, server, info)
                     return
                 inactive = check_dispatch(cfg, server.provenance) if cfg.expects_plugin else None
                 if inactive:
-                    self.say(f"[red]{cfg.name}: plugin inactive: {inactive}[/red]")
+                    self.say(f"[red]{cfg.name}: plugin inactive: {esc(inactive)}[/red]")
                     self.record_unrun(release, cfg, todo, Verdict(status="plugin-inactive", cause=inactive),
                                       outcome, server, info)
                     return
@@ -360,13 +367,13 @@ class Engine:
                         status="error", cause=f"not run: the server died during {s.spec.name}"), outcome, server, info)
                     break
         except WrongTreeError as e:
-            self.say(f"[red]{cfg.name}: wrong tree (refused while starting): {e.cause}[/red]")
+            self.say(f"[red]{cfg.name}: wrong tree (refused while starting): {esc(e.cause)}[/red]")
             info = ServerInfo(launched=True, log="server.log", provenance=e.provenance, provenance_ok=False,
                               dispatch=dispatch_by_pid(e.provenance))
             self.record_unrun(release, cfg, todo, Verdict(status="wrong-tree", cause=e.cause), outcome, None, info)
         except PrepareError as e:
             cause = f"model preparation failed: {e}"
-            self.say(f"[red]{cfg.name}: {cause}[/red]")
+            self.say(f"[red]{cfg.name}: {esc(cause)}[/red]")
             outcome.launch_failures[cfg.name] = cause
             self.record_unrun(release, cfg, todo, Verdict(status="error", cause=cause), outcome, server, info)
         except LaunchError as e:
@@ -374,9 +381,9 @@ class Engine:
             if log.exists():  # what the failed start printed still says which tree it was
                 info = ServerInfo(launched=True, log=log.name,
                                   provenance=[p.raw for p in prov.parse(srvmod.last_launch(log))])
-            self.say(f"[red]{cfg.name}: launch failed: {e.cause}[/red]")
+            self.say(f"[red]{cfg.name}: launch failed: {esc(e.cause)}[/red]")
             if e.log_tail:
-                self.say(e.log_tail)
+                self.say(esc(e.log_tail))
             outcome.launch_failures[cfg.name] = e.cause
             self.record_unrun(release, cfg, todo, Verdict(status="error", cause=f"launch failed: {e.cause}"),
                               outcome, server, info)
@@ -400,10 +407,10 @@ class Engine:
         try:
             rec = read_record(path)
         except InputError as e:
-            self.say(f"[yellow]{cfg.name}/{s.spec.name}: the record found is not kept (--resume): {e}[/yellow]")
+            self.say(f"[yellow]{cfg.name}/{s.spec.name}: the record found is not kept (--resume): {esc(str(e))}[/yellow]")
             return None
         if rec.rechecked:
-            self.say(f"[yellow]{cfg.name}/{s.spec.name}: {rec.rechecked}; it is kept as {rec.verdict.status}[/yellow]")
+            self.say(f"[yellow]{cfg.name}/{s.spec.name}: {esc(rec.rechecked)}; it is kept as {rec.verdict.status}[/yellow]")
         same = (rec.verdict.status in ("pass", "fail") and rec.tree.source_hash == self.tree.source_hash
                 and rec.tree.engine_hash == self.tree.engine_hash and rec.suite_hash == s.spec_hash()
                 and rec.params_hash == s.params_hash() and rec.config_hash == cfg.digest() and rec.profile == s.profile)
@@ -486,7 +493,7 @@ class Engine:
         rec = self._write(release, cfg, s, server, info, result, verdict, time.monotonic() - t0, started)
         style = {"pass": "green", "fail": "red"}.get(rec.verdict.status, "yellow")
         self.say(f"{cfg.name}/{s.spec.name}: [{style}]{rec.verdict.status}[/{style}]"
-                 + (f" ({rec.verdict.cause})" if rec.verdict.cause else ""))
+                 + (f" ({esc(rec.verdict.cause)})" if rec.verdict.cause else ""))
         return rec
 
     async def _run_async(self, runner, cfg, s: LoadedSuite, server):

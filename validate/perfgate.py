@@ -35,7 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.errors import InputError
-from validate.record import Record, record_history, release_records
+from validate.record import Record, record_history, release_records, same_run
 
 BENCH_KIND = "betterbench"
 # Suite parameters that decide what a figure measures; records that differ in one never compare.
@@ -267,14 +267,21 @@ def comparable(b: Record, c: Record) -> list[str]:
     diff = [k for k in MEASURING_PARAMS if b.params.get(k) != c.params.get(k)]
     if diff:
         bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}" for k in diff) + ")")
-    sb, sc = b.config_snapshot.get("server", {}), c.config_snapshot.get("server", {})
+    def server(label: str, r: Record) -> dict:  # a record edited by hand may hold anything here
+        got = r.config_snapshot.get("server", {})
+        if not isinstance(got, dict):
+            bad.append(f"the {label}'s configuration snapshot holds no server settings (server = {got!r:.40})")
+            return {}
+        return got
+
+    sb, sc = server("baseline", b), server("candidate", c)
     moved = [k for k in MEASURING_SERVER if sb.get(k) != sc.get(k)]
     if moved:
         bad.append("the server settings that define the figures differ (" + ", ".join(
             f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
     if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
         bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
-    hb, hc = b.hardware or {}, c.hardware or {}
+    hb, hc = (r.hardware if isinstance(r.hardware, dict) else {} for r in (b, c))
     moved = [k for k in ("kind", "gpus") if hb.get(k) != hc.get(k)]
     if moved:
         bad.append("the hardware differs (" + ", ".join(f"{k}: {hb.get(k)!r} vs {hc.get(k)!r}" for k in moved) + ")")
@@ -299,16 +306,28 @@ def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
 MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
 
 
-def noise_floor(b: Record) -> tuple[float, str]:
+def noise_floor(b: Record, c: Record | None = None) -> tuple[float, str]:
     """The run-to-run drift (percent) between runs of one tree on the baseline's hardware, and where it comes
-    from: the configuration's ``perf_noise_pct`` as the baseline's record stores it (measured by
-    ``python -m benchmarks.serving.perf_gate_fp``). Passes within one run share the machine's state during
-    that run, so a rank test across the passes of two runs cannot tell a change from the drift between the runs;
-    a move within it is "cannot tell", never a pass. (0, "") where it is not set."""
-    v = (b.config_snapshot or {}).get("perf_noise_pct") if isinstance(b.config_snapshot, dict) else None
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
-        return float(v), f"the configuration's perf_noise_pct in the baseline's record: {v:g}%"
-    return 0.0, ""
+    from: the configuration's ``perf_noise_pct`` (measured by ``python -m benchmarks.serving.perf_gate_fp``) as
+    the baseline's record stores it, and never above what the candidate's record stores (the configuration as
+    the tree under validation sets it: an edited baseline cannot excuse any move, and no stored value in the
+    candidate means no floor). Passes within one run share the machine's state during that run, so a rank test
+    across the passes of two runs cannot tell a change from the drift between the runs; a move within it is
+    "cannot tell", never a pass. (0, "") where it is not set."""
+    def stored(r: Record) -> float:
+        v = (r.config_snapshot or {}).get("perf_noise_pct") if isinstance(r.config_snapshot, dict) else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else 0.0
+
+    vb = stored(b)
+    if vb <= 0:
+        return 0.0, ""
+    if c is None:
+        return vb, f"the configuration's perf_noise_pct in the baseline's record: {vb:g}%"
+    vc = stored(c)
+    if vc < vb:
+        return vc, (f"the configuration's perf_noise_pct: {vb:g}% in the baseline's record, {vc:g}% in the "
+                    f"candidate's: the smaller" if vc > 0 else "")
+    return vb, f"the configuration's perf_noise_pct in the baseline's record: {vb:g}%"
 
 
 def specs_of(root: Path) -> dict[str, PerfGateSpec]:
@@ -329,11 +348,32 @@ def specs_of(root: Path) -> dict[str, PerfGateSpec]:
     return out
 
 
-def gate_spec(b: Record, c: Record, checkout: dict[str, PerfGateSpec], notes: list[str]) -> PerfGateSpec:
-    """The thresholds a comparison of ``c`` against ``b`` is judged by: those stored in the baseline's record
-    (a pull request cannot loosen its own gate), else the checkout's suite file's (said in ``notes``). A
-    candidate recorded under other thresholds, and a baseline recorded under other ones than the checkout's
-    suite file sets now, are said in ``notes``.
+@dataclass
+class GateRule:
+    """The thresholds a comparison is judged by: for each figure the smallest threshold of ``specs`` that
+    covers it, at the largest alpha of them (the stricter of the baseline's stored gate and the checkout's suite
+    file: neither a pull request nor an edited baseline record can loosen the gate)."""
+
+    specs: list[PerfGateSpec]
+
+    def threshold(self, figure: str) -> float | None:
+        ts = [t for t in (s.threshold(figure) for s in self.specs) if t is not None]
+        return min(ts) if ts else None
+
+    @property
+    def alpha(self) -> float:
+        return max(s.alpha for s in self.specs)
+
+    def describe(self) -> str:
+        return " and ".join(_thresholds(s) for s in self.specs) + (", the stricter of them" if len(self.specs) > 1 else "")
+
+
+def gate_spec(b: Record, c: Record, checkout: dict[str, PerfGateSpec], notes: list[str]) -> GateRule:
+    """The thresholds a comparison of ``c`` against ``b`` is judged by (:class:`GateRule`): the stricter of those
+    stored in the baseline's record and the checkout's suite file's (its defaults where the checkout has no
+    such suite file), figure by figure. A baseline recorded before thresholds were stored is judged by the
+    checkout's; a candidate recorded under other thresholds, and a baseline recorded under other ones than the
+    checkout's suite file sets now, are said in ``notes``.
 
     Raises:
         InputError: a stored ``perf_gate`` that is not a valid one (naming the record).
@@ -350,18 +390,20 @@ def gate_spec(b: Record, c: Record, checkout: dict[str, PerfGateSpec], notes: li
     sb, sc = stored(b), stored(c)
     mine = checkout.get(c.suite) or PerfGateSpec()
     if sb is None:
-        spec = mine
+        rule = GateRule([mine])
         notes.append(f"{where}: the baseline {b.release} was recorded before thresholds were stored: the checkout's "
-                     f"thresholds are used ({_thresholds(spec)})")
+                     f"thresholds are used ({_thresholds(mine)})")
+    elif sb == mine:
+        rule = GateRule([sb])
     else:
-        spec = sb
-        if c.suite in checkout and sb != mine:
-            notes.append(f"{where}: the baseline {b.release} was recorded under other thresholds ({_thresholds(sb)}) "
-                         f"than the checkout's suite file sets ({_thresholds(mine)}): the baseline's are used")
-    if sc is not None and sc != spec:
+        rule = GateRule([sb, mine])
+        notes.append(f"{where}: the baseline {b.release} was recorded under other thresholds ({_thresholds(sb)}) "
+                     f"than the checkout's suite file sets ({_thresholds(mine)}): each figure is judged by the "
+                     "stricter of the two")
+    if sc is not None and sc not in rule.specs:
         notes.append(f"{where}: the candidate was recorded under other thresholds ({_thresholds(sc)}) than the "
-                     f"baseline's ({_thresholds(spec)}): the baseline's are used")
-    return spec
+                     f"baseline's and the checkout's: {rule.describe()} are used")
+    return rule
 
 
 def _thresholds(spec: PerfGateSpec) -> str:
@@ -391,13 +433,17 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
     out = PerfComparison(candidate, baseline)
     have = {(c.config, c.suite) for c in cand}
     for (cfg, suite), b in sorted(base.items()):  # a BetterBench record the baseline has and the candidate lacks
-        if (cfg, suite) not in have and (not configs or cfg in configs) and cfg in {c.config for c in cand}:
+        if (cfg, suite) not in have and (not configs or cfg in configs):
             out.limited.append(f"{cfg}/{suite}: the candidate {candidate} has no such record (the baseline {baseline} has)")
     for c in cand:
         b = base.get((c.config, c.suite))
         where = f"{c.config}/{c.suite}"
         if b is None:
             out.limited.append(f"{where}: the baseline {baseline} has no such record")
+            continue
+        if same_run(b, c):
+            out.unpaired.append(f"{where}: the baseline {baseline}'s record is a copy of the candidate's (every field "
+                                "but the release name the same): a record is never its own baseline")
             continue
         bad = comparable(b, c)
         for label, r in (("baseline", b), ("candidate", c)):
@@ -419,7 +465,7 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             out.unpaired.append(f"{where}: cannot compare: {e}")
             continue
         bruns, cruns = _same_tree_runs(breports, b), _same_tree_runs(reports, c)
-        floor, floor_why = noise_floor(b)
+        floor, floor_why = noise_floor(b, c)
         names = sorted({k for r in (b, c) for row in _rows(r) for k in row if k != "pass"})
         judged = 0
         for name in names:
@@ -439,6 +485,6 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
                 except ValueError as e:
                     out.unpaired.append(f"{where}: {name}: cannot judge: {e}")
         if not judged and not any(x.startswith(f"{where}:") for x in out.unpaired + out.limited):
-            out.unpaired.append(f"{where}: no figure was judged: the thresholds ({_thresholds(spec)}) cover none of "
+            out.unpaired.append(f"{where}: no figure was judged: the thresholds ({spec.describe()}) cover none of "
                                 "the figures both records measured")
     return out

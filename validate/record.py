@@ -270,19 +270,51 @@ def gate_reasons(gate: "dict[str, Any] | StoredGate", metrics: dict[str, Any]) -
     return reasons
 
 
+def item_reasons(rec: Record) -> list[str]:
+    """Why a record's items contradict a "pass" (for records whose items carry a test ``outcome``, the pytest
+    suites'): a test item that failed or errored, or test counts in ``metrics`` that are not its items' counts. []
+    for records whose items carry no outcome."""
+    outs = [(i.model_extra or {}).get("outcome") for i in rec.items]
+    if not any(isinstance(o, str) for o in outs):
+        return []
+    counts = {k: sum(1 for o in outs if o == k) for k in ("passed", "failed", "error", "skipped")}
+    reasons = []
+    bad = [i.id for i, o in zip(rec.items, outs) if o in ("failed", "error")]
+    if bad:
+        reasons.append(f"{len(bad)} of its test items failed or errored: {', '.join(bad[:5])}"
+                       + (" ..." if len(bad) > 5 else ""))
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    said = [f"{k} = {m[k]!r}, its items hold {n}" for k, n in (*counts.items(), ("tests", len(outs)))
+            if k in m and m[k] != n]
+    if said:
+        reasons.append("its test counts are not its items': " + "; ".join(said))
+    return reasons
+
+
 def recheck(rec: Record, gate: "dict[str, Any] | StoredGate | None", whose: str) -> Record:
-    """Re-apply ``gate`` to a record's metrics: a record that says "pass" while its metrics fail the gate (edited
-    by hand, or written by a runner that did not gate) reads as "fail", with the gate's reasons and
-    ``rec.rechecked`` saying so. ``whose``: where the gate comes from ("its own", "the checkout's suite file").
-    Other verdicts are left as they are."""
-    if gate is None or rec.verdict.status != "pass":
+    """Re-apply ``gate`` to a record's metrics, and its items to its test counts (:func:`item_reasons`): a record
+    that says "pass" while its metrics fail the gate or its items fail (edited by hand, or written by a runner
+    that did not gate) reads as "fail", with the reasons and ``rec.rechecked`` saying so. ``whose``: where the
+    gate comes from ("its own", "the checkout's suite file"). Other verdicts are left as they are."""
+    if rec.verdict.status != "pass":
         return rec
-    reasons = gate_reasons(gate, rec.metrics)
+    reasons = gate_reasons(gate, rec.metrics) if gate is not None else []
     if reasons:
         why = f"the record says pass, but its metrics fail {whose} gate"
+    else:
+        reasons = item_reasons(rec)
+        why = "the record says pass, but its items do not"
+    if reasons:
         rec.verdict = Verdict(status="fail", cause=f"{why}: {reasons[0]}", reasons=reasons)
         rec.rechecked = why
     return rec
+
+
+def same_run(a: Record, b: Record) -> bool:
+    """Whether two records are one run of a suite copied under another release name or folder: every field but
+    the release's name the same (tree, start and end times, metrics, items). A record is never the baseline of its
+    own copy."""
+    return a.model_dump(exclude={"release"}) == b.model_dump(exclude={"release"})
 
 
 def read_record(path: Path) -> Record:
@@ -306,6 +338,10 @@ def read_record(path: Path) -> Record:
         raise InputError(f"{path}: record not found") from None
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: a folder, not a record file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot be read: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
     except RecursionError:

@@ -166,6 +166,9 @@ def record_limits(rec: Record) -> str | None:
         reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
     if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
         reasons.append("provenance not verified (external server)")
+    skipped = sum(1 for i in rec.items if (i.model_extra or {}).get("outcome") == "skipped")
+    if skipped:  # a skipped test checked nothing (a GPU test on a CPU machine, a world size not set)
+        reasons.append(f"{skipped:,} of {len(rec.items):,} tests skipped")
     return "; ".join(reasons) or None
 
 
@@ -207,7 +210,7 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
     stale = other_tree(rec, tree)
     if rec.gate_mismatch and not stale and chk.outcome == "pass":
         chk.outcome, chk.status = "not-checked", "gate-mismatch"
-        chk.message = f"the record of this tree was judged by another gate than its suite file's: {rec.gate_mismatch}"
+        chk.message = f"the record of this tree does not match its suite file: {rec.gate_mismatch}"
     if stale and chk.outcome != "finding":
         why = f"made by another tree ({stale})"
         if accept_other_tree:
@@ -307,7 +310,11 @@ def perf_checks(perf, strict: bool) -> list[Check]:
 
 def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: bool, what: str) -> list[Check]:
     """For a gate on its own (``gate``, ``gate --perf``): a line per candidate record that ``tree`` did not make
-    (:func:`other_tree`), not-checked unless ``accept_other_tree`` (then limited). ``what``: the gate's name."""
+    (:func:`other_tree`), not-checked unless ``accept_other_tree`` (then limited), and a line per record whose
+    server evidence or gate the gate must not pass over, as :func:`suite_check` reads them: a server of another
+    plugin source (a finding), a server that restarted during the suite, a record of this tree judged by another
+    gate than its suite file's (not-checked). ``records``: re-checked by :func:`reapply_gates` first. ``what``:
+    the gate's name."""
     out = []
     for r in records:
         why = other_tree(r, tree)
@@ -317,6 +324,10 @@ def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: boo
                              "other-tree", msg + (", accepted with --accept-other-tree" if accept_other_tree else
                                                   ": run the suite on this tree, or pass --accept-other-tree"),
                              [msg], record=r))
+        chk = suite_check(r, tree, accept_other_tree=True)
+        if chk.status in ("wrong-tree", "server-restarted", "gate-mismatch"):
+            msg = f"the {what} would judge a record that cannot stand: {chk.message}"
+            out.append(Check(r.config, f"{r.suite} (record)", "release", chk.outcome, chk.status, msg, [msg], record=r))
     return out
 
 
@@ -349,8 +360,12 @@ def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
         try:
             s = find_suite(root, r.suite, "quick" if r.profile == "quick" else "full")
         except InputError:
+            # for a record of this very tree (suite_check counts it only then) the suite was renamed or removed
+            r.gate_mismatch = f"the checkout has no suite file suites/{r.suite}.yaml to judge it by"
             continue
         if s.spec.kind != r.suite_kind:
+            r.gate_mismatch = (f"it says suite kind {r.suite_kind!r}, the checkout's suites/{r.suite}.yaml is of kind "
+                               f"{s.spec.kind!r}")
             continue
         mine = s.spec.gate.model_dump()
         stored = _gate_dict(r.gate)

@@ -194,7 +194,7 @@ def test_thresholds_are_the_records_and_the_baselines_win(tmp_path):
     save(tmp_path, b, c)
     out = outputs(tmp_path, "v0.2.0")
     assert out["code"] == 1
-    assert any("the candidate was recorded under other thresholds" in n and "the baseline's are used" in n
+    assert any("the candidate was recorded under other thresholds" in n and "are used" in n
                for n in out["verdict"].notes)
     assert "recorded under other thresholds" in out["notes"]
     b.perf_gate = None
@@ -302,13 +302,21 @@ def test_a_move_within_the_measured_drift_between_runs_cannot_be_told(tmp_path, 
 
     save(tmp_path, bench("v0.1.0", 26.8, 1), bench("v0.2.0", 26.8 * 1.24, 2))
     assert [f.regression for f in compare_perf(tmp_path, "v0.2.0", "v0.1.0").figures if f.figure == "decode_step_ms"] == [True]
-    b = bench("v0.1.0", 26.8, 1)
+    b, c = bench("v0.1.0", 26.8, 1), bench("v0.2.0", 26.8 * 1.24, 2)
     b.config_snapshot = {"perf_noise_pct": 30}
     save(tmp_path, b)
+    step = next(f for f in compare_perf(tmp_path, "v0.2.0", "v0.1.0").figures if f.figure == "decode_step_ms")
+    assert step.regression and step.floor_pct == 0  # the candidate's configuration sets no floor: none is used
+    c.config_snapshot = {"perf_noise_pct": 30}
+    save(tmp_path, c)
     cmp = compare_perf(tmp_path, "v0.2.0", "v0.1.0")
     step = next(f for f in cmp.figures if f.figure == "decode_step_ms")
     assert not step.regression and step.cannot_tell and step.mark == "cannot tell" and step.floor_pct == 30
     assert "within the run-to-run drift of 30% between runs of one tree" in step.message
+    b.config_snapshot = {"perf_noise_pct": 1e9}  # an edited baseline cannot excuse any move: the candidate's bounds it
+    save(tmp_path, b)
+    step = next(f for f in compare_perf(tmp_path, "v0.2.0", "v0.1.0").figures if f.figure == "decode_step_ms")
+    assert step.floor_pct == 30 and step.cannot_tell
     assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports", str(tmp_path)]) == 2
     out = outputs(tmp_path, "v0.2.0")
     agree(out)
@@ -398,12 +406,27 @@ def test_latency_figures_are_worse_when_they_grow(tmp_path):
 
 
 def test_thresholds_that_cover_no_figure_compare_nothing(tmp_path):
+    """Thresholds that cover none of the figures compare nothing (exit 2); a baseline record whose stored gate
+    drops figures, loosens them a billion-fold or sets alpha 1e-13 cannot hide a +90% decode step: each figure is
+    judged by the stricter of the baseline's and the checkout's."""
+    from validate.perfgate import PerfGateSpec, compare_perf
+
     b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.9, 2)
-    b.perf_gate = {"thresholds_pct": {}, "alpha": 0.05}
+    b.perf_gate = c.perf_gate = {"thresholds_pct": {}, "alpha": 0.05}
     save(tmp_path, b, c)
-    out = outputs(tmp_path, "v0.2.0")
-    agree(out)
-    assert out["code"] == 2 and "cover none of the figures" in out["notes"]
+    cmp = compare_perf(tmp_path, "v0.2.0", "v0.1.0", {"betterbench": PerfGateSpec(thresholds_pct={})})
+    assert not cmp.figures and any("cover none of the figures" in u for u in cmp.unpaired)
+    for forged in ({"thresholds_pct": {}, "alpha": 0.05}, {"thresholds_pct": {"prefill_*": 5.0}, "alpha": 0.05},
+                   {"thresholds_pct": {"decode_step_ms": 1e9, "combined_decode_tok_s": 1e9, "prefill_*": 1e9},
+                    "alpha": 1e-13}):
+        b.perf_gate = forged
+        save(tmp_path, b)
+        out = outputs(tmp_path, "v0.2.0", root=REPO)
+        agree(out)
+        assert out["code"] == 1, forged
+        step = next(f for f in out["verdict"].perf.figures if f.figure == "decode_step_ms")
+        assert step.regression and step.threshold_pct == 3.0 and step.alpha == 0.05
+        assert any("judged by the stricter of the two" in n for n in out["verdict"].notes)
 
 
 def test_a_baseline_record_the_candidate_lacks_is_said(tmp_path):
@@ -511,3 +534,205 @@ def test_none_is_no_release_name():
 
     with pytest.raises(InputError, match="release name 'none': reserved"):
         check_release_name("none")
+
+
+# --- the second attack round: each hole, an attack that must fail ------------------------------------------
+
+
+def _no_run(monkeypatch, raise_=None):
+    """``release`` without running a suite: its verdict then comes from the records already in reports/."""
+    from validate.engine import Outcome, current_tree
+
+    def run(plan, release, args, external=None):
+        if raise_ is not None:
+            raise raise_
+        return Outcome(), current_tree(REPO)
+
+    monkeypatch.setattr(cli, "_run", run)
+
+
+def test_a_run_of_one_configuration_keeps_the_others_recorded_failures(tmp_path, monkeypatch):
+    """`release --config cpu-smol` after fn-tp2's sanity failed: the notes, JUnit and the exit status still fail
+    the release (they once said every check passed, the failure dropped)."""
+    _no_run(monkeypatch)
+    ok = eval_record("v0.2.0", BASE)
+    bad = eval_record("v0.2.0", BASE, config="fn-tp2", suite="sanity")
+    bad.suite_kind, bad.verdict.status, bad.verdict.cause = "strict-sanity", "fail", "3 bad of 32"
+    save(tmp_path, ok, bad)
+    junit = tmp_path / "j.xml"
+    assert main(["release", "v0.2.0", "--config", "cpu-smol", "--accept-other-tree", "--baseline", "none",
+                 "--reports", str(tmp_path), "--junit-xml", str(junit)]) == 1
+    notes = (tmp_path / "v0.2.0" / "RELEASE.md").read_text()
+    assert notes.split("\n")[2].startswith("**Not ready to ship:**") and "fn-tp2 / sanity: 3 bad of 32" in notes
+    assert "the verdict also holds the records of fn-tp2" in notes.replace("\n", " ")
+    assert JUnitXml.fromfile(str(junit)).failures == 1
+
+
+def test_an_interrupted_release_leaves_notes_that_say_so(tmp_path, monkeypatch):
+    """Ctrl-C during `release`: the notes of an earlier run are not left standing as this one's."""
+    save(tmp_path, eval_record("v0.2.0", BASE))
+    _no_run(monkeypatch)
+    assert main(["release", "v0.2.0", "--config", "cpu-smol", "--accept-other-tree", "--baseline", "none",
+                 "--reports", str(tmp_path)]) == 0
+    notes = tmp_path / "v0.2.0" / "RELEASE.md"
+    assert notes.read_text().split("\n")[2].startswith("No finding in what was checked")
+    _no_run(monkeypatch, KeyboardInterrupt())
+    assert main(["release", "v0.2.0", "--config", "cpu-smol", "--baseline", "none", "--reports", str(tmp_path)]) == 130
+    assert notes.read_text().split("\n")[2].startswith("**Interrupted:**")
+
+
+def test_notes_say_a_junit_file_that_could_not_be_written(tmp_path, monkeypatch):
+    save(tmp_path, eval_record("v0.2.0", BASE))
+    _no_run(monkeypatch)
+    (tmp_path / "file").write_text("")
+    assert main(["release", "v0.2.0", "--config", "cpu-smol", "--accept-other-tree", "--baseline", "none",
+                 "--reports", str(tmp_path), "--junit-xml", str(tmp_path / "file" / "j.xml")]) == 2
+    notes = (tmp_path / "v0.2.0" / "RELEASE.md").read_text()
+    assert notes.split("\n")[2].startswith("**Not ready to ship: not everything")
+    assert "cannot write the JUnit report" in notes
+
+
+def test_the_automatic_baseline_covers_what_the_candidate_has(tmp_path):
+    """An eval-only point release (v0.1.1) is passed over for the newest that also holds BetterBench (v0.1.0), so
+    the candidate's +90% decode step is compared; a local version (v0.1.2+exp) is never taken."""
+    from validate.compare import previous_release
+
+    save(tmp_path, eval_record("v0.1.0", BASE), bench("v0.1.0", 38.0, 1), eval_record("v0.1.1", BASE),
+         eval_record("v0.1.2+exp", BASE), bench("v0.1.2+exp", 80.0, 3),
+         eval_record("v0.2.0", BASE), bench("v0.2.0", 38.0 * 1.9, 2))
+    want = {("cpu-smol", "gsm8k"), ("cpu-smol", "betterbench")}
+    assert previous_release(tmp_path, "v0.2.0", want) == "v0.1.0"
+    assert previous_release(tmp_path, "v0.2.0", {("cpu-smol", "gsm8k")}) == "v0.1.1"
+    assert previous_release(tmp_path, "v0.2.0") == "v0.1.1"
+    out = outputs(tmp_path, "v0.2.0", accept_other_tree=True)
+    agree(out)
+    assert out["verdict"].baseline == "v0.1.0" and out["code"] == 1
+    assert any(c.name == "perf decode_step_ms" and c.outcome == "finding" for c in out["verdict"].checks)
+
+
+def test_a_gate_on_its_own_reads_the_records_server_evidence(tmp_path):
+    """`gate` and `gate --perf` over a candidate whose server ran another plugin source (a finding) or restarted
+    during the suite (not checked): never exit 0."""
+    cand = eval_record("v0.2.0", BASE)
+    cand.server.provenance_ok = False
+    save(tmp_path, eval_record("v0.1.0", BASE), cand)
+    gate = ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]
+    assert main(gate) == 1
+    cand.server.provenance_ok = True
+    cand.server.provenance = ["R9K-PROVENANCE version=0.1.0 source_hash=bbbb files=5 pid=1"]
+    save(tmp_path, cand)
+    assert main(gate) == 1
+    cand.server.provenance = []
+    cand.server_metrics = {"available": True, "delta": {"resets": ["vllm:request_success_total"]}, "series": []}
+    save(tmp_path, cand)
+    assert main(gate) == 2
+    b = bench("v0.2.0", 38.0, 2)
+    b.server_metrics = cand.server_metrics
+    save(tmp_path, bench("v0.1.0", 38.0, 1), b)
+    assert main(gate + ["--perf"]) == 2
+
+
+def test_gate_perf_names_a_configuration_the_candidate_lacks(tmp_path):
+    other = bench("v0.1.0", 38.0, 3)
+    other.config = "fn-tp2"
+    save(tmp_path, bench("v0.1.0", 38.0, 1), other, bench("v0.2.0", 38.0, 2))
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports",
+                 str(tmp_path)]) == 2
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--config", "cpu-smol",
+                 "--reports", str(tmp_path)]) == 0
+
+
+def test_a_record_of_this_tree_whose_suite_was_renamed_or_changed_kind_is_not_a_pass(tmp_path):
+    from validate.engine import current_tree
+
+    tree = current_tree(REPO)
+    r = eval_record("v0.2.0", BASE, suite="sanity-old")
+    r.suite_kind, r.metrics, r.tree = "strict-sanity", {"bad": 57, "n": 16}, tree
+    k = eval_record("v0.2.0", BASE, suite="sanity")
+    k.suite_kind, k.metrics, k.tree = "gsm8k", {"n": 16}, tree  # sanity's gate would fail bad = 57: moved kind
+    r.server.provenance = k.server.provenance = []
+    save(tmp_path, r, k)
+    v = assess_release(tmp_path, "v0.2.0", root=REPO, baseline="none", tree=tree)
+    by = {c.name: c for c in v.checks if c.area == "suite"}
+    assert by["sanity-old"].outcome == "not-checked" and "no suite file suites/sanity-old.yaml" in by["sanity-old"].message
+    assert by["sanity"].outcome == "not-checked" and "of kind 'strict-sanity'" in by["sanity"].message
+
+
+def test_files_that_are_no_record_never_crash_a_command(tmp_path, capsys):
+    """A folder named like a record, a baseline file nested 100,000 deep, record text with rich markup, a
+    configuration snapshot whose server is a string: each is said, none is a traceback."""
+    save(tmp_path, eval_record("v0.1.0", BASE), bench("v0.1.0", 38.0, 1))
+    c = eval_record("v0.2.0", LOST_50)
+    for i in c.items:
+        i.id = f"[/bold]{i.id}"
+    for r in (eval_record("v0.1.0", BASE), c):
+        for i in r.items:
+            i.id = f"[/bold]{i.id.removeprefix('[/bold]')}"
+        save(tmp_path, r)
+    b = bench("v0.2.0", 38.0, 2)
+    b.config_snapshot = {"server": "[/red]"}
+    save(tmp_path, b)
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 1
+    assert "right only in v0.1.0: [/bold]test-" in capsys.readouterr().out
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports",
+                 str(tmp_path)]) == 2
+    assert "snapshot holds no server settings (server = '[/red]')" in capsys.readouterr().out.replace("\n", "")
+    (tmp_path / "v0.2.0" / "cpu-smol" / "x.json").mkdir()
+    (tmp_path / "v0.0.9" / "cpu-smol").mkdir(parents=True)
+    (tmp_path / "v0.0.9" / "cpu-smol" / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    v = assess_release(tmp_path, "v0.2.0")
+    assert any("a folder, not a record file" in ch.message for ch in v.checks)
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 2
+    assert "x.json: a folder, not a record file" in capsys.readouterr().out.replace("\n", "")
+    (tmp_path / "v0.2.0" / "cpu-smol" / "x.json").rmdir()
+    assert main(["compare", "v0.2.0", "--against", "v0.0.9", "--reports", str(tmp_path)]) == 2
+    assert "deep.json: nested too deeply to be a record" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_an_unforeseen_fault_is_said_and_exits_2(tmp_path, monkeypatch):
+    save(tmp_path, eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE))
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("no one foresaw this")
+
+    monkeypatch.setattr(cli, "print_comparison", boom)
+    junit = tmp_path / "j.xml"
+    assert main(["gate", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path), "--junit-xml", str(junit)]) == 2
+    assert "internal error: ZeroDivisionError: no one foresaw this" in junit.read_text()
+
+
+def test_a_pytest_record_whose_items_failed_is_not_a_pass(tmp_path):
+    """metrics.failed edited to 0 over a failed test item: read back as a fail; skipped tests limit a pass."""
+    from validate.record import Item
+    from validate.verdict import record_limits
+
+    r = eval_record("v0.2.0", BASE, suite="unit-gates")
+    r.suite_kind, r.dataset = "pytest", None
+    r.items = [Item(id=f"t{i}", prompt_hash="h", outcome=o) for i, o in enumerate(["passed", "failed", "skipped"])]
+    r.metrics = {"tests": 3, "passed": 2, "failed": 0, "error": 0, "skipped": 1, "exit_status": 0, "paths": []}
+    path = write_record(record_path(tmp_path, "v0.2.0", "cpu-smol", "unit-gates"), r)
+    got = read_record(path)
+    assert got.verdict.status == "fail" and "1 of its test items failed or errored: t1" in got.verdict.cause
+    assert "passed = 2, its items hold 1" in got.verdict.reasons[1] and "failed = 0, its items hold 1" in got.verdict.reasons[1]
+    r.items[1].outcome = "passed"
+    path = write_record(path, r)
+    got = read_record(path)
+    assert got.verdict.status == "pass" and record_limits(got) == "1 of 3 tests skipped"
+
+
+def test_junit_names_a_check_once_per_configuration(tmp_path):
+    from validate.verdict import ReleaseVerdict, release_check
+
+    v = ReleaseVerdict("v0.2.0", checks=[release_check("records", "a"), release_check("records", "b"),
+                                         release_check("records", "c")])
+    names = [tc.name for suite in JUnitXml.fromstring(junit_xml(v)) for tc in suite]
+    assert names == ["records", "records (2)", "records (3)"]
+
+
+def test_a_copy_of_the_candidate_is_no_baseline(tmp_path):
+    """The candidate's own records copied into another folder and gated against: never a pass."""
+    save(tmp_path / "a", eval_record("v0.2.0", LOST_50), bench("v0.2.0", 38.0, 2))
+    save(tmp_path / "b", eval_record("v0.2.0", LOST_50), bench("v0.2.0", 38.0, 2))
+    for perf in ([], ["--perf"]):
+        assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.2.0", "--reports", str(tmp_path / "a"),
+                     "--baseline-reports", str(tmp_path / "b")] + perf) == 2

@@ -74,8 +74,11 @@ def test_thresholds_by_prefix():
 
 
 def _bench(release: str, step: float, seed: int, n: int = 8):
+    from tests.validate.test_compare import stamp
+
     r = rec("cpu-smol", "betterbench", metrics={})
     r.release, r.suite_kind = release, "betterbench"
+    r.started_at = stamp(release)
     r.params = {"decode_tokens": 128, "prefill_depths": [1024], "concurrency": [1, 2], "passes": n}
     steps = passes(n, step, 0.01, seed)
     r.metrics = {"passes": n, "per_pass": [{"pass": i, "decode_step_ms": s, "combined_decode_tok_s": 1e3 / s,
