@@ -137,24 +137,25 @@ def parse(text: str) -> Parsed:
     return out
 
 
-def delta(before: Parsed, after: Parsed) -> dict:
-    """What the record keeps of the cache over one suite: ``after``'s latest counters of each (pid, layer) less
-    ``before``'s (the log up to the suite's start; 0 where a layer had no line yet, or where the counters went down:
-    a restarted process), summed over layers and ranks.
+def delta(before: Parsed, during: Parsed) -> dict:
+    """What the record keeps of the cache over one suite: each (pid, layer)'s latest counters in ``during`` (the
+    log written while the suite ran) less its latest in ``before`` (the log up to the suite's start; 0 where the
+    layer had no line yet, or where a counter went down: a restarted process), summed over layers and ranks.
 
     Returns:
         ``{"layers": [{"pid", "rank", "layer", "experts", "slots", "staging", <counters>}], "total": {<counters>,
-        "hit_rate", "distinct_per_step"}, "malformed": n}``; ``total`` is None when no stats line was read.
-        ``hit_rate`` = hits / distinct, ``distinct_per_step`` = distinct / steps (None when their denominator is 0);
-        ``distinct_max`` in ``total`` is the largest of the layers'.
+        "hit_rate", "distinct_per_step"}, "malformed": n}`` (``malformed``: ``during``'s); ``total`` is None when no
+        stats line was read. ``hit_rate`` = hits / distinct, ``distinct_per_step`` = distinct / steps (None when
+        their denominator is 0); ``distinct_max`` is the process's own maximum (since it started), in ``total``
+        the largest of the layers'.
     """
     b = before.last()
     rows = []
-    for key, s in sorted(after.last().items(), key=lambda kv: (kv[1].rank, kv[1].pid, kv[1].layer)):
+    for key, s in sorted(during.last().items(), key=lambda kv: (kv[1].rank, kv[1].pid, kv[1].layer)):
         old = b.get(key)
         base = old.counters if old is not None and all(old.counters[k] <= s.counters[k] for k in COUNTERS) else {}
         d = {k: s.counters[k] - base.get(k, 0) for k in COUNTERS}
-        d["distinct_max"] = s.counters["distinct_max"]  # a maximum, not a sum: the process's own
+        d["distinct_max"] = s.counters["distinct_max"]
         rows.append({"pid": s.pid, "rank": s.rank, "layer": s.layer, "experts": s.experts, "slots": s.slots,
                      "staging": s.staging, **d})
     total = None
@@ -163,4 +164,4 @@ def delta(before: Parsed, after: Parsed) -> dict:
         total["distinct_max"] = max(r["distinct_max"] for r in rows)
         total["hit_rate"] = total["hits"] / total["distinct"] if total["distinct"] else None
         total["distinct_per_step"] = total["distinct"] / total["steps"] if total["steps"] else None
-    return {"layers": rows, "total": total, "malformed": after.malformed - before.malformed}
+    return {"layers": rows, "total": total, "malformed": during.malformed}
