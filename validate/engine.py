@@ -609,7 +609,7 @@ class Engine:
             wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
             config_snapshot=cfg.model_dump(mode="json"),
             knobs=knobs.in_force(cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
-            model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
+            model=cfg.model.source_name(),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
             server_metrics=result.server_metrics, moe_cache=result.moe_cache, client=result.client_tally,
             gate=s.spec.gate.model_dump(), perf_gate=s.perf_gate(),
