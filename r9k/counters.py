@@ -75,8 +75,8 @@ class LayerStats:
 
 
 def summary_line(pid: int, rank: int, layers: int, moe_layers: int, slots: int, staging: int, thresh: float) -> str:
-    """The ``R9K-MOE-CACHE`` line (no newline). ``staging`` -1 (the knob's default) prints as 0 when no layer took
-    the cache; a taken layer's own staging is in its stats lines."""
+    """The ``R9K-MOE-CACHE`` line (no newline). ``staging``: the first taken layer's staging slots (0 when none took
+    the cache; a negative value prints as 0); each layer's own is in its stats lines."""
     return (f"{SUMMARY_PREFIX} pid={pid} rank={rank} layers={layers} moe_layers={moe_layers} slots={slots} "
             f"staging={max(staging, 0)} thresh={thresh:.6g}")
 

@@ -356,7 +356,8 @@ def summary(model: torch.nn.Module, taken_before: int = 0) -> str:
         raise ValueError(f"R9K_MOE_CACHE_SLOTS={STATE.slots} asks for r9k's expert cache, but the model has no MoE "
                          "layer (set it to 0, or serve a mixture-of-experts model)")
     taken = len(STATE.layers) - taken_before
-    text = counters.summary_line(os.getpid(), _rank(), taken, moe, STATE.slots, STATE.staging, STATE.thresh)
+    staging = STATE.layers[taken_before].cache.stage_slots if taken else 0  # the first taken layer's
+    text = counters.summary_line(os.getpid(), _rank(), taken, moe, STATE.slots, staging, STATE.thresh)
     _logger().info(text)
     if taken < moe:
         log.warning("r9k moe: %d of %d MoE layers took the cache (%s)", taken, moe,

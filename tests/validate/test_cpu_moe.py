@@ -83,7 +83,7 @@ def test_stock_installs_nothing_and_the_cache_takes_every_layer(runs):
         _, log, prov, cfg = runs[name]
         assert prov and all("dispatch=moe_cache" in p for p in prov), prov
         (s,) = counters.parse(log).summaries
-        assert (s.layers, s.moe_layers, s.slots) == (2, 2, int(VARIANTS[name]))
+        assert (s.layers, s.moe_layers, s.slots, s.staging) == (2, 2, int(VARIANTS[name]), {"quarter": 12, "all": 4}[name])
         assert check_dispatch(cfg, prov, log) is None
 
 
@@ -115,6 +115,6 @@ def test_counters_reach_the_record_and_the_notes(runs):
     t = mc["total"]
     assert t["steps"] > 0 and t["read_through"] == t["misses"] > 0 and t["inserts"] == 0
     md = render_release(REPO, reports, "vtest", load_checklist(REPO)).read_text()
-    assert "## The expert cache" in md
-    row = next(ln for ln in md.splitlines() if ln.startswith("| cpu-moe | probe |"))
+    section = md.split("## The expert cache", 1)[1].split("\n## ", 1)[0]
+    row = next(ln for ln in section.splitlines() if ln.startswith("| cpu-moe | probe |"))
     assert f"| 2 | 4 + 12 of 16 | {t['steps']:,} |" in row and f"| {t['read_through']:,} |" in row
