@@ -157,8 +157,8 @@ def _flash_next(name: str, tp: int, seqs: int, slots: int | None) -> System:
     experts = Experts(E=_c(c, s, "num_experts"), top_k=_c(c, s, "num_experts_per_tok"), hidden=hid,
                       inter=_split(_c(c, s, "moe_intermediate_size"), tpf, "experts' intermediate split"),
                       slots=None if slots is None else Fig(slots, "seeds 004 (v0.2.1): 270 expert slots per layer "
-                                                                  "in VRAM (their R9K_EXPERT_SLOTS; r9k's cache is "
-                                                                  "library code, serve/fn-tp2.yaml sets no knob)"))
+                                                                  "in VRAM (their R9K_EXPERT_SLOTS; serve/fn-tp2.yaml's "
+                                                                  "env.R9K_MOE_CACHE_SLOTS)"))
     pmax = Fig(256, _serve(name, "env.R9K_GDN_PREFILL_MAX (seeds 000: the Flash-Next break-even)"))
     return System(
         name=name, model="Flash-Next (figures: Qwen3-Next-80B-A3B)", tp=tpf, hidden=hid,

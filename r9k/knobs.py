@@ -25,6 +25,8 @@ class Knob:
         dispatch: the op dispatch (an ``r9k.ops`` name such as ``gdn_seq``) that a non-stock value of this knob
             needs in the server: a configuration that sets it so refuses a server whose provenance lines do not
             list that dispatch ("plugin-inactive"). None for knobs that route nothing.
+        check: a parsed value's range check: returns why the value is refused (the error then names the variable),
+            or None when it is allowed. None: every value of the type is allowed.
     """
 
     name: str
@@ -34,6 +36,7 @@ class Knob:
     help: str
     choices: tuple[str, ...] | None = None
     dispatch: str | None = None
+    check: Callable[[Any], str | None] | None = None
 
     def parse(self, raw: str) -> Any:
         """Parse ``raw`` into the knob's type.
@@ -54,6 +57,9 @@ class Knob:
             raise ValueError(f"{self.name}={raw!r}: not a valid {self.type.__name__}") from None
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"{self.name}={raw!r}: expected one of {', '.join(self.choices)}")
+        why = self.check(value) if self.check is not None else None
+        if why:
+            raise ValueError(f"{self.name}={raw!r}: {why}")
         return value
 
 
@@ -166,16 +172,17 @@ ENGINE_VARIABLES = frozenset({"R9K_DATA_DIR", "R9K_ROOT", "R9K_MODEL_CACHE", "R9
 
 
 def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tuple[str, ...] | None = None,
-       dispatch: str | None = None) -> Callable[[], Any]:
-    register_knob(Knob(name, type_, default, stock, help_, choices, dispatch))
+       dispatch: str | None = None, check: Callable[[Any], str | None] | None = None) -> Callable[[], Any]:
+    register_knob(Knob(name, type_, default, stock, help_, choices, dispatch, check))
     return lambda: get(name)
 
 
 # ---- the knobs -------------------------------------------------------------------------------------------
 # Kernel dispatch knobs are declared here, not beside their kernels, so the registry is complete on import.
-# What vLLM runs of r9k (r9k/ops): the GDN prefill core and conv (r9k/ops/gdn.py) and the block-scaled fp8 linear
-# op (r9k/ops/fp8.py). The expert cache (kernels/moe/) and the all-reduce (kernels/allreduce/) are library
-# code that no serving path calls, and have no knob.
+# What vLLM runs of r9k (r9k/ops): the GDN prefill core and conv (r9k/ops/gdn.py), the block-scaled fp8 linear
+# op (r9k/ops/fp8.py) and, on vLLM's CPU platform, the expert cache inside its unquantized MoE layers
+# (r9k/ops/moe.py). The all-reduce (kernels/allreduce/) is library code that no serving path calls, and has no
+# knob.
 GDN_PREFILL_MAX = _k(
     "R9K_GDN_PREFILL_MAX", int, 1024, 0,
     "most tokens of a GDN prefill step that vLLM's Qwen3-Next / Qwen3.5 / Olmo GDN layer runs on r9k's "
@@ -205,4 +212,41 @@ TRITON_FAST_LAUNCH = _k(
     "R9K_TRITON_FAST_LAUNCH", bool, True, True,
     "launch r9k's Triton kernels through their cached compiled kernel (kernels/_launch.py) instead of Triton's JIT "
     "dispatcher on every call; outputs are identical either way (gated), only the host's time per launch differs",
+)
+MOE_CACHE_SLOTS = _k(
+    "R9K_MOE_CACHE_SLOTS", int, 0, 0,
+    "expert slots per MoE layer that r9k's expert cache (kernels/moe/cache.py) keeps beside the layer's host store "
+    "of all its experts; the layer's expert tensors become the slots and each step's routed ids are mapped to them "
+    "(r9k/ops/moe.py: vLLM's CPU unquantized experts, CPUUnquantizedExperts and its x86/Arm/Power subclasses); "
+    "top-k..experts of the layer, else loading the model fails naming this knob; 0 = vLLM's own experts",
+    dispatch="moe_cache", check=lambda v: "must be 0 (vLLM's experts) or a slot count >= 1" if v < 0 else None,
+)
+MOE_CACHE_STAGING = _k(
+    "R9K_MOE_CACHE_STAGING", int, -1, -1,
+    "read-through (staging) slots per MoE layer beside R9K_MOE_CACHE_SLOTS: a step's misses that are not inserted "
+    "are copied there for that step only; a step with more of them is served in token chunks that fit "
+    "(docs/kernels/moe.md); -1 = the layer's experts less the slots, at least its top-k (slots + staging never "
+    "hold more room than all experts unless slots > experts - top-k); at least the layer's top-k",
+    dispatch="moe_cache",
+    check=lambda v: "must be -1 (experts - slots, at least top-k) or a slot count >= 1 (0 staging slots could "
+                    "serve no read-through miss)" if v == 0 or v < -1 else None,
+)
+MOE_CACHE_THRESH = _k(
+    "R9K_MOE_CACHE_THRESH", float, 0.99, 0.99,
+    "insert threshold of the expert cache: a step whose distinct routed experts exceed THRESH * slots inserts "
+    "nothing and reads its misses through the staging slots (the seeds' R9K_LRU_THRESH; 0.5 stopped inserting on "
+    "72% of the seeds' steps, 0.99 fixed it); 0..1",
+    dispatch="moe_cache", check=lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+)
+MOE_CACHE_STATS = _k(
+    "R9K_MOE_CACHE_STATS", bool, True, True,
+    "log the expert cache's counters (R9K-MOE-CACHE-STATS lines, one a layer and rank: hits, inserts, read-through "
+    "misses, distinct experts a step, steps over the threshold, bytes copied) that the validation engine parses "
+    "into the record (the seeds' R9K_EXPERT_CACHE_STATS)",
+)
+MOE_CACHE_STATS_SEC = _k(
+    "R9K_MOE_CACHE_STATS_SEC", float, 10.0, 10.0,
+    "seconds between a layer's counter lines (written at the first step after the interval, and at exit); 0 = "
+    "after every step (the seeds' R9K_EXPERT_CACHE_STATS_SEC)",
+    check=lambda v: "must be >= 0" if v < 0 else None,
 )

@@ -566,7 +566,8 @@ def cmd_configs(args) -> int:
     for col in ("name", "model", "tp", "max_num_seqs", "max_model_len", "hardware", "description"):
         t.add_column(col)
     for c in all_configs(_root()):
-        model = c.model.path or (f"{c.model.prepare.distribution}:{c.model.prepare.file}" if c.model.prepare else "")
+        model = c.model.path or (f"{c.model.prepare.distribution}:{c.model.prepare.file}" if getattr(c.model.prepare, "file", None)
+                                 else c.model.source_name() or "")
         t.add_row(c.name, model, str(c.server.tensor_parallel_size), str(c.server.max_num_seqs),
                   str(c.server.max_model_len), f"{c.hardware.gpus}x {c.hardware.kind}" if c.hardware.gpus else c.hardware.kind,
                   c.description)

@@ -27,12 +27,49 @@ class GGUFPackageSource(_Strict):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
 
 
+class RandomMoESource(_Strict):
+    """A tiny Qwen3-MoE model with random weights from a fixed seed, made once into the model cache
+    (validate.models.make_random_moe): transformers' ``Qwen3MoeConfig``, the tokenizer of a GGUF file shipped in an
+    installed distribution (SmolLM2's), tied embeddings. ``init_std`` is the initialisation's standard deviation
+    (transformers' ``initializer_range``): large enough that greedy choices are not near-ties."""
+
+    kind: Literal["random-moe"] = "random-moe"
+    tokenizer: GGUFPackageSource = Field(description="the GGUF file whose tokenizer the model takes")
+    seed: int = 0
+    layers: int = Field(2, ge=1, le=8)
+    experts: int = Field(16, ge=2, le=256)
+    top_k: int = Field(4, ge=1)
+    hidden: int = Field(256, ge=64, le=2048)
+    moe_intermediate: int = Field(128, ge=32, le=4096)
+    heads: int = Field(4, ge=1)
+    kv_heads: int = Field(2, ge=1)
+    init_std: float = Field(0.2, gt=0, le=2)
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) is at most experts ({self.experts})")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError("hidden must be a multiple of heads, heads of kv_heads")
+        return self
+
+
 class ModelSpec(_Strict):
     """The model a configuration serves: a local directory or a source the engine prepares."""
 
     path: str | None = Field(None, description="model directory or hub id as vLLM takes it")
-    prepare: GGUFPackageSource | None = None
+    prepare: GGUFPackageSource | RandomMoESource | None = Field(None, discriminator="kind")
     served_name: str = Field(description="the name clients send as `model`")
+
+    def source_name(self) -> str | None:
+        """What the records and the listing name the model by: the path, the GGUF file, or the random model's shape."""
+        p = self.prepare
+        if p is None:
+            return self.path
+        if isinstance(p, RandomMoESource):
+            return f"random Qwen3-MoE {p.layers} layers x {p.experts} experts top-{p.top_k} (seed {p.seed})"
+        return p.file
 
     @model_validator(mode="after")
     def _one_source(self):

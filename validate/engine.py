@@ -201,12 +201,15 @@ def parallel_sizes(cfg: ServeConfig) -> dict[str, int]:
     return out
 
 
-def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
+def check_dispatch(cfg: ServeConfig, lines: list[str], log_text: str | None = None) -> str | None:
     """Why a server whose provenance ``lines`` are these is "plugin-inactive" for ``cfg``, or None.
 
     Inactive: a process whose dispatch install failed, or a dispatch that a knob of ``cfg.env`` asks for (a
     non-stock value of a knob with :attr:`r9k.knobs.Knob.dispatch`) missing from some process's line. Lines
-    that cannot say (no line at all) are the provenance check's business, not this one's.
+    that cannot say (no line at all) are the provenance check's business, not this one's. Where the knobs ask for
+    the expert cache (``moe_cache``) and the server's log of its last launch is given (``log_text``), also: no
+    process that printed a provenance line printed an ``R9K-MOE-CACHE`` line (r9k/counters.py), or one says that
+    none of its MoE layers took the cache.
     """
     parsed = prov.parse("\n".join(lines))
     if not parsed:
@@ -231,7 +234,46 @@ def check_dispatch(cfg: ServeConfig, lines: list[str]) -> str | None:
             pids = [m.raw.split(" pid=")[1].split()[0] if " pid=" in m.raw else "?" for m in missing]
             problems.append(f"{knob} asks for the {name} dispatch, which {len(missing)} of {len(parsed)} server "
                             f"process(es) did not install (pid {', '.join(pids)})")
+        elif name == "moe_cache" and log_text is not None:
+            why = _moe_layers_missing(knob, parsed, log_text)
+            if why:
+                problems.append(why)
     return "; ".join(problems) or None
+
+
+def _moe_layers_missing(knob: str, parsed: list, log_text: str) -> str | None:
+    """Why the expert cache the knob ``knob`` asks for took no layer on the server of ``log_text``, or None."""
+    from r9k import counters
+
+    pids = {_pid(p.raw) for p in parsed}
+    summaries = [s for s in counters.parse(log_text).summaries if str(s.pid) in pids]
+    if not summaries:
+        return (f"{knob} asks for the expert cache, but no server process printed an R9K-MOE-CACHE line (no MoE layer "
+                "was loaded on it)")
+    none = [s for s in summaries if s.layers == 0]
+    if none:
+        return (f"{knob} asks for the expert cache, but no MoE layer took it in " + ", ".join(
+            f"pid {s.pid} (rank {s.rank}: 0 of {s.moe_layers} MoE layers)" for s in none))
+    return None
+
+
+def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
+    """The expert cache's counters over one suite (r9k.counters.delta: the stats lines written to ``log_path``
+    after byte ``log_from`` less those before), or None when the log holds no cache line. Never raises: a log that
+    cannot be read or parsed gives ``{"error": why}``."""
+    from r9k import counters
+
+    if log_path is None:
+        return None
+    try:
+        data = log_path.read_bytes()
+        before = counters.parse(data[:log_from].decode(errors="replace"))
+        during = counters.parse(data[log_from:].decode(errors="replace"))
+    except Exception as e:  # noqa: BLE001 - a counter line must never fail a suite
+        return {"error": f"{type(e).__name__}: {e}"}
+    if not during.stats and not during.malformed:
+        return None
+    return counters.delta(before, during)
 
 
 def dispatch_by_pid(lines: list[str]) -> dict[str, list[str]]:
@@ -352,7 +394,9 @@ class Engine:
                     self.say(f"[red]{cfg.name}: wrong tree: {esc(why)}[/red]")
                     self.record_unrun(release, cfg, todo, Verdict(status="wrong-tree", cause=why), outcome, server, info)
                     return
-                inactive = check_dispatch(cfg, server.provenance) if cfg.expects_plugin else None
+                log_path = server.log_path or self.o.server_log
+                inactive = check_dispatch(cfg, server.provenance, srvmod.last_launch(log_path) if log_path else None
+                                          ) if cfg.expects_plugin else None
                 if inactive:
                     self.say(f"[red]{cfg.name}: plugin inactive: {esc(inactive)}[/red]")
                     self.record_unrun(release, cfg, todo, Verdict(status="plugin-inactive", cause=inactive),
@@ -475,9 +519,11 @@ class Engine:
         self.say(f"{cfg.name}/{s.spec.name}: running ({s.profile} profile)")
         result = SuiteResult()
         verdict: Verdict
-        log_from = srvmod.log_size(server.log_path) if server is not None else 0
+        log_from = srvmod.log_size(server.log_path or self.o.server_log) if server is not None else 0
         try:
             result = asyncio.run(self._run_async(runner, cfg, s, server))
+            if server is not None:
+                result.moe_cache = moe_counters(server.log_path or self.o.server_log, log_from)
             verdict = self._verdict(s, result, server, log_from)
         except InputError as e:  # e.g. data missing for this suite: attributed to it, the release goes on
             verdict = Verdict(status="error", cause=f"bad input: {e}")
@@ -570,9 +616,9 @@ class Engine:
             wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
             config_snapshot=cfg.model_dump(mode="json"),
             knobs=knobs.in_force(cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
-            model=cfg.model.path or (cfg.model.prepare.file if cfg.model.prepare else None),
+            model=cfg.model.source_name(),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
-            server_metrics=result.server_metrics, client=result.client_tally,
+            server_metrics=result.server_metrics, moe_cache=result.moe_cache, client=result.client_tally,
             gate=s.spec.gate.model_dump(), perf_gate=s.perf_gate(),
         )
         path = record_path(self.o.reports, release, cfg.name, s.spec.name)

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from validate.config import GGUFPackageSource, ModelSpec
+from validate.config import GGUFPackageSource, ModelSpec, RandomMoESource
 from validate.errors import InputError
 from validate.util import sha256_file
 
@@ -79,6 +79,37 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str) -> None:
         raise
 
 
+def make_random_moe(src: RandomMoESource, gguf: Path, out_dir: Path) -> None:
+    """Write a Qwen3-MoE model directory at ``out_dir``: transformers' ``Qwen3MoeConfig`` of ``src``'s shape (every
+    layer sparse, tied embeddings), weights drawn by transformers' initialisation under ``torch.manual_seed(src.seed)``
+    with standard deviation ``src.init_std``, saved in ``src.dtype``; the tokenizer (and chat template) of ``gguf``.
+    Written into a temporary directory and renamed, as :func:`convert_gguf`.
+    Raises whatever transformers raises."""
+    import torch
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    cfg = Qwen3MoeConfig(
+        vocab_size=len(tok), hidden_size=src.hidden, intermediate_size=2 * src.moe_intermediate,
+        moe_intermediate_size=src.moe_intermediate, num_hidden_layers=src.layers, num_attention_heads=src.heads,
+        num_key_value_heads=src.kv_heads, head_dim=src.hidden // src.heads, num_experts=src.experts,
+        num_experts_per_tok=src.top_k, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=src.init_std,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        torch_dtype=src.dtype)
+    torch.manual_seed(src.seed)
+    model = Qwen3MoeForCausalLM(cfg).to(getattr(torch, src.dtype))
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"random-moe {src.model_dump_json()} tokenizer {gguf.name}\n")
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _looks_local(path: str) -> bool:
     """A path vLLM would read from disk rather than a hub id ("org/name" has a separator but no suffix)."""
     return path.startswith(("/", "~", ".")) or (os.sep in path and Path(path).suffix != "")
@@ -94,7 +125,7 @@ def model_problems(spec: ModelSpec, server_args: list[str] = ()) -> list[str]:
     out = []
     if spec.prepare is not None:
         try:
-            locate_gguf(spec.prepare)
+            locate_gguf(spec.prepare.tokenizer if isinstance(spec.prepare, RandomMoESource) else spec.prepare)
         except InputError as e:
             out.append(str(e))
     elif spec.path and _looks_local(spec.path) and not Path(os.path.expanduser(spec.path)).exists():
@@ -125,8 +156,19 @@ def resolve_model(spec: ModelSpec, cache: Path | None = None, log=print) -> str:
             raise InputError(f"model.path: {spec.path} does not exist (edit the configuration to point at the model)")
         return str(p) if p.exists() else spec.path
     src = spec.prepare
-    gguf = locate_gguf(src)
     cache = default_cache() if cache is None else cache
+    if isinstance(src, RandomMoESource):
+        import hashlib
+
+        gguf = locate_gguf(src.tokenizer)
+        digest = hashlib.sha256(f"{src.model_dump_json()} {sha256_file(gguf)}".encode()).hexdigest()[:12]
+        cache.mkdir(parents=True, exist_ok=True)
+        out_dir = cache / f"qwen3moe-random-{src.experts}x{src.layers}-{src.dtype}-{digest}"
+        if not (out_dir / "config.json").exists():
+            log(f"making a random-weight Qwen3-MoE model (seed {src.seed}) in {out_dir} (once)")
+            make_random_moe(src, gguf, out_dir)
+        return str(out_dir)
+    gguf = locate_gguf(src)
     cache.mkdir(parents=True, exist_ok=True)
     out_dir = cache / f"{Path(src.file).stem}-{src.dtype}-{sha256_file(gguf)[:12]}"
     if not (out_dir / "config.json").exists():

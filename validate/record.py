@@ -134,6 +134,9 @@ class Record(BaseModel):
     items: list[Item] = Field(default_factory=list)
     # the server's Prometheus metrics over the suite (validate.server_metrics): {"available", "why", "delta", "series"}
     server_metrics: dict[str, Any] | None = None
+    # r9k's expert-cache counters over the suite, parsed from the server log's R9K-MOE-CACHE-STATS lines
+    # (validate.engine.moe_counters, r9k.counters.delta): {"layers": [...], "total": {...}, "malformed": n}
+    moe_cache: dict[str, Any] | None = None
     client: dict[str, Any] | None = None  # the same requests as the client saw them (validate.client.Tally.summary)
     # the suite's gate as it ran ({"max": {metric: bound}, "min": {...}}) and, for BetterBench, its performance
     # gate ({"thresholds_pct": {...}, "alpha": a}): a reader judges by these, never by the checkout's suite files.

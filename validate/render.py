@@ -93,6 +93,7 @@ class ReleaseView:
     numbers_notes: dict[str, list[str]] = field(default_factory=dict)  # config -> what was not compared, why
     settings: dict[str, list[str]] = field(default_factory=dict)  # config -> changed settings vs the baseline
     server: dict[str, "ServerRow"] = field(default_factory=dict)  # config -> the server's own counters
+    moe: list = field(default_factory=list)  # MoeRow per record with expert-cache counters
     changes_md: str = ""  # reports/<release>/changes.md, written by people
     upgrading_md: str = ""  # reports/<release>/upgrading.md, written by people
     thinking: list = field(default_factory=list)  # validate.reasoning.ThinkingRow per eval record
@@ -184,6 +185,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
                           "no BetterBench record of both releases")
     attach_numbers(view, reports)
     view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
+    view.moe = moe_rows(view.by_config)
     view.headline = headline(view)
     from validate.reasoning import thinking_rows
 
@@ -224,6 +226,38 @@ class ServerRow:
         if self.client_ttft_ms is None or self.server_ttft_ms is None:
             return None
         return self.client_ttft_ms - self.server_ttft_ms
+
+
+@dataclass
+class MoeRow:
+    """r9k's expert cache over one suite of one configuration (the record's ``moe_cache``, summed over layers and
+    ranks): layers, their slots / staging / experts, and the counters (r9k/counters.py)."""
+
+    config: str
+    suite: str
+    layers: int
+    shape: str          # "slots + staging of experts", or "varies" across layers
+    total: dict
+    malformed: int = 0
+
+    @property
+    def mib(self) -> float:
+        return self.total.get("bytes", 0) / 2**20
+
+
+def moe_rows(by_config: dict[str, dict[str, Record]]) -> list[MoeRow]:
+    """One :class:`MoeRow` per record whose ``moe_cache`` holds counters; a record whose counters cannot be read
+    (not a dict, an ``error``, no total) gives none (nothing is shown that the log did not say)."""
+    out = []
+    for cfg, suites in by_config.items():
+        for name, r in suites.items():
+            mc = r.moe_cache
+            if not isinstance(mc, dict) or not isinstance(mc.get("total"), dict) or not isinstance(mc.get("layers"), list):
+                continue
+            shapes = {(x.get("slots"), x.get("staging"), x.get("experts")) for x in mc["layers"] if isinstance(x, dict)}
+            shape = "varies" if len(shapes) != 1 else "{} + {} of {}".format(*next(iter(shapes)))
+            out.append(MoeRow(cfg, name, len(mc["layers"]), shape, mc["total"], int(mc.get("malformed") or 0)))
+    return out
 
 
 SERVER_ROW_SUITES = ("probe", "betterbench", "soak")  # suite kinds, in order of preference

@@ -1,9 +1,10 @@
 """Dispatch from vLLM layers to r9k kernels. Each installer patches only where vLLM has the layer.
 
 What vLLM runs of r9k: the GDN prefill core and conv of the Qwen3-Next / Qwen3.5 / Olmo GDN layers
-(:mod:`r9k.ops.gdn`: ``gdn_seq``, ``gdn_conv``) and the block-scaled fp8 linear op of its Triton block kernel
-(:mod:`r9k.ops.fp8`: ``fp8_block_gemm``). The expert cache (kernels/moe/) and the all-reduce
-(kernels/allreduce/) are library code: no serving path calls them.
+(:mod:`r9k.ops.gdn`: ``gdn_seq``, ``gdn_conv``), the block-scaled fp8 linear op of its Triton block kernel
+(:mod:`r9k.ops.fp8`: ``fp8_block_gemm``), and on vLLM's CPU platform the expert cache (kernels/moe/) inside its
+unquantized MoE layers (:mod:`r9k.ops.moe`: ``moe_cache``; on CUDA and ROCm not yet bound). The all-reduce
+(kernels/allreduce/) is library code: no serving path calls it.
 
 A dispatch is named by the r9k kernel it routes to; the provenance line of every process lists the names
 installed there and the families whose install failed, so a server where the plugin is loaded but inactive cannot
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 log = logging.getLogger("r9k")
 
 #: Dispatch families, each with the kernel names it can install (what knobs expect, see r9k.knobs.Knob.dispatch).
-FAMILIES = {"gdn": ("gdn_seq", "gdn_conv"), "fp8": ("fp8_block_gemm",)}
+FAMILIES = {"gdn": ("gdn_seq", "gdn_conv"), "fp8": ("fp8_block_gemm",), "moe": ("moe_cache",)}
+#: families whose kernels run without Triton on a GPU (installed whatever kernels_can_run says)
+HOST_FAMILIES = ("moe",)
 
 
 @dataclass
@@ -64,17 +67,27 @@ def _set_fast_launch() -> None:
 
 
 def install() -> Installed:
-    """Install every op dispatch whose knob is not at its stock value, where the kernels can run.
+    """Install every op dispatch whose knob is not at its stock value, where the kernels can run (the expert
+    cache, :mod:`r9k.ops.moe`, decides by vLLM's platform itself: it runs on the CPU).
 
     Never raises: an install that fails is logged with its traceback and listed in ``failed``, and vLLM keeps
     its own op there.
     """
     out = Installed()
+    from r9k.ops import moe
+
+    try:
+        targets = moe.install()
+        out.names += sorted({t.split(" <- ")[0] for t in targets})
+    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so
+        log.exception("r9k: MoE expert-cache dispatch not installed")
+        out.failed.append("moe")
     ok, why = kernels_can_run()
     if not ok:
         for fam in FAMILIES:
-            out.skipped[fam] = why
-        log.info("r9k: no op dispatch installed: %s", why)
+            if fam not in HOST_FAMILIES:
+                out.skipped[fam] = why
+        log.info("r9k: no GPU op dispatch installed: %s", why)
         return out
     _set_fast_launch()
     from r9k.ops import fp8, gdn

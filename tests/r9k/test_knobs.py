@@ -12,6 +12,11 @@ EXPECTED = {  # name: (type, default, stock)
     "R9K_FP8_BLOCK_GEMM": (str, "r9k", "stock"),
     "R9K_PROVENANCE": (bool, True, True),
     "R9K_TRITON_FAST_LAUNCH": (bool, True, True),
+    "R9K_MOE_CACHE_SLOTS": (int, 0, 0),
+    "R9K_MOE_CACHE_STAGING": (int, -1, -1),
+    "R9K_MOE_CACHE_THRESH": (float, 0.99, 0.99),
+    "R9K_MOE_CACHE_STATS": (bool, True, True),
+    "R9K_MOE_CACHE_STATS_SEC": (float, 10.0, 10.0),
 }
 
 
@@ -74,6 +79,8 @@ def test_expected_dispatch_follows_non_stock_values_only():
     assert knobs.expected_dispatch({"R9K_GDN_PREFILL_MAX": "0", "R9K_GDN_PREFILL_CONV": "stock"}) == {}
     assert knobs.expected_dispatch({"R9K_PROVENANCE": "1"}) == {}
     assert knobs.expected_dispatch({"R9K_FP8_BLOCK_GEMM": "r9k"}) == {"fp8_block_gemm": "R9K_FP8_BLOCK_GEMM=r9k"}
+    assert knobs.expected_dispatch({"R9K_MOE_CACHE_SLOTS": "4"}) == {"moe_cache": "R9K_MOE_CACHE_SLOTS=4"}
+    assert knobs.expected_dispatch({"R9K_MOE_CACHE_SLOTS": "0", "R9K_MOE_CACHE_STATS_SEC": "0"}) == {}
 
 
 def test_the_engines_own_variables_are_not_misspelt_knobs():
@@ -90,7 +97,9 @@ def test_every_knob_is_read_by_the_plugin():
                    if p.name != "knobs.py" and "bench" not in p.parts)
     attrs = {"R9K_GDN_PREFILL_MAX": "GDN_PREFILL_MAX()", "R9K_GDN_PREFILL_CONV": "GDN_PREFILL_CONV()",
              "R9K_PROVENANCE": "PROVENANCE_LOG()", "R9K_TRITON_FAST_LAUNCH": '"R9K_TRITON_FAST_LAUNCH"',
-             "R9K_FP8_BLOCK_GEMM": "FP8_BLOCK_GEMM()"}
+             "R9K_FP8_BLOCK_GEMM": "FP8_BLOCK_GEMM()", "R9K_MOE_CACHE_SLOTS": "MOE_CACHE_SLOTS()",
+             "R9K_MOE_CACHE_STAGING": "MOE_CACHE_STAGING()", "R9K_MOE_CACHE_THRESH": "MOE_CACHE_THRESH()",
+             "R9K_MOE_CACHE_STATS": "MOE_CACHE_STATS()", "R9K_MOE_CACHE_STATS_SEC": "MOE_CACHE_STATS_SEC()"}
     assert set(attrs) == set(KNOBS)
     for name, use in attrs.items():
         assert use in text, f"{name} is registered but nothing reads it"

@@ -54,4 +54,5 @@ class SuiteResult:
     findings: list[str] = field(default_factory=list)  # gate-independent failures (e.g. a bad answer), verdict "fail"
     server_died: str | None = None  # the runner found the server dead: why, when, and what happened before
     server_metrics: dict[str, Any] | None = None  # the server's own counters over the suite (the engine fills it)
+    moe_cache: dict[str, Any] | None = None  # r9k's expert-cache counters over the suite, from the server log (the engine)
     client_tally: dict[str, Any] | None = None  # every request as the client saw it (the engine fills it)

@@ -1,0 +1,505 @@
+"""The expert cache inside vLLM's MoE layer on its CPU platform (kernels/moe/cache.py's ``ExpertCache``).
+
+How vLLM 0.32 serves an unquantized MoE layer on the CPU (vllm/model_executor/layers/fused_moe/):
+``UnquantizedFusedMoEMethod`` selects the CPU backend, whose experts class is the first of
+``X86CPUUnquantizedExperts`` (AMX, bf16), ``ArmCPUUnquantizedExperts``, ``PowerCPUUnquantizedExperts``,
+``CPUUnquantizedExperts`` (portable "vec") that supports the layer (experts/cpu_moe.py). All four are the one
+class ``CPUUnquantizedExperts``, a *modular* experts kernel: routing runs before it (vLLM's CPU router gives
+``topk_ids [T, k]`` and ``topk_weights``), and its ``apply(output, hidden_states, w1, w2, topk_weights, topk_ids,
+activation, ..., apply_router_weight_on_input)`` calls ``cpu_fused_moe`` (``torch.ops._C.cpu_fused_moe``) on the
+layer's ``w13_weight [E, 2I, H]`` and ``w2_weight [E, H, I]``. Its ``process_weights_after_loading(layer)``
+repacks both with ``cpu_prepack_moe_weight`` (into the ISA's grouped-GEMM layout, same shape) and replaces the
+parameters; the repack is per expert (expert e of the packed tensor is the packed expert e: checked in
+tests/r9k/test_moe_dispatch.py), so the host store holds experts packed in the layout the kernel runs on and a slot
+fill copies packed rows. (The zentorch path of the same class, taken where zentorch is installed, binds its own
+handles and is passed through; vLLM's older per-expert oneDNN-handle path is not what 0.32 runs for this class.)
+
+With ``R9K_MOE_CACHE_SLOTS`` > 0 two methods of ``CPUUnquantizedExperts`` are wrapped (bound to vLLM's real
+signatures, read with ``inspect.signature`` at install time):
+
+* ``process_weights_after_loading``: after vLLM's own repack, the layer's packed ``w13_weight`` / ``w2_weight``
+  become the host store of an ``ExpertCache`` (no copy: the same tensors) and the layer's parameters are replaced
+  by the cache's slot buffers ``[slots + staging, ...]``, so vLLM's forward passes the slots as ``w1`` / ``w2``.
+  Knob values the layer cannot take raise ValueError naming the knob (slots above the layer's experts or below its
+  top-k, staging below its top-k). A layer the cache cannot take (expert parallelism or an expert map, expert
+  biases, zentorch, a weight that is not ``[E, ...]``) keeps vLLM's experts, said once in the log.
+* ``apply``: a layer that took the cache maps the step's ``topk_ids`` to slot ids (``ExpertCache.prepare``:
+  LRU hits, inserts below the insert threshold, read-through misses into the staging slots) and runs vLLM's own
+  ``apply`` (its ``cpu_fused_moe``) on the slots, once per chunk of the plan: a step whose read-through misses
+  exceed the staging slots is served chunk by chunk (token ranges whose misses fit; ``cpu_fused_moe`` of a token
+  range equals the rows of the whole step bit for bit, as does a permutation of experts to slots: the gates), and
+  a step of more tokens than the cache's bound (vLLM's ``max_num_batched_tokens``) in blocks of that bound.
+  On the CPU the slots and the host store are both host memory and the cache plans on the host (its reference
+  path; its device path needs Triton on a GPU).
+
+vLLM's CPU platform compiles the model with torch.compile and calls the MoE op directly (moe_runner.py
+``_select_forward``), so Dynamo traces into ``apply``: there the call is the custom op
+``torch.ops.r9k.moe_cache_experts`` (opaque to Dynamo, it mutates ``output``), eager calls run the same function.
+The CPU has no CUDA graphs. On CUDA and ROCm (vLLM's Triton experts) nothing is installed yet, said in the log.
+
+After the model's weights are processed (vLLM's ``base_loader.process_weights_after_loading`` is wrapped), each
+loading process prints the ``R9K-MOE-CACHE`` line (r9k/counters.py) saying how many MoE layers took the cache; a
+model without any MoE layer makes loading fail with a ValueError naming ``R9K_MOE_CACHE_SLOTS``. With
+``R9K_MOE_CACHE_STATS`` each layer prints its counters (``R9K-MOE-CACHE-STATS``) every
+``R9K_MOE_CACHE_STATS_SEC`` seconds it serves steps, and at exit.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib
+import inspect
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from r9k import counters, knobs
+
+log = logging.getLogger("r9k")
+
+EXPERTS_MODULE = "vllm.model_executor.layers.fused_moe.experts.cpu_moe"
+EXPERTS_CLASS = "CPUUnquantizedExperts"
+LOADER_MODULE = "vllm.model_executor.model_loader.base_loader"
+DISPATCH = "moe_cache"
+#: parameters of vLLM's ``apply`` the dispatch reads or passes by name
+APPLY_PARAMS = ("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
+                "apply_router_weight_on_input")
+DEFAULT_MAX_TOKENS = 8192  # the cache's token bound where vLLM's scheduler config cannot be read
+
+
+class SignatureMismatch(RuntimeError):
+    """vLLM's method lacks a parameter the dispatch reads: the dispatch is not installed there."""
+
+
+@dataclass
+class Layer:
+    """One MoE layer that took the cache: the cache, vLLM's experts object and its original ``apply``."""
+
+    index: int
+    name: str
+    cache: Any  # kernels.moe.ExpertCache
+    experts: Any
+    expert_bytes: int
+    rank: int
+    staged: int = 0          # read-through experts copied into staging slots (every chunk's)
+    distinct_max: int = 0
+    last_log: float = 0.0
+
+    def counters(self) -> dict[str, int]:
+        """The layer's counters (see r9k.counters.COUNTERS), from the cache's own and the dispatch's."""
+        st = self.cache.stats
+        return {"steps": st.steps, "routed": st.routed, "distinct": st.distinct, "distinct_max": self.distinct_max,
+                "hits": st.hits, "misses": st.misses, "inserts": st.inserts, "evictions": st.evictions,
+                "read_through": st.read_through, "over_thresh": st.steps_over_thresh, "chunks": st.chunks,
+                "bytes": (st.inserts + self.staged) * self.expert_bytes}
+
+    def line(self) -> str:
+        c = self.cache
+        return counters.stats_line(os.getpid(), self.rank, self.name, c.E, c.n_slots, c.stage_slots, self.counters())
+
+
+@dataclass
+class _State:
+    patches: list[tuple[Any, str, Any, bool]] = field(default_factory=list)
+    layers: list[Layer] = field(default_factory=list)
+    passed: dict[str, int] = field(default_factory=dict)   # why a layer kept vLLM's experts -> layers
+    slots: int = 0
+    staging: int = -1
+    thresh: float = 0.99
+    stats: bool = True
+    stats_sec: float = 10.0
+    apply_sig: inspect.Signature | None = None
+    original_apply: Callable | None = None
+    activation_cls: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+STATE = _State()
+
+
+def _pass(why: str, name: str) -> None:
+    """A layer keeps vLLM's experts: said once per reason in the log."""
+    STATE.passed[why] = STATE.passed.get(why, 0) + 1
+    if STATE.passed[why] == 1:
+        log.warning("r9k moe: %s keeps vLLM's experts: %s (said once; every such layer does the same)", name, why)
+
+
+def _rank() -> int:
+    try:
+        from vllm.distributed import parallel_state
+
+        return int(parallel_state.get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - no parallel state (a unit test): rank 0
+        return 0
+
+
+def _max_tokens() -> int:
+    try:
+        from vllm.config import get_current_vllm_config
+
+        n = get_current_vllm_config().scheduler_config.max_num_batched_tokens
+        return int(n) if n and int(n) > 0 else DEFAULT_MAX_TOKENS
+    except Exception:  # noqa: BLE001 - outside a vLLM engine
+        return DEFAULT_MAX_TOKENS
+
+
+def _refusal(layer: Any) -> str | None:
+    """Why the cache cannot take this layer (after vLLM's repack), or None."""
+    if getattr(layer, "expert_map", None) is not None:
+        return "an expert map (expert parallelism): the cache holds a layer's global experts"
+    cfg = getattr(getattr(layer, "moe_config", None), "moe_parallel_config", None)
+    if cfg is not None and getattr(cfg, "use_ep", False):
+        return "expert parallelism"
+    ws = [getattr(layer, n, None) for n in ("w13_weight", "w2_weight")]
+    if not all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in ws) or ws[0].shape[0] != ws[1].shape[0]:
+        return "its expert weights are not two [E, ...] tensors"
+    if ws[0].device.type != "cpu":
+        return f"its experts are on {ws[0].device.type}, not the CPU"
+    if getattr(layer, "w13_bias", None) is not None or getattr(layer, "w2_bias", None) is not None:
+        return "expert biases (indexed by expert id inside the kernel; the cache moves weights only)"
+    return None
+
+
+def check_layer(name: str, n_experts: int, top_k: int, slots: int, staging: int) -> int:
+    """The staging slots a layer of ``n_experts`` experts and ``top_k`` choices gets for the knobs' ``slots`` and
+    ``staging`` (-1: ``max(top_k, n_experts - slots)``).
+
+    Raises:
+        ValueError: naming the knob: slots above ``n_experts`` or below ``top_k``; staging below ``top_k``.
+    """
+    if slots > n_experts:
+        raise ValueError(f"R9K_MOE_CACHE_SLOTS={slots}: MoE layer {name} has {n_experts} experts; the slots are "
+                         f"at most its experts")
+    if slots < top_k:
+        raise ValueError(f"R9K_MOE_CACHE_SLOTS={slots}: MoE layer {name} routes each token to {top_k} experts; "
+                         f"the slots are at least its top-k")
+    stage = max(top_k, n_experts - slots) if staging == -1 else staging
+    if stage < top_k:
+        raise ValueError(f"R9K_MOE_CACHE_STAGING={staging}: MoE layer {name} routes each token to {top_k} experts; "
+                         f"the staging slots are at least its top-k (a token's misses must fit one chunk)")
+    return stage
+
+
+def take_layer(experts: Any, layer: Any) -> Layer | None:
+    """Put ``layer`` (vLLM's MoE layer after ``experts``' repack) on the cache: the packed weights become its host
+    store and the layer's ``w13_weight`` / ``w2_weight`` its slot buffers. None (and vLLM's experts kept) when
+    :func:`_refusal` says the cache cannot take it.
+
+    Raises:
+        ValueError: the knobs' values do not fit the layer (see :func:`check_layer`).
+    """
+    from kernels.moe import ExpertCache
+
+    name = str(getattr(layer, "layer_name", None) or f"moe{len(STATE.layers)}")
+    if getattr(experts, "_use_zentorch", False):
+        _pass("the zentorch experts (their own handles)", name)
+        return None
+    why = _refusal(layer)
+    if why:
+        _pass(why, name)
+        return None
+    E = int(layer.w13_weight.shape[0])
+    top_k = int(getattr(layer, "top_k", 0) or layer.moe_config.experts_per_token)
+    stage = check_layer(name, E, top_k, STATE.slots, STATE.staging)
+    host = [layer.w13_weight.data, layer.w2_weight.data]
+    cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device="cpu", insert_thresh=STATE.thresh,
+                        stage_slots=stage, pin=False, device_plan=False)
+    from vllm.model_executor.utils import replace_parameter
+
+    replace_parameter(layer, "w13_weight", cache.weights[0])
+    replace_parameter(layer, "w2_weight", cache.weights[1])
+    eb = sum(h[0].numel() * h.element_size() for h in cache.host)
+    entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank())
+    STATE.layers.append(entry)
+    experts._r9k_moe = entry
+    log.info("r9k moe: %s: %d experts (%.3f MiB each, packed) in the host store, %d slots + %d staging slots "
+             "(%.1f MiB), top-%d, insert threshold %g", name, E, eb / 2**20, cache.n_slots, stage,
+             (cache.n_slots + stage) * eb / 2**20, top_k, STATE.thresh)
+    return entry
+
+
+def _wrap_pwal(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def process_weights_after_loading(self, layer, *args, **kwargs):
+        out = original(self, layer, *args, **kwargs)
+        if getattr(self, "_r9k_moe", None) is None:
+            take_layer(self, layer)
+        return out
+
+    process_weights_after_loading.__r9k_original__ = original
+    return process_weights_after_loading
+
+
+# ---- the step ---------------------------------------------------------------------------------------------
+def _call_kwargs(activation: Any, apply_router_weight_on_input: bool, n_experts: int) -> dict[str, Any]:
+    """vLLM's apply's arguments other than the step's tensors, by name (the signature's defaults for the rest)."""
+    known = {"activation": activation, "global_num_experts": n_experts, "expert_map": None, "a1q_scale": None,
+             "a2_scale": None, "workspace13": None, "workspace2": None, "expert_tokens_meta": None,
+             "apply_router_weight_on_input": apply_router_weight_on_input}
+    return {k: v for k, v in known.items() if k in STATE.apply_sig.parameters}
+
+
+def run_step(entry: Layer, output: torch.Tensor, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+             topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: Any,
+             apply_router_weight_on_input: bool) -> None:
+    """One step of a layer on the cache: ``topk_ids [T, k]`` (expert ids) mapped to slots, vLLM's ``apply`` run on
+    the slot buffers ``w1`` / ``w2`` chunk by chunk into ``output [T, H]`` (written in place; ``hidden_states
+    [T, H]``, ``topk_weights [T, k]`` fp32).
+
+    Raises:
+        RuntimeError: ``w1`` is not the layer's slot buffer (the layer's parameters were replaced after loading).
+    """
+    cache = entry.cache
+    if w1.data_ptr() != cache.weights[0].data_ptr() or w2.data_ptr() != cache.weights[1].data_ptr():
+        raise RuntimeError(f"r9k moe: {entry.name}: the experts kernel was called on weights that are not the "
+                           "cache's slots (were the layer's parameters replaced after loading?)")
+    kw = _call_kwargs(activation, apply_router_weight_on_input, cache.E)
+    T = topk_ids.shape[0]
+    with STATE.lock:  # the cache's state is one per layer: one step at a time
+        for b0 in range(0, T, cache.max_tokens):
+            b1 = min(T, b0 + cache.max_tokens)
+            before = cache.stats.distinct
+            plan = cache.prepare(topk_ids[b0:b1])
+            entry.distinct_max = max(entry.distinct_max, cache.stats.distinct - before)
+            entry.staged += sum(len(s) for s in plan.stage_of_chunk)
+            for c, (t0, t1) in enumerate(plan.chunks):
+                if t1 <= t0:
+                    continue
+                slot_ids = cache.stage(plan, c) if len(plan.chunks) > 1 else plan.slot_ids
+                a, z = b0 + t0, b0 + t1
+                STATE.original_apply(entry.experts, output=output[a:z], hidden_states=hidden_states[a:z], w1=w1,
+                                     w2=w2, topk_weights=topk_weights[a:z], topk_ids=slot_ids, **kw)
+        if STATE.stats and time.monotonic() - entry.last_log >= STATE.stats_sec:
+            entry.last_log = time.monotonic()
+            _logger().info(entry.line())
+
+
+def _op_impl(output: torch.Tensor, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+             topk_weights: torch.Tensor, topk_ids: torch.Tensor, layer: int, activation: str,
+             apply_router_weight_on_input: bool) -> None:
+    act = STATE.activation_cls(activation) if STATE.activation_cls is not None else activation
+    run_step(STATE.layers[layer], output, hidden_states, w1, w2, topk_weights, topk_ids, act,
+             apply_router_weight_on_input)
+
+
+_LIB = None
+
+
+def _register_op() -> None:
+    """torch.ops.r9k.moe_cache_experts(output!, hidden_states, w1, w2, topk_weights, topk_ids, layer, activation,
+    apply_router_weight_on_input) -> (), once per process."""
+    global _LIB
+    if _LIB is not None:
+        return
+    lib = torch.library.Library("r9k", "FRAGMENT")
+    lib.define("moe_cache_experts(Tensor(a!) output, Tensor hidden_states, Tensor w1, Tensor w2, Tensor topk_weights, "
+               "Tensor topk_ids, int layer, str activation, bool apply_router_weight_on_input) -> ()")
+    lib.impl("moe_cache_experts", _op_impl, "CompositeExplicitAutograd")
+    lib._register_fake("moe_cache_experts", lambda *a: None)
+    _LIB = lib
+
+
+def _act_value(activation: Any) -> str:
+    return activation.value if hasattr(activation, "value") else str(activation)
+
+
+def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
+    @functools.wraps(original)
+    def apply(self, *args, **kwargs):
+        entry = getattr(self, "_r9k_moe", None)
+        if entry is None:
+            return original(self, *args, **kwargs)
+        ba = sig.bind(self, *args, **kwargs)
+        ba.apply_defaults()
+        a = ba.arguments
+        if a.get("expert_map") is not None:  # refused at load: never here
+            raise RuntimeError(f"r9k moe: {entry.name}: an expert map reached a layer on the cache")
+        ariw = bool(a["apply_router_weight_on_input"])
+        if torch.compiler.is_compiling():
+            torch.ops.r9k.moe_cache_experts(a["output"], a["hidden_states"], a["w1"], a["w2"], a["topk_weights"],
+                                            a["topk_ids"], entry.index, _act_value(a["activation"]), ariw)
+        else:
+            run_step(entry, a["output"], a["hidden_states"], a["w1"], a["w2"], a["topk_weights"], a["topk_ids"],
+                     a["activation"], ariw)
+        return None
+
+    apply.__r9k_original__ = original
+    return apply
+
+
+# ---- the load summary -------------------------------------------------------------------------------------
+def count_moe_layers(model: torch.nn.Module) -> int:
+    """MoE layers of ``model``: modules with routed experts (``w13_weight`` and ``w2_weight`` of three dims and
+    a ``quant_method``), vLLM's RoutedExperts / FusedMoE whatever experts kernel serves them."""
+    n = 0
+    for m in model.modules():
+        w13, w2 = getattr(m, "w13_weight", None), getattr(m, "w2_weight", None)
+        if (getattr(m, "quant_method", None) is not None and isinstance(w13, torch.Tensor)
+                and isinstance(w2, torch.Tensor) and w13.dim() == 3):
+            n += 1
+    return n
+
+
+def summary(model: torch.nn.Module, taken_before: int = 0) -> str:
+    """Print and return the ``R9K-MOE-CACHE`` line for ``model`` (the layers taken since ``taken_before``).
+
+    Raises:
+        ValueError: naming R9K_MOE_CACHE_SLOTS: the model has no MoE layer.
+    """
+    moe = count_moe_layers(model)
+    if moe == 0:
+        raise ValueError(f"R9K_MOE_CACHE_SLOTS={STATE.slots} asks for r9k's expert cache, but the model has no MoE "
+                         "layer (set it to 0, or serve a mixture-of-experts model)")
+    taken = len(STATE.layers) - taken_before
+    staging = STATE.layers[taken_before].cache.stage_slots if taken else 0  # the first taken layer's
+    text = counters.summary_line(os.getpid(), _rank(), taken, moe, STATE.slots, staging, STATE.thresh)
+    _logger().info(text)
+    if taken < moe:
+        log.warning("r9k moe: %d of %d MoE layers took the cache (%s)", taken, moe,
+                    "; ".join(f"{k}: {v}" for k, v in STATE.passed.items()) or "served by another experts kernel")
+    return text
+
+
+def _wrap_loader(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def process_weights_after_loading(model, *args, **kwargs):
+        n0 = len(STATE.layers)
+        out = original(model, *args, **kwargs)
+        summary(model, n0)
+        return out
+
+    process_weights_after_loading.__r9k_original__ = original
+    return process_weights_after_loading
+
+
+def _logger() -> logging.Logger:
+    """The r9k logger with a plain stderr handler (the provenance line's), at INFO."""
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.propagate = False
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    return log
+
+
+def log_all() -> None:
+    """Print every layer's counter line (at exit, when counters are on)."""
+    if not STATE.stats:
+        return
+    for entry in STATE.layers:
+        try:
+            _logger().info(entry.line())
+        except Exception:  # noqa: BLE001 - at exit: never raise
+            pass
+
+
+# ---- install / uninstall ----------------------------------------------------------------------------------
+def _original(owner: Any, attr: str) -> Callable:
+    fn = getattr(owner, attr)
+    return getattr(fn, "__r9k_original__", fn)
+
+
+def _patch(owner: Any, attr: str, wrapper: Callable) -> None:
+    original = _original(owner, attr)
+    was_own = attr in vars(owner)
+    setattr(owner, attr, wrapper)
+    STATE.patches.append((owner, attr, original, was_own))
+
+
+def uninstall() -> None:
+    """Put back vLLM's methods and functions (layers already on the cache stay on it)."""
+    while STATE.patches:
+        owner, attr, original, was_own = STATE.patches.pop()
+        if was_own:
+            setattr(owner, attr, original)
+        else:
+            delattr(owner, attr)
+
+
+def signature(experts_cls: type) -> inspect.Signature:
+    """The signature of vLLM's ``apply`` of ``experts_cls`` (with self); SignatureMismatch without one of
+    :data:`APPLY_PARAMS`, or with a parameter the dispatch cannot fill that has no default."""
+    fn = _original(experts_cls, "apply")
+    sig = inspect.signature(fn)
+    missing = [n for n in APPLY_PARAMS if n not in sig.parameters]
+    fillable = set(APPLY_PARAMS) | {"self", "global_num_experts", "expert_map", "a1q_scale", "a2_scale", "workspace13",
+                                    "workspace2", "expert_tokens_meta"}
+    unknown = [n for n, p in sig.parameters.items() if n not in fillable and p.default is inspect.Parameter.empty
+               and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    if missing or unknown:
+        raise SignatureMismatch(f"{fn.__qualname__}{sig}: " + "; ".join(
+            ([f"no parameter(s) {', '.join(missing)} that the r9k MoE dispatch reads"] if missing else [])
+            + ([f"parameter(s) {', '.join(unknown)} that it cannot fill"] if unknown else [])))
+    return sig
+
+
+def install(experts_cls: type | None = None, loader: Any = None) -> list[str]:
+    """Install the expert cache on vLLM's CPU unquantized experts (default: vLLM's own class and loader module,
+    where the platform is vLLM's CPU one); returns what was installed. ``R9K_MOE_CACHE_SLOTS=0`` installs nothing
+    and removes an earlier install.
+
+    Raises:
+        SignatureMismatch: vLLM's apply lacks a parameter the dispatch reads.
+        ValueError: a knob's value its type or range rejects (naming it).
+    """
+    uninstall()
+    STATE.slots = int(knobs.MOE_CACHE_SLOTS())
+    STATE.staging = int(knobs.MOE_CACHE_STAGING())
+    STATE.thresh = float(knobs.MOE_CACHE_THRESH())
+    STATE.stats = bool(knobs.MOE_CACHE_STATS())
+    STATE.stats_sec = float(knobs.MOE_CACHE_STATS_SEC())
+    if STATE.slots == 0:
+        log.info("r9k moe: R9K_MOE_CACHE_SLOTS=0: vLLM's MoE experts are left as is")
+        return []
+    if experts_cls is None:
+        try:
+            from vllm.platforms import current_platform
+
+            cpu = current_platform.is_cpu()
+        except Exception as e:  # noqa: BLE001 - no vLLM here
+            log.info("r9k moe: vLLM's platform unknown (%s); nothing installed", e)
+            return []
+        if not cpu:
+            log.info("r9k moe: the expert cache is installed on vLLM's CPU platform only (its Triton experts on CUDA "
+                     "and ROCm are not bound yet); nothing installed")
+            return []
+        experts_cls = getattr(importlib.import_module(EXPERTS_MODULE), EXPERTS_CLASS)
+        loader = importlib.import_module(LOADER_MODULE)
+    sig = signature(experts_cls)
+    try:
+        from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+        STATE.activation_cls = MoEActivation
+    except Exception:  # noqa: BLE001 - a test's stand-in experts class: activations stay strings
+        STATE.activation_cls = None
+    _register_op()
+    STATE.apply_sig = sig
+    STATE.original_apply = _original(experts_cls, "apply")
+    _patch(experts_cls, "process_weights_after_loading",
+           _wrap_pwal(_original(experts_cls, "process_weights_after_loading")))
+    _patch(experts_cls, "apply", _wrap_apply(STATE.original_apply, sig))
+    if loader is not None and hasattr(loader, "process_weights_after_loading"):
+        _patch(loader, "process_weights_after_loading", _wrap_loader(_original(loader, "process_weights_after_loading")))
+    _atexit_once()
+    name = f"{DISPATCH} <- {experts_cls.__module__}.{experts_cls.__qualname__}.apply"
+    log.info("r9k moe: unquantized MoE layers on the CPU -> r9k's expert cache (%d slots, staging %s, threshold %g); "
+             "installed: %s", STATE.slots, "experts - slots" if STATE.staging == -1 else STATE.staging, STATE.thresh,
+             name)
+    return [name]
+
+
+_ATEXIT = False
+
+
+def _atexit_once() -> None:
+    global _ATEXIT
+    if not _ATEXIT:
+        _ATEXIT = True
+        atexit.register(log_all)
