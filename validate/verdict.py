@@ -166,10 +166,28 @@ def record_limits(rec: Record) -> str | None:
         reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
     if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
         reasons.append("provenance not verified (external server)")
+    dropped = _dropped_depths(rec)
+    if dropped:
+        reasons.append(dropped)
     skipped = sum(1 for i in rec.items if (i.model_extra or {}).get("outcome") == "skipped")
     if skipped:  # a skipped test checked nothing (a GPU test on a CPU machine, a world size not set)
         reasons.append(f"{skipped:,} of {len(rec.items):,} tests skipped")
     return "; ".join(reasons) or None
+
+
+def _dropped_depths(rec: Record) -> str | None:
+    """BetterBench's prefill depths the server's max_model_len left out (the runner measures only those up to
+    max_model_len - 8), said as a limit of the pass; None where none was."""
+    if rec.suite_kind != "betterbench":
+        return None
+    depths = rec.params.get("prefill_depths") if isinstance(rec.params, dict) else None
+    server = rec.config_snapshot.get("server") if isinstance(rec.config_snapshot, dict) else None
+    mml = server.get("max_model_len") if isinstance(server, dict) else None
+    if not isinstance(depths, list) or not isinstance(mml, int) or isinstance(mml, bool):
+        return None
+    out = [d for d in depths if isinstance(d, int) and d > mml - 8]
+    return (f"prefill depths {', '.join(f'{d:,}' for d in out)} not measured (above max_model_len {mml:,} - 8)"
+            if out else None)
 
 
 def other_tree(rec: Record, tree: Tree | None) -> str | None:

@@ -736,3 +736,15 @@ def test_a_copy_of_the_candidate_is_no_baseline(tmp_path):
     for perf in ([], ["--perf"]):
         assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.2.0", "--reports", str(tmp_path / "a"),
                      "--baseline-reports", str(tmp_path / "b")] + perf) == 2
+
+
+def test_prefill_depths_the_server_cannot_hold_are_a_limit_of_the_pass():
+    from validate.verdict import record_limits
+
+    b = bench("v0.2.0", 38.0, 2)
+    b.profile = "full"
+    b.params["prefill_depths"] = [2048, 8192, 32768]
+    b.config_snapshot = {"server": {"max_model_len": 4096}}
+    assert record_limits(b) == "prefill depths 8,192, 32,768 not measured (above max_model_len 4,096 - 8)"
+    b.config_snapshot = {"server": {"max_model_len": 65536}}
+    assert record_limits(b) is None
