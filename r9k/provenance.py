@@ -23,7 +23,7 @@ PREFIX = "R9K-PROVENANCE"
 # A whole line: the plugin prints it alone on its line, at most behind vLLM's "(EngineCore pid=42) " prefix (whose
 # pid must then be the line's). Text elsewhere in a line (a logged request, a prompt) never counts.
 _LINE_RE = re.compile(r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?" + PREFIX
-                      + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d+)"
+                      + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d{1,9})"
                       r"(?: pid=(?P<pid>\d+))?(?: dispatch=(?P<dispatch>[\w,-]+))?(?: failed=(?P<failed>[\w,-]+))?\s*$")
 # Packages whose sources define what the plugin does on a server.
 HASHED_PACKAGES = ("r9k", "kernels")

@@ -243,8 +243,8 @@ def cmd_release(args) -> int:
     opts = _opts(args)
     # the one verdict of the release: every record of it (a run of some configurations or suites leaves the
     # others' records standing: they are the release's too), the paired and performance gates, the tree
-    verdict = assess_release(opts.reports, args.release, root=root, baseline=args.baseline, planned=plan,
-                             tree=tree, accept_other_tree=args.accept_other_tree)
+    verdict = assess_release(opts.reports, args.release, root=root, baseline=args.baseline,
+                             planned=checklist.plan(), tree=tree, accept_other_tree=args.accept_other_tree)
     ran = {c for c, _ in plan}
     earlier = sorted({r.config for r in verdict.records} - ran)
     if earlier:
@@ -305,9 +305,9 @@ def _stopped(args, why: str, interrupted: bool = False) -> int:
     v = ReleaseVerdict(getattr(args, "release", None) or getattr(args, "name", None) or "-", interrupted=interrupted,
                        what=args.cmd + (" --perf" if getattr(args, "perf", False) else ""))
     v.checks.append(release_check("interrupted" if interrupted else "input", why))
-    if interrupted and args.cmd == "release":
+    if args.cmd == "release":
         try:
-            v = _interrupted_release(args, v.checks[0])
+            v = _aborted_release(args, v.checks[0], interrupted)
         except (Exception, KeyboardInterrupt) as e:  # best effort: the one-line verdict stands
             console.print(f"[yellow]the notes were not re-rendered: {type(e).__name__}: {escape(str(e))}[/yellow]")
     try:
@@ -316,17 +316,20 @@ def _stopped(args, why: str, interrupted: bool = False) -> int:
         return 130 if interrupted else 2
 
 
-def _interrupted_release(args, stop):
-    """The verdict of an interrupted ``release`` from the records written so far and ``stop`` (the line saying it
-    stopped), its notes rendered from it."""
+def _aborted_release(args, stop, interrupted: bool):
+    """The verdict of a ``release`` that stopped early (interrupted, bad input, a report it could not write) from
+    the records written so far and ``stop`` (the line saying why it stopped), its notes rendered from it, so the
+    notes of an earlier run are never left standing as this one's, and a finding among the records written still
+    decides the exit status."""
     from validate.suite import load_checklist
     from validate.verdict import assess_release
 
     root = _root()
     checklist = load_checklist(root)
-    reports = _opts(args).reports
-    v = assess_release(reports, args.release, root=root, baseline=args.baseline, planned=checklist.plan(args.config))
-    v.interrupted = True
+    reports = Path(args.reports) if args.reports else root / "reports"
+    v = assess_release(reports, args.release, root=root, baseline=args.baseline, planned=checklist.plan(),
+                       accept_other_tree=args.accept_other_tree)
+    v.interrupted = interrupted
     v.checks.append(stop)
     if (reports / args.release).is_dir():
         _notes(root, reports, args.release, checklist, v)

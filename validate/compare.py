@@ -263,8 +263,8 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             blocking.append(unpaired[-1])
             continue
         if b is not None and same_run(b, r):
-            unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline}'s record is a copy of the candidate's (every "
-                            "field but the release name the same): a record is never its own baseline")
+            unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline}'s record is a copy of the candidate's (the same "
+                            "run: tree, start time and outputs): a record is never its own baseline")
             blocking.append(unpaired[-1])
             continue
         if b is None:
@@ -347,40 +347,62 @@ def previous_release(reports: Path, release: str, want: set[tuple[str, str]] | N
     counts as a folder that may hold one (the gates then say what they could not compare). A pre-release of the
     same version may itself have regressed, and an aborted run, a ``dev`` folder or a sibling candidate compared
     with would hide a regression: none is taken automatically."""
-    from validate.perfgate import BENCH_KIND
-    from validate.suite import paired_eval_kinds
-
-    gated = set(paired_eval_kinds()) | {BENCH_KIND}
-
-    def coverage(folder: Path) -> tuple[bool, int]:
-        """(holds a gated record, or a file that may be one; how many pairs of ``want`` it holds)."""
-        eligible, pairs = False, set()
-        for p in folder.glob("*/*.json"):
-            try:
-                d = json.loads(p.read_text())
-                kind, cfg = d.get("suite_kind"), d.get("config")
-            except (OSError, ValueError, AttributeError, RecursionError):
-                eligible = True
-                continue
-            if not isinstance(kind, str) or not isinstance(cfg, str):
-                eligible = True
-                continue
-            if kind in gated and (want is None or (cfg, kind) in want):
-                eligible = True
-                if want is not None:
-                    pairs.add((cfg, kind))
-        return eligible, len(pairs)
-
-    if not reports.is_dir():
-        return None
-    cur = _version(release)
     found = []
+    for k, name in _eligible(reports, release):
+        eligible, pairs = _held(reports / name, want)
+        if eligible:
+            found.append((len(pairs) if want is not None else 0, k, name))
+    return max(found)[2] if found else None
+
+
+def _eligible(reports: Path, release: str) -> list:
+    """(Version, folder name) of every released version under ``reports`` a baseline of ``release`` may be."""
+    if not reports.is_dir():
+        return []
+    cur = _version(release)
+    out = []
     for d in reports.iterdir():
         k = _version(d.name) if d.is_dir() and d.name != release else None
         if (k is None or k.is_prerelease or k.is_devrelease or k.local is not None
                 or (cur is not None and k >= cur)):
             continue
-        eligible, n = coverage(d)
-        if eligible:
-            found.append((n, k, d.name))
-    return max(found)[2] if found else None
+        out.append((k, d.name))
+    return out
+
+
+def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tuple[str, str]]]:
+    """(whether ``folder`` holds a gated record, or a file that may be one; the pairs of ``want`` it holds)."""
+    from validate.perfgate import BENCH_KIND
+    from validate.suite import paired_eval_kinds
+
+    gated = set(paired_eval_kinds()) | {BENCH_KIND}
+    eligible, pairs = False, set()
+    for p in folder.glob("*/*.json"):
+        try:
+            d = json.loads(p.read_text())
+            kind, cfg = d.get("suite_kind"), d.get("config")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            eligible = True
+            continue
+        if not isinstance(kind, str) or not isinstance(cfg, str):
+            eligible = True
+            continue
+        if kind in gated and (want is None or (cfg, kind) in want):
+            eligible = True
+            pairs.add((cfg, kind))
+    return eligible, pairs
+
+
+def held_elsewhere(reports: Path, release: str, base: str, want: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The pairs of ``want`` the automatic baseline ``base`` lacks and another release it could have been holds:
+    {(configuration, suite kind): the newest such release}. Their gates compared nothing though a baseline of
+    them exists, so each is said (and not checked) rather than left out."""
+    _, mine = _held(reports / base, want)
+    out: dict[tuple[str, str], tuple] = {}
+    for k, name in _eligible(reports, release):
+        if name == base:
+            continue
+        for pair in _held(reports / name, want)[1] - mine:
+            if pair not in out or k > out[pair][0]:
+                out[pair] = (k, name)
+    return {pair: name for pair, (_, name) in sorted(out.items())}

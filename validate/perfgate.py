@@ -35,7 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.errors import InputError
-from validate.record import Record, record_history, release_records, same_run
+from validate.record import Record, release_records, same_run
 
 BENCH_KIND = "betterbench"
 # Suite parameters that decide what a figure measures; records that differ in one never compare.
@@ -171,6 +171,9 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     if not f.base_median > 0:
         raise ValueError(f"{config}/{figure}: the baseline's median is {f.base_median!r}: a move cannot be put in "
                          "percent of it")
+    bad = [v for v in (*base, *cand) if not (math.isfinite(v) and v > 0)]
+    if bad:  # a time or a rate is positive and finite: 0 ms or -1 ms would read as faster than anything
+        raise ValueError(f"{config}/{figure}: a pass value of {bad[0]!r} is no time or rate")
     f.change_pct = 100.0 * (f.cand_median - f.base_median) / f.base_median
     f.worse_pct = f.change_pct if lower else -f.change_pct
     f.base_band, f.cand_band = run_band(base), run_band(cand)
@@ -288,17 +291,6 @@ def comparable(b: Record, c: Record) -> list[str]:
     if b.metrics_formula_version != c.metrics_formula_version:
         bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
     return bad
-
-
-def _same_tree_runs(reports: Path, rec: Record) -> list[Record]:
-    """``rec`` and the earlier runs of it kept in history that measured the same thing the same way: the same
-    plugin and engine source, configuration, suite (kind, params, gate) and metrics formula version."""
-    runs = record_history(reports, rec.release, rec.config, rec.suite)
-    same = lambda r: (r.tree.source_hash, r.tree.engine_hash, r.config_hash, r.suite_hash, r.params_hash,  # noqa: E731
-                      r.metrics_formula_version, r.versions.get("vllm"), r.versions.get("torch"),
-                      r.versions.get("cpu"), r.versions.get("driver"))
-    return [r for r in runs if same(r) == same(rec) and r.verdict.status in ("pass", "fail")
-            and not comparable(r, rec)] or [rec]
 
 
 #: Server settings that change what a BetterBench figure means (combined decode averages up to max_num_seqs;
@@ -442,8 +434,8 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
         if same_run(b, c):
-            out.unpaired.append(f"{where}: the baseline {baseline}'s record is a copy of the candidate's (every field "
-                                "but the release name the same): a record is never its own baseline")
+            out.unpaired.append(f"{where}: the baseline {baseline}'s record is a copy of the candidate's (the same "
+                                "run: tree, start time and outputs): a record is never its own baseline")
             continue
         bad = comparable(b, c)
         for label, r in (("baseline", b), ("candidate", c)):
@@ -464,7 +456,9 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         except InputError as e:
             out.unpaired.append(f"{where}: cannot compare: {e}")
             continue
-        bruns, cruns = _same_tree_runs(breports, b), _same_tree_runs(reports, c)
+        # each side is its current record's passes: an earlier run kept in history/ (a slow one planted, or the
+        # drift between runs of one tree) would move the median the figure is judged by
+        bruns, cruns = [b], [c]
         floor, floor_why = noise_floor(b, c)
         names = sorted({k for r in (b, c) for row in _rows(r) for k in row if k != "pass"})
         judged = 0

@@ -314,10 +314,16 @@ def recheck(rec: Record, gate: "dict[str, Any] | StoredGate | None", whose: str)
 
 
 def same_run(a: Record, b: Record) -> bool:
-    """Whether two records are one run of a suite copied under another release name or folder: every field but
-    the release's name the same (tree, start and end times, metrics, items). A record is never the baseline of its
-    own copy."""
-    return a.model_dump(exclude={"release"}) == b.model_dump(exclude={"release"})
+    """Whether two records are one run of a suite copied under another release name or folder (and perhaps edited
+    a little): the same configuration, suite, tree and start time, and the same outputs, item by item, or the same
+    metrics where it has no items. A record is never the baseline of its own copy."""
+    def ident(r: Record):
+        return (r.config, r.suite, r.started_at, r.tree.source_hash, r.tree.engine_hash)
+
+    def outputs(r: Record):
+        return [(i.id, i.output, i.correct) for i in r.items] if r.items else r.metrics
+
+    return ident(a) == ident(b) and outputs(a) == outputs(b)
 
 
 def read_record(path: Path) -> Record:

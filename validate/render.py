@@ -424,9 +424,8 @@ def render_release(root: Path, reports: Path, release: str, checklist: Checklist
         env.filters["change"] = fmt_change
         env.globals["fig"] = fmt_fig
         text = env.get_template("release.md.j2").render(v=view)
-    except jinja2.TemplateError:
-        raise
-    except Exception as e:  # a record no part of the notes foresaw: the verdict is still written, and why
+    except Exception as e:  # a record no part of the notes foresaw (a template's arithmetic on a metric a record
+        # lacks included): the verdict is still written, and why
         from validate.verdict import release_check
 
         why = f"the release notes could not be rendered in full: {type(e).__name__}: {e}"

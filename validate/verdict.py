@@ -342,10 +342,18 @@ def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: boo
                              "other-tree", msg + (", accepted with --accept-other-tree" if accept_other_tree else
                                                   ": run the suite on this tree, or pass --accept-other-tree"),
                              [msg], record=r))
-        chk = suite_check(r, tree, accept_other_tree=True)
-        if chk.status in ("wrong-tree", "server-restarted", "gate-mismatch"):
+        try:
+            chk = suite_check(r, tree, accept_other_tree=True)
+        except Exception as e:  # as in assess: never a crash or a pass
+            chk = Check(r.config, r.suite, "suite", "not-checked", "unreadable",
+                        f"the record could not be checked: {type(e).__name__}: {e}")
+        if chk.status in ("wrong-tree", "server-restarted", "gate-mismatch", "unreadable"):
             msg = f"the {what} would judge a record that cannot stand: {chk.message}"
             out.append(Check(r.config, f"{r.suite} (record)", "release", chk.outcome, chk.status, msg, [msg], record=r))
+        elif chk.outcome == "pass" and chk.limits and not why:
+            # what limits the record limits the gate on it (an unverified external server, impossible counters)
+            msg = f"the {what} judges a record that is not a full check: {chk.limits}"
+            out.append(Check(r.config, f"{r.suite} (record)", "release", "limited", "limited", msg, [msg], record=r))
     return out
 
 
@@ -404,7 +412,8 @@ def server_faults(rec: Record) -> tuple[str | None, str | None, str | None]:
     finding = None
     if rec.verdict.status == "pass" and rec.server.provenance_ok is False:
         finding = "the record says pass, but its server's provenance did not match the tree under validation"
-    elif rec.verdict.status == "pass" and rec.server.launched and rec.tree.source_hash:
+    elif rec.verdict.status == "pass" and rec.server.provenance and rec.tree.source_hash:
+        # whoever launched the server: a provenance line of another plugin source is another tree's server
         wrong = sorted({p.source_hash for p in prov.parse("\n".join(rec.server.provenance))} - {rec.tree.source_hash})
         if wrong:
             finding = (f"the record says pass, but its server printed plugin source {', '.join(wrong)}, not the "
@@ -442,7 +451,11 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, b
     seen = set()
     for r in records:
         seen.add((r.config, r.suite))
-        v.checks.append(suite_check(r, tree, accept_other_tree))
+        try:
+            v.checks.append(suite_check(r, tree, accept_other_tree))
+        except Exception as e:  # a record edited by hand that no check foresaw: said, never a crash or a pass
+            v.checks.append(Check(r.config, r.suite, "suite", "not-checked", "unreadable",
+                                  f"the record could not be checked: {type(e).__name__}: {e}", record=r))
     for cfg, suites in planned or []:
         for s in suites:
             if (cfg, s) not in seen:
@@ -485,7 +498,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         across_thinking: pair evals of a thinking model with those of one that does not think
             (validate.compare.pair).
     """
-    from validate.compare import choose_baseline, compare_releases
+    from validate.compare import choose_baseline, compare_releases, held_elsewhere
     from validate.perfgate import BENCH_KIND, compare_perf, specs_of
     from validate.record import release_records
     from validate.suite import paired_eval_kinds
@@ -502,6 +515,15 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     base, why = choose_baseline(reports, release, baseline, want)
     cmp = perf = None
     notes: list[str] = []
+    if base is not None and not baseline:  # the automatic choice: what it lacks and another release holds is said
+        try:
+            for (cfg, kind), other in held_elsewhere(reports, release, base, want).items():
+                extra.append(Check(cfg, f"baseline of {kind}", "release", "not-checked", "not compared",
+                                   f"{cfg}/{kind}: the baseline {base} holds no such record, {other} does: its gate "
+                                   f"compared nothing (name one with --baseline)"))
+        except Exception as e:  # a folder that cannot be read: said
+            extra.append(release_check("baseline", f"the baselines under {reports} could not be read: "
+                                                   f"{type(e).__name__}: {e}"))
     if base is not None:
         bskipped: list[str] = []
         base_records = release_records(reports, base, skipped=bskipped)

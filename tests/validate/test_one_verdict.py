@@ -324,8 +324,7 @@ def test_a_move_within_the_measured_drift_between_runs_cannot_be_told(tmp_path, 
     far = bench("v0.3.0", 26.8 * 1.5, 3)  # beyond the drift: a regression
     save(tmp_path, far)
     assert next(f for f in compare_perf(tmp_path, "v0.3.0", "v0.1.0").figures if f.figure == "decode_step_ms").regression
-    # a slow run planted in the baseline's history: pooled only where it measured the same thing on the same
-    # versions, and never a floor; the candidate 60% slower stays a regression
+    # a slow run planted in the baseline's history is never pooled: each side is its current record's passes
     (tmp_path / "v0.1.0").rename(tmp_path / "old")
     slow = bench("v0.1.0", 26.8 * 2, 4)
     save(tmp_path, slow, bench("v0.1.0", 26.8, 1))  # the slow one moves to history/
@@ -748,3 +747,111 @@ def test_prefill_depths_the_server_cannot_hold_are_a_limit_of_the_pass():
     assert record_limits(b) == "prefill depths 8,192, 32,768 not measured (above max_model_len 4,096 - 8)"
     b.config_snapshot = {"server": {"max_model_len": 65536}}
     assert record_limits(b) is None
+
+
+# --- the third attack round --------------------------------------------------------------------------------
+
+
+def _mine(*recs):
+    """Records of this very tree, whose server printed this tree's provenance."""
+    from validate.engine import current_tree
+
+    tree = current_tree(REPO)
+    for r in recs:
+        r.tree = tree.model_copy()
+        r.server.provenance = [f"R9K-PROVENANCE version=0.1.0 source_hash={tree.source_hash} files=5 pid=1"]
+    return recs
+
+
+def _release(tmp_path, *extra):
+    return main(["release", "v0.2.0", "--config", "cpu-smol", "--suite", "gsm8k", "--reports", str(tmp_path), *extra])
+
+
+def test_notes_never_stay_behind_the_verdict(tmp_path, monkeypatch):
+    """A passing release, then its records change: a soak record the template cannot do arithmetic on, a run
+    that stops on a report it cannot write after a regression was recorded. Each time the notes are rewritten
+    from the verdict (they once kept "Every check passed"), and the regression decides the exit status."""
+    from validate.errors import ReportsError
+
+    _no_run(monkeypatch)
+    save(tmp_path, *_mine(eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE)))
+    notes = tmp_path / "v0.2.0" / "RELEASE.md"
+    assert _release(tmp_path) == 0 and notes.read_text().split("\n")[2].startswith("No finding")
+    soak = eval_record("v0.2.0", set(), suite="soak")
+    soak.suite_kind, soak.dataset, soak.items, soak.metrics = "soak", None, [], {"served": 10, "errors": 0}
+    save(tmp_path, *_mine(eval_record("v0.2.0", LOST_50), soak))
+    assert _release(tmp_path) == 1
+    text = notes.read_text()
+    assert text.split("\n")[2].startswith("**Not ready to ship:**") and "could not be rendered in full" in text
+    (tmp_path / "v0.2.0" / "cpu-smol" / "soak.json").unlink()
+    save(tmp_path, *_mine(eval_record("v0.2.0", BASE)))
+    assert _release(tmp_path) == 0
+
+    def stops(plan, release, args, external=None):
+        save(tmp_path, *_mine(eval_record("v0.2.0", LOST_50)))
+        raise ReportsError("cannot write reports/v0.2.0/cpu-smol/soak.json: No space left on device")
+
+    monkeypatch.setattr(cli, "_run", stops)
+    assert _release(tmp_path) == 1
+    assert notes.read_text().split("\n")[2].startswith("**Not ready to ship:**")
+
+
+def test_a_run_of_one_suite_is_never_a_full_pass_of_the_release(tmp_path, monkeypatch):
+    _no_run(monkeypatch)
+    save(tmp_path, *_mine(eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE)))
+    assert _release(tmp_path) == 0
+    notes = (tmp_path / "v0.2.0" / "RELEASE.md").read_text()
+    assert not notes.split("\n")[2].startswith("Every check passed")
+    assert "- fn-tp4 / unit-gates, allreduce, sanity, gsm8k, humaneval, probe, soak, betterbench: did not run" in notes
+
+
+def test_the_automatic_baseline_says_what_another_release_holds(tmp_path, monkeypatch):
+    """v0.1.1 (BetterBench and fn-tp2's GSM8K) is chosen over v0.1.0 (cpu-smol's GSM8K): the candidate's GSM8K,
+    50 questions down against v0.1.0, is named as not compared (it once passed as "limited")."""
+    _no_run(monkeypatch)
+    save(tmp_path, *_mine(eval_record("v0.1.0", BASE), bench("v0.1.1", 38.0, 1),
+                          eval_record("v0.1.1", BASE, config="fn-tp2"), eval_record("v0.2.0", LOST_50),
+                          bench("v0.2.0", 38.0, 2)))
+    assert _release(tmp_path, "--suite", "betterbench") == 2
+    notes = (tmp_path / "v0.2.0" / "RELEASE.md").read_text()
+    assert "cpu-smol/gsm8k: the baseline v0.1.1 holds no such record, v0.1.0 does" in notes
+    assert _release(tmp_path, "--suite", "betterbench", "--baseline", "v0.1.0") == 1
+
+
+def test_a_gate_keeps_the_limits_of_the_records_it_judges(tmp_path):
+    """An external server whose provenance was never verified, with impossible counters: `gate` once said PASS;
+    the same server printing another plugin source is a finding in `gate` and `release` alike."""
+    c = eval_record("v0.2.0", BASE)
+    c.server.launched, c.server.url, c.server.provenance_ok, c.server.provenance = False, "http://10.0.0.9:8000", None, []
+    c.server_metrics = {"available": True, "delta": {"impossible": ["kv_cache_usage 7.5 > 1"]}}
+    save(tmp_path, eval_record("v0.1.0", BASE), c)
+    summary = tmp_path / "s.md"
+    gate = ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]
+    import os
+
+    os.environ["GITHUB_STEP_SUMMARY"] = str(summary)
+    try:
+        assert main(gate) == 0
+        assert "**NO FINDING, NOT FULLY CHECKED**" in summary.read_text()
+        c.server.provenance = ["R9K-PROVENANCE version=0.1.0 source_hash=deadbeefdeadbeef files=5 pid=1"]
+        save(tmp_path, c)
+        assert main(gate) == 1
+    finally:
+        del os.environ["GITHUB_STEP_SUMMARY"]
+
+
+def test_edited_copies_and_impossible_figures_are_refused(tmp_path):
+    """A copy of the candidate whose wall time was changed by 1 ms is still no baseline; pass values of 0 or -1 ms
+    are no times (they once read as faster than anything)."""
+    c = eval_record("v0.2.0", LOST_50)
+    b = c.model_copy(deep=True)
+    b.release, b.wall_s = "v0.1.0", c.wall_s + 0.001
+    save(tmp_path, b, c)
+    assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--reports", str(tmp_path)]) == 2
+    bad = bench("v0.2.0", 38.0, 2)
+    for v in (0.0, -1.0):
+        for row in bad.metrics["per_pass"]:
+            row["decode_step_ms"] = v
+        save(tmp_path, bench("v0.1.0", 38.0, 1), bad)
+        assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports",
+                     str(tmp_path)]) == 2
