@@ -350,7 +350,7 @@ def test_the_false_positive_benchmark_gates_every_ordered_pair(tmp_path):
     assert json.loads((tmp_path / "fp0" / "cpu-smol" / "betterbench.json").read_text())["config_snapshot"] == {}
 
 
-# --- what a reviewer's attacks found, each one an attack that must fail --------------------------------------
+# --- forged baselines, loosened gates, stale trees and stopped runs: each an attack that must fail ------------
 
 
 @pytest.mark.parametrize("other", ["v0.2.0rc1", "v0.2.0.dev3", "dev", "candidate-old"])
@@ -535,7 +535,7 @@ def test_none_is_no_release_name():
         check_release_name("none")
 
 
-# --- the second attack round: each hole, an attack that must fail ------------------------------------------
+# --- a release run in part, the baseline's choice, the gates' record checks, files that are no record ------
 
 
 def _no_run(monkeypatch, raise_=None):
@@ -749,7 +749,7 @@ def test_prefill_depths_the_server_cannot_hold_are_a_limit_of_the_pass():
     assert record_limits(b) is None
 
 
-# --- the third attack round --------------------------------------------------------------------------------
+# --- notes that stay behind, a partial plan, baselines elsewhere, copies and impossible figures ----------
 
 
 def _mine(*recs):
