@@ -78,6 +78,7 @@ class ReleaseView:
     not_checked: list[Gap] = field(default_factory=list)
     failures: list = field(default_factory=list)  # validate.verdict.Check, findings and what could not be made
     tree_hash: str | None = None
+    word: dict[str, str] = field(default_factory=dict)  # "<config>/<suite>" -> the verdict's word for that record
     headline: str = ""
     paired: Any = None  # validate.compare.Comparison against the baseline, when there is one
     paired_note: str = ""  # why there is no paired table
@@ -165,6 +166,11 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
         view.first_started = min(r.started_at for r in records).replace("T", " ").replace("+00:00", "")
         view.last_ended = max(r.ended_at for r in records).replace("T", " ").replace("+00:00", "")
     view.checked = [c for c in verdict.checks if c.full_check and c.area == "suite"]
+    # the Numbers table names each record by what the verdict made of it, never by its own status alone (a
+    # "pass" of another tree, or of a restarted server, is not a pass)
+    view.word = {f"{c.config}/{c.name}": ("pass" if c.full_check else "pass, limited" if c.outcome == "pass"
+                                           else c.status or c.outcome)
+                 for c in verdict.checks if c.area == "suite"}
     gaps = []
     for c in verdict.not_checked:
         why = c.message if c.outcome != "pass" else c.limits

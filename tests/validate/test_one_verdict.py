@@ -855,3 +855,16 @@ def test_edited_copies_and_impossible_figures_are_refused(tmp_path):
         save(tmp_path, bench("v0.1.0", 38.0, 1), bad)
         assert main(["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0", "--perf", "--reports",
                      str(tmp_path)]) == 2
+
+
+def test_the_notes_tables_name_a_record_by_its_check(tmp_path):
+    """A sanity record that says pass, made by another tree: the notes' per-configuration table says other-tree,
+    not its own "pass"."""
+    r = eval_record("v0.2.0", BASE, suite="sanity")
+    r.suite_kind, r.metrics = "strict-sanity", {"bad": 0, "n": 16}
+    save(tmp_path, r)
+    from validate.engine import current_tree
+
+    notes = outputs(tmp_path, "v0.2.0", baseline="none", root=REPO, tree=current_tree(REPO))["notes"]
+    row = next(line for line in notes.splitlines() if line.startswith("| cpu-smol | 0 bad of 16 |"))
+    assert row.rstrip().endswith("| sanity other-tree |"), row
