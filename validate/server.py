@@ -104,6 +104,10 @@ def build_command(cfg: ServeConfig, model: str, host: str, port: int) -> list[st
 
 
 TAG_ENV = "R9K_SERVER_TAG"
+#: Variables a launched server never inherits from the launching process (its configuration's env may still set
+#: them): Triton's interpreter is for the CPU unit gates; exported in the launching process (the kernel tests'
+#: conftest sets it) it would make r9k install its Triton dispatch inside vLLM's CPU build.
+NOT_FOR_SERVERS = ("TRITON_INTERPRET",)
 
 
 def server_environ(environ: dict[str, str]) -> dict[str, str]:
@@ -261,7 +265,8 @@ def launch(cfg: ServeConfig, model: str, log_path: Path, host: str = "127.0.0.1"
     if port_in_use(host, port):
         raise LaunchError(f"port {port} on {host} is already in use (server.port in serve/{cfg.name}.yaml)")
     tag = f"{cfg.name}-{os.getpid()}-{time.time_ns()}"
-    env = {**server_environ(os.environ), **cfg.env, TAG_ENV: tag}
+    env = {**{k: v for k, v in server_environ(os.environ).items() if k not in NOT_FOR_SERVERS}, **cfg.env,
+           TAG_ENV: tag}
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(log_path, "ab")
