@@ -16,7 +16,8 @@
 #   gdn8       the same at 4 : 8 heads (the seeds' TP 4 rank, ~3 min)
 #   gdn        gdn_seq against fla's recurrent and chunked cores, gdn_conv against vLLM's (needs fla-core, ~2 min)
 #   fp8        the fp8 GEMM and linear against vLLM's Triton kernel and torch's block-scaled _scaled_mm (~1.5 min)
-#   fp8host    the host's time a call of the fp8 pieces, and the prefill tile at M = 128-256 (~30 s)
+#   fp8host    the host's and the GPU's time a call of fp8_linear and fp8_gemm at M 1-256 and 4096 against
+#              torch's and vLLM's, Gluon on and off; the pieces' host time; the prefill tile at M 128-256
 #   fp8decode  decode GEMMs by kernel time against per-tensor _scaled_mm, both flushes (~1.5 min)
 #   fp8prefill prefill GEMMs against per-tensor _scaled_mm, nine rounds (~1.5 min)
 #   moe        the expert cache's insert rate and the fused top-k sum (~2 min)
@@ -72,8 +73,12 @@ for step in $STEPS; do
     gdn) run gdn_seq 150 $K --op gdn_seq --mode kernel --mode graph --mode eager --json "$OUT/gdn_seq.json"
          run gdn_conv 60 $K --op gdn_conv --mode kernel --mode graph --json "$OUT/gdn_conv.json" ;;
     fp8) run fp8_linear 180 $K --op fp8_gemm --op fp8_linear --peer vllm --peer torch_block --peer torch \
+           --peer scaled_mm --peer torch_f_block --peer torch_f \
            --mode loop --mode eager --mode graph --mode host --shapes "$LINEAR" --json "$OUT/fp8_linear.json" ;;
     fp8host) run fp8_host_launch 60 $K --op launch --mode host --json "$OUT/fp8_host_launch.json"
+             run fp8_host_table 300 $K --op fp8_linear --op fp8_gemm --peer torch --peer torch_f --peer vllm \
+               --peer torch_block --peer torch_f_block --variant triton --mode host --mode graph \
+               --shapes "M=1|2|4|8|16|32|64|128|256|4096,N=4096,K=4096" --json "$OUT/fp8_host_table.json"
              run fp8_host_calls 60 $K --op fp8_linear --op fp8_gemm --peer torch --peer torch_block --mode host --profile \
                --shapes "M=16,N=4096,K=4096" --json "$OUT/fp8_host_calls.json"
              run fp8_host_quant 60 $K --op fp8_quant --no-peers --mode host --shapes "M=16,K=4096" \

@@ -168,3 +168,157 @@ def launcher(kernel) -> Launcher:
 def launch(kernel, grid, args: tuple, **opts):
     """``launcher(kernel)(grid, args, **opts)``: every argument positional, in signature order."""
     return launcher(kernel)(grid, args, **opts)
+
+
+def _raw_stream():
+    """The raw current-stream getter Triton's own launch uses (``torch._C._cuda_getCurrentRawStream``, an int
+    handle of the device's current stream: captured launches go to the capturing stream)."""
+    try:
+        from torch._C import _cuda_getCurrentRawStream
+        return _cuda_getCurrentRawStream
+    except ImportError:  # pragma: no cover - a torch without CUDA: the JIT path is taken
+        return None
+
+
+_RUNTIME = None  # triton.knobs.runtime, imported on the first direct launch
+
+
+def _launch_hooks() -> bool:
+    """True while a Triton launch hook is set (a profiler such as proton): launches then go through the compiled
+    kernel's own launch, which calls them. A hook is a callable or None (Triton <= 3.4) or a ``HookChain`` with
+    a list of ``calls`` (3.5 on), which is set when that list is not empty."""
+    global _RUNTIME
+    if _RUNTIME is None:
+        from triton import knobs
+
+        _RUNTIME = knobs.runtime
+    for h in (_RUNTIME.launch_enter_hook, _RUNTIME.launch_exit_hook):
+        if h is not None and getattr(h, "calls", True):
+            return True
+    return False
+
+
+def _c_launch_contract(run, launch, names: tuple) -> bool:
+    """True where ``run`` is the CUDA launcher whose C entry :class:`Direct` calls directly: Triton's
+    ``CudaLauncher`` with the base argument format ``iiiKKppOOOOOO`` (grid, stream, function, cooperative, PDL,
+    the two scratch buffers, packed metadata, launch metadata, the two hooks; Triton 3.5-3.6) and, for a kernel
+    with tensor descriptors, ``wrap_handle_tensordesc``'s closure over ``launcher``, ``tensordesc_indices`` and
+    ``tensordesc_meta``. Anything else (another Triton's layout) is launched through ``run`` instead."""
+    if type(run).__name__ != "CudaLauncher" or launch is None:
+        return False
+    try:
+        from triton.backends.nvidia import driver as nv
+    except ImportError:  # pragma: no cover
+        return False
+    if getattr(nv, "_BASE_ARGS_FORMAT", None) != "iiiKKppOOOOOO":
+        return False
+    if not names:
+        return type(launch).__name__ == "builtin_function_or_method"
+    return {"launcher", "tensordesc_indices", "tensordesc_meta"} <= set(names)
+
+
+class Direct:
+    """One kernel launched at the specialisations its caller names, for a caller that guarantees them (a launch
+    plan: kernels/fp8/linear.py): no specialisation key is computed, nothing is dispatched, only the compiled
+    kernel is launched.
+
+    ``direct(grid, args, spec=None, **opts)``: ``args`` every parameter in signature order, as :class:`Launcher`
+    takes them; ``spec`` a hashable the caller changes whenever the specialisation may (what its int
+    arguments are on either side of: 1, divisibility by 16, int32), None where it never does. The first call
+    of a ``spec`` goes through the JIT (which compiles or finds the kernel) and keeps the ``CompiledKernel``;
+    every later call of that ``spec`` launches it with these ``args`` whatever they are, so the caller may only
+    vary what does not change the specialisation (tensor addresses at the same 16-byte alignment, ints within
+    their ``spec``; never a dtype, a constexpr or an option: ``opts`` are read on the first call only).
+
+    ``fixed``: indices of tensor-descriptor parameters whose descriptor is the same on every call (a weight's):
+    on CUDA its expansion (Triton's ``make_tensordesc_arg``: the encoded ``CUtensorMap``, shape and strides) is
+    made once and reused; the other descriptors are expanded a call. On CUDA with Triton's ``CudaLauncher`` of
+    the base format ``iiiKKppOOOOOO`` (:func:`_c_launch_contract`) the launcher's C entry is called directly;
+    on another backend or Triton the compiled kernel's ``run``; under the interpreter, with the fast path off
+    (:func:`set_fast`), while launch hooks are set, or for a kernel that needs a global or profile scratch
+    buffer, ``compiled[grid](*args)``, which handles them.
+    """
+
+    def __init__(self, kernel, fixed: tuple[int, ...] = ()):
+        self.kernel = kernel
+        self.fixed = tuple(fixed)
+        self.states: dict = {}
+
+    def __call__(self, grid, args: tuple, spec=None, **opts):
+        st = self.states.get(spec)
+        if st is None or not FAST or _interpreting():
+            ck = self.kernel[grid](*args, **opts)
+            if st is None and ck is not None and hasattr(ck, "__getitem__") and FAST and not _interpreting():
+                self.states[spec] = _Prepared(ck, args, self.fixed)
+            return ck
+        return st.launch(grid, args)
+
+
+class _Prepared:
+    """One compiled specialisation of a :class:`Direct` and how it is launched (see there)."""
+
+    def __init__(self, ck, args: tuple, fixed: tuple[int, ...]):
+        self.ck = ck
+        self.c_launch = self.run = None
+        self.segments: tuple = ()
+        self.expanded: dict = {}
+        if not hasattr(ck, "_init_handles"):
+            return
+        ck._init_handles()
+        md = ck.metadata
+        if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+            return
+        self.stream = _raw_stream()
+        if self.stream is None:
+            return
+        self.device = torch.cuda.current_device()
+        self.function, self.pm = ck.function, ck.packed_metadata
+        run = ck.run
+        launch = getattr(run, "launch", None)
+        names = getattr(getattr(launch, "__code__", None), "co_freevars", ())
+        if not _c_launch_contract(run, launch, names):
+            self.run = run
+            return
+        raw, desc = launch, {}
+        if names:  # wrap_handle_tensordesc's closure: the C entry and the descriptors' metadata
+            cells = dict(zip(names, (c.cell_contents for c in launch.__closure__)))
+            raw, meta = cells["launcher"], cells["tensordesc_meta"]
+            idx = sorted(cells["tensordesc_indices"])
+            desc = dict(zip(idx, meta or [None] * len(idx)))
+        if desc:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+
+            self.make_desc = make_tensordesc_arg
+        self.desc = desc
+        self.coop, self.pdl = run.launch_cooperative_grid, run.launch_pdl
+        self.c_launch = raw
+        self.expanded = {i: list(self.make_desc(args[i], desc[i])) for i in fixed if i in desc}
+        # args[s:e] pass as they are, then descriptor e expanded (a fixed one from self.expanded)
+        segs, s = [], 0
+        for i in sorted(desc):
+            segs.append((s, i))
+            s = i + 1
+        self.segments = tuple(segs)
+        self.tail = s
+
+    def launch(self, grid, args: tuple):
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        if (self.c_launch is None and self.run is None) or _launch_hooks():
+            self.ck[g](*args)
+            return self.ck
+        stream = self.stream(self.device)
+        if self.c_launch is not None:
+            if self.segments:
+                flat = []
+                for s, i in self.segments:
+                    flat.extend(args[s:i])
+                    x = self.expanded.get(i)
+                    flat.extend(x if x is not None else self.make_desc(args[i], self.desc[i]))
+                flat.extend(args[self.tail:])
+            else:
+                flat = args
+            self.c_launch(g[0], g[1], g[2], stream, self.function, self.coop, self.pdl, None, None, self.pm,
+                          None, None, None, *flat)
+        else:
+            self.run(g[0], g[1], g[2], stream, self.function, self.pm, None, None, None, *args)
+        return self.ck

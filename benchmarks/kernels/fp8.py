@@ -79,6 +79,49 @@ def torch_block_mm(qa, sa_cm, qb, sb):
     return out[:M] if pad else out
 
 
+def torch_f_block_mm(qa, sa_cm, qb, sb):
+    """The same call through torch.nn.functional.scaled_mm (torch 2.10 on; in the H200's 2.11.0+cu130):
+    BlockWise1x128 scales of A (column-major) and BlockWise128x128 of B, M padded to a multiple of 4 as above."""
+    import torch.nn.functional as F
+
+    if not hasattr(F, "scaled_mm"):
+        raise Unavailable(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
+    M = qa.shape[0]
+    pad = (-M) % 4
+    if pad:
+        ap = qa.new_empty((M + pad, qa.shape[1]))
+        ap[:M] = qa
+        sp = sa_cm.new_empty((sa_cm.shape[1], M + pad)).t()
+        sp[:M] = sa_cm
+        qa, sa_cm = ap, sp
+    out = F.scaled_mm(qa, qb.t(), sa_cm, F.ScalingType.BlockWise1x128, sb.t(), F.ScalingType.BlockWise128x128,
+                      output_dtype=torch.bfloat16)
+    return out[:M] if pad else out
+
+
+def _torch_f_block(a):
+    torch_f_block_mm(a.qa[:1], a.sa_cm[:1], *a.ws[0])  # Unavailable before any timing where torch lacks it
+    return _cycle(a, lambda qb, sb: torch_f_block_mm(a.qa, a.sa_cm, qb, sb))
+
+
+def _no_gluon(fn):
+    """``fn`` with kernels.fp8.wgmma's Gluon kernels switched off for its call (the Triton kernels ROCm and
+    GPUs without Gluon run; the switch costs two attribute writes a call)."""
+    import kernels.fp8.wgmma as W
+
+    def run():
+        W.GLUON = False
+        try:
+            return fn()
+        finally:
+            W.GLUON = True
+    return run
+
+
+def _triton_gemm(a):
+    return [_no_gluon(f) for f in _block_gemm()(a)]
+
+
 def _scaled_mm(a):
     """Per-tensor fp8 _scaled_mm on e4m3fn copies of x and of each weight copy's dequantised values, M padded to
     16 (cuBLASLt wants 16-row multiples; the padded call a server would make)."""
@@ -146,8 +189,8 @@ register(Op(
         "the shape) against torch's block-scaled and per-tensor _scaled_mm and vLLM's Triton kernel",
     shapes=tuple(dict(M=m, N=n, K=k) for m, n, k in SHAPES),
     build=operands, r9k=_block_gemm(), floor=gemm_floor,
-    peers={"torch_block": _torch_block, "vllm": _vllm_gemm, "scaled_mm": _scaled_mm},
-    variants={n: _block_gemm(c) for n, c in GEMM_VARIANTS.items()},
+    peers={"torch_block": _torch_block, "torch_f_block": _torch_f_block, "vllm": _vllm_gemm, "scaled_mm": _scaled_mm},
+    variants={**{n: _block_gemm(c) for n, c in GEMM_VARIANTS.items()}, "triton": _triton_gemm},
     ref=_gemm_ref, unchecked=("scaled_mm",), tiny=dict(M=5, N=64, K=256),
     default_mode="kernel", needs="vLLM (CUDA sources) for the vllm peer",
 ))
@@ -202,6 +245,16 @@ def _torch_linear(a):
     return _cycle(a, run)
 
 
+def _torch_f_linear(a):
+    vllm_quant(a.xb[:1], True)
+    torch_f_block_mm(a.qa[:1], a.sa_cm[:1], *a.ws[0])
+
+    def run(qb, sb):
+        q, s = vllm_quant(a.xb, True)
+        return torch_f_block_mm(q, s, qb, sb)
+    return _cycle(a, run)
+
+
 def linear_floor(s: dict) -> Floor:
     M, N, K = s["M"], s["N"], s["K"]
     by = M * K * 2 + N * K + M * N * 2 + 4 * N * K // 128 ** 2
@@ -211,11 +264,13 @@ def linear_floor(s: dict) -> Floor:
 register(Op(
     name="fp8_linear", family="fp8",
     doc="the fp8 linear layer, a bf16 activation in (kernels.fp8.fp8_linear: r9k's quant then its GEMM through "
-        "a cached launch plan, what the vLLM dispatch runs) against vLLM's quant + Triton GEMM and vLLM's quant + "
-        "torch's block-scaled _scaled_mm",
+        "a launch plan per weight and M bucket, what the vLLM dispatch runs) against vLLM's quant + Triton GEMM "
+        "and vLLM's quant + torch's block-scaled _scaled_mm (torch) or torch.nn.functional.scaled_mm (torch_f); "
+        "variant triton: r9k with the Gluon kernels off (the Triton kernels ROCm runs)",
     shapes=tuple(dict(M=m, N=n, K=k) for m, n, k in SHAPES),
     build=operands, r9k=_linear, floor=linear_floor,
-    peers={"vllm": _vllm_linear, "torch": _torch_linear},
+    peers={"vllm": _vllm_linear, "torch": _torch_linear, "torch_f": _torch_f_linear},
+    variants={"triton": lambda a: [_no_gluon(f) for f in _linear(a)]},
     ref=_gemm_ref, tiny=dict(M=5, N=64, K=256),
     modes=("loop", "graph", "eager", "kernel", "host"), default_mode="graph", needs="vLLM (CUDA sources)",
 ))

@@ -45,15 +45,15 @@ the same code at small shapes.
 
 Modules: :mod:`kernels.fp8.quant` (the activation quant), :mod:`kernels.fp8.gemm` (the Triton GEMM kernels, the
 config table, the choice of kernel), :mod:`kernels.fp8.wgmma` (the Gluon kernels for Hopper),
-:mod:`kernels.fp8.linear` (``fp8_linear``: quant and GEMM through a launch plan per shape, what the vLLM dispatch
-runs), :mod:`kernels.fp8.reference` (the references), :mod:`kernels.fp8.common` (the formats and the group).
+:mod:`kernels.fp8.linear` (``fp8_linear`` and ``fp8_block_gemm``: through launch plans per weight and M bucket;
+``fp8_linear`` is what the vLLM dispatch runs), :mod:`kernels.fp8.reference` (the references), :mod:`kernels.fp8.common` (the formats and the group).
 The design, the figures against torch's and vLLM's kernels and the alternatives measured: docs/kernels/fp8.md.
 """
 from kernels.fp8.common import FP8_DTYPE, FP8_MAX, GROUP
 from kernels.fp8.gemm import (KERNELS, SMALL_M_MAX, TILE_DEFAULT, TMA_DEFAULT, WGMMA_DEFAULT, WGMMA_SMALL_M_DEFAULT,
-                              default_gemm_config, fp8_block_gemm, fp8_block_gemm_qa, fp8_quant_then_gemm,
-                              pick_split_k, small_m_config, tma_supported)
-from kernels.fp8.linear import fp8_linear
+                              default_gemm_config, fp8_block_gemm_qa, fp8_quant_then_gemm, pick_split_k,
+                              small_m_config, tma_supported)
+from kernels.fp8.linear import fp8_block_gemm, fp8_linear
 from kernels.fp8.quant import fast_div_probe, fp8_quant_group
 from kernels.fp8.reference import fp8_block_gemm_ref, fp8_quant_block_weight_ref, fp8_quant_group_ref
 

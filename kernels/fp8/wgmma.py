@@ -62,6 +62,18 @@ SCALES_MAX = 32 * 1024  # bytes of block scales a decode program stages (registe
 GLUON_TRITON = ((3, 5), (3, 9))
 
 
+GLUON = True  # the Gluon kernels taken where they can run (see set_gluon)
+
+
+def set_gluon(on: bool) -> None:
+    """Take the Gluon kernels where they can run (True, the default) or never (False: the Triton kernels a GPU
+    without Gluon runs, the path ROCm takes; what the host-time benchmark measures off Hopper on the H200)."""
+    global GLUON
+    if not isinstance(on, bool):
+        raise TypeError(f"set_gluon takes a bool, got {on!r}")
+    GLUON = on
+
+
 def _triton_version() -> tuple[int, int]:
     return _major_minor(triton.__version__)
 
@@ -78,6 +90,8 @@ def gluon_problem(device) -> str | None:
     ``"wgmma_small_m"``), else why not: Gluon importable from a Triton in :data:`GLUON_TRITON`, an NVIDIA
     CUDA device (not ROCm, which reports gfx9xx as 9.x) of compute capability 9.x (Hopper's wgmma)."""
     device = torch.device(device)
+    if not GLUON:
+        return "the Gluon kernels are switched off (kernels.fp8.wgmma.set_gluon)"
     if not HAVE_GLUON:
         return "Triton's Gluon is not importable (Triton >= 3.5)"
     if not GLUON_TRITON[0] <= _triton_version() < GLUON_TRITON[1]:

@@ -101,3 +101,75 @@ def test_positional_refuses_unknown_meta():
     assert len(args) == len(lau.names) and opts == {"num_warps": 4}
     with pytest.raises(TypeError):
         lau.positional([None] * 15, dict(meta, num_ctas=2))
+
+
+# ---- Direct: the launch a plan makes, no key computed ------------------------------------------------------
+def test_direct_launches_what_its_first_call_compiled_for_every_later_call(fast):
+    """A Direct trusts its caller: after the first call of a spec (through the JIT) every call of that spec
+    launches the same compiled kernel with the new arguments, even ones the JIT would specialise differently
+    (that is the plan's guarantee to keep); a new spec goes through the JIT once."""
+    k = FakeKernel()
+    d = L.Direct(k)
+    x = torch.zeros(64)
+    d((4,), (x, 64, 0.5, True, 128), num_warps=4)
+    d((5,), (x, 17, 0.25, True, 128))
+    d((6, 2), (x, 18, 0.25, True, 128))
+    assert [(e[0], e[-1] if e[0] == "cached" else None) for e in k.log] == [("jit", None), ("cached", 1),
+                                                                            ("cached", 1)]
+    assert k.log[1][1] == (5, 1, 1) and k.log[1][2][1] == 17 and k.log[2][1] == (6, 2, 1)
+    d((4,), (x, 1, 0.5, True, 128), spec="one")
+    d((4,), (x, 1, 0.5, True, 128), spec="one")
+    assert [e[0] for e in k.log[3:]] == ["jit", "cached"] and k.log[4][-1] == 2
+
+
+def test_direct_goes_through_the_jit_with_fast_off_or_interpreting(monkeypatch):
+    k = FakeKernel()
+    d = L.Direct(k)
+    x = torch.zeros(64)
+    monkeypatch.setattr(L, "FAST", False)
+    d((1,), (x, 64, 0.5, True, 128))
+    d((1,), (x, 64, 0.5, True, 128))
+    monkeypatch.setattr(L, "FAST", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    d((1,), (x, 64, 0.5, True, 128))
+    assert [e[0] for e in k.log] == ["jit", "jit", "jit"] and d.states == {}
+
+
+def test_launch_hooks_are_read_as_triton_sets_them(monkeypatch):
+    """Triton 3.5+ keeps its launch hooks as a HookChain that is always there: set means its list is not empty;
+    older Tritons hold a callable or None."""
+    import types
+
+    chain = types.SimpleNamespace(calls=[])
+    rt = types.SimpleNamespace(launch_enter_hook=chain, launch_exit_hook=None)
+    monkeypatch.setattr(L, "_RUNTIME", rt)
+    assert not L._launch_hooks()
+    chain.calls.append(print)
+    assert L._launch_hooks()
+    rt.launch_enter_hook = print
+    assert L._launch_hooks()
+
+
+def test_the_c_launch_is_taken_only_on_the_launcher_layout_it_was_written_for(monkeypatch):
+    """Direct calls a CUDA launcher's C entry only where Triton's launcher has the layout it was written for;
+    another layout (another Triton) goes through the compiled kernel's run."""
+    import types
+
+    CudaLauncher = type("CudaLauncher", (), {})
+    nv = pytest.importorskip("triton.backends.nvidia.driver")
+
+    def wrapped():
+        launcher = tensordesc_indices = tensordesc_meta = None
+
+        def inner(*a):
+            return launcher, tensordesc_indices, tensordesc_meta
+        return inner
+    inner = wrapped()
+    names = inner.__code__.co_freevars
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKppOOOOOO", raising=False)
+    assert L._c_launch_contract(CudaLauncher(), inner, names)
+    assert L._c_launch_contract(CudaLauncher(), len, ())  # a builtin: the C entry itself
+    assert not L._c_launch_contract(types.SimpleNamespace(), inner, names)  # not a CUDA launcher
+    assert not L._c_launch_contract(CudaLauncher(), inner, ("launcher", "signature"))  # another closure
+    monkeypatch.setattr(nv, "_BASE_ARGS_FORMAT", "iiiKKOOOOOO", raising=False)
+    assert not L._c_launch_contract(CudaLauncher(), inner, names)  # another base format

@@ -244,19 +244,32 @@ def test_uncovered_layers_and_refusals_go_to_vllm(monkeypatch, gen, caplog):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("M", [1, 16, 33, 64, 65, 300])
-def test_fp8_linear_equals_quant_then_block_gemm(M):
-    """kernels.fp8.fp8_linear's cached launch plan gives the bits of fp8_quant_group + fp8_block_gemm (the general
-    path) at decode and prefill shapes, on repeated calls and on a second weight of the same shape."""
+@pytest.mark.parametrize("gluon", [True, False], ids=["gluon", "triton"])
+def test_the_plans_give_the_general_paths_bits_at_every_m_of_a_bucket(gluon, monkeypatch):
+    """kernels.fp8.fp8_linear's and fp8_block_gemm's launch plans give the bits of the general path
+    (kernels.fp8.gemm: fp8_quant_group + fp8_block_gemm) at decode and prefill shapes, for M values that reuse
+    a plan another M of their bucket built (2 after 3, 17 after 20, 300 after 129...), on repeated calls and on
+    a second weight of the same shape; with the Gluon kernels (Hopper) and without (the Triton kernels, what
+    ROCm runs)."""
+    import kernels.fp8.gemm as G
+    import kernels.fp8.linear as L
+    import kernels.fp8.wgmma as W
     from kernels.fp8 import fp8_block_gemm, fp8_linear, fp8_quant_group
 
-    torch.manual_seed(M)
+    monkeypatch.setattr(W, "GLUON", gluon)
+    L.plans_clear()
+    torch.manual_seed(0)
     for _ in range(2):
         qb, sb = fp8_quant_block_weight_ref(torch.randn(1024, 2048, device="cuda"))
-        for _ in range(2):
-            x = torch.randn(M, 2048, device="cuda").bfloat16()
-            want = fp8_block_gemm(*fp8_quant_group(x), qb, sb, torch.bfloat16)
-            assert torch.equal(fp8_linear(x, qb, sb, torch.bfloat16), want)
+        for M in (3, 2, 1, 16, 20, 17, 33, 64, 65, 129, 300):
+            for _ in range(2):
+                x = torch.randn(M, 2048, device="cuda").bfloat16()
+                qa, sa = fp8_quant_group(x)
+                want = G.fp8_block_gemm(qa, sa, qb, sb, torch.bfloat16)
+                assert torch.equal(fp8_linear(x, qb, sb, torch.bfloat16), want), M
+                assert torch.equal(fp8_block_gemm(qa, sa, qb, sb, torch.bfloat16), want), M
+    assert L.PLAN_BUILDS > 0
+    L.plans_clear()
 
 
 @pytest.mark.gpu
