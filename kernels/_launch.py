@@ -246,7 +246,9 @@ class Direct:
 
     def __call__(self, grid, args: tuple, spec=None, **opts):
         st = self.states.get(spec)
-        if st is None or not FAST or _interpreting():
+        # (a state is only made outside the interpreter, for the device's tensors: the environment is not read
+        # again on the hot path)
+        if st is None or not FAST:
             ck = self.kernel[grid](*args, **opts)
             if st is None and ck is not None and hasattr(ck, "__getitem__") and FAST and not _interpreting():
                 self.states[spec] = _Prepared(ck, args, self.fixed)

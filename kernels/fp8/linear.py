@@ -58,19 +58,18 @@ def _plan_key(x, qb, sb, out_dtype) -> tuple:
     """(M, the operand key): everything a plan depends on but the bucket (see the module doc); the target last.
     The weight and its scales by address: a plan holds the weight's TMA descriptor, which is valid for any
     tensor at that address of that shape and strides."""
-    return (x.shape[0], x.shape[1], x.dim(), x.dtype, x.stride(0), x.stride(-1), x.data_ptr() % 16 == 0, out_dtype,
-            qb.data_ptr(),
-            qb.shape[0], qb.shape[1], qb.dtype, qb.stride(0), qb.stride(1), sb.data_ptr(), sb.shape, sb.stride(0),
-            sb.stride(1), sb.dtype, x.device, _launch.FAST, fp8_wgmma.GLUON, target_of(x.device))
+    return (x.shape[0], x.shape[1:], x.dtype, x.stride(), x.data_ptr() % 16 == 0, out_dtype, qb.data_ptr(),
+            qb.shape, qb.dtype, qb.stride(), sb.data_ptr(), sb.shape, sb.stride(), sb.dtype, x.device, _launch.FAST,
+            fp8_wgmma.GLUON, target_of(x.device))
 
 
 def _gemm_key(qa, sa, qb, sb, out_dtype) -> tuple:
     """:func:`_plan_key` for the pre-quantised GEMM: A's and its scales' layout too (sa column-major is copied
     by the general path, so it is part of the key)."""
-    return (qa.shape[0], qa.shape[1], qa.dim(), qa.dtype, qa.stride(0), qa.stride(1), qa.data_ptr() % 16 == 0,
-            sa.dim(), sa.shape[-1], sa.stride(0), sa.stride(-1), sa.dtype, sa.data_ptr() % 16 == 0, out_dtype, qb.data_ptr(),
-            qb.shape[0], qb.shape[1], qb.dtype, qb.stride(0), qb.stride(1), sb.data_ptr(), sb.shape, sb.stride(0),
-            sb.stride(1), sb.dtype, qa.device, _launch.FAST, fp8_wgmma.GLUON, target_of(qa.device))
+    return (qa.shape[0], qa.shape[1:], qa.dtype, qa.stride(), qa.data_ptr() % 16 == 0, sa.shape[1:], sa.stride(),
+            sa.dtype, sa.data_ptr() % 16 == 0, out_dtype, qb.data_ptr(), qb.shape, qb.dtype, qb.stride(),
+            sb.data_ptr(), sb.shape, sb.stride(), sb.dtype, qa.device, _launch.FAST, fp8_wgmma.GLUON,
+            target_of(qa.device))
 
 
 def _remember(cache_key: tuple, pkey: tuple, build):
@@ -206,9 +205,14 @@ def _desc(cls, t: torch.Tensor, block: list[int], layout=None):
     return d
 
 
+def _capturing() -> bool:
+    """torch.cuda.is_current_stream_capturing() without its Python wrapper's checks (called a split-K launch)."""
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
 def _lock(dev: torch.device, dev_key: str, stream_of, n: int) -> torch.Tensor:
     """kernels/fp8/gemm.py ``_lock_buffer`` (the same buffers), with the stream read through the raw getter."""
-    if torch.cuda.is_current_stream_capturing():
+    if _capturing():
         return torch.zeros(max(n, 1), dtype=torch.int32, device=dev)
     key = (dev_key, stream_of())
     buf = _LOCKS.get(key)
