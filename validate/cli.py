@@ -547,11 +547,12 @@ def cmd_gate(args) -> int:
 
 
 def _perf_gate(args) -> int:
-    from validate.perfgate import BENCH_KIND, compare_perf, specs_of
+    from validate.perfgate import BENCH_KIND, compare_perf
+    from validate.suite import perf_gate_specs
     from validate.verdict import assess, release_check
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
-    perf = compare_perf(reports, args.release, args.against, specs_of(_root()), configs=args.config,
+    perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
                         reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
     print_perf(perf)
     extra = _gate_tree(args, {BENCH_KIND})
