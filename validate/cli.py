@@ -513,7 +513,7 @@ def cmd_compare(args) -> int:
 
 def _gate_tree(args, kinds: set[str]):
     """Checks that the candidate's records of ``kinds`` were made by this checkout's tree (verdict.tree_checks)."""
-    from validate.engine import current_tree
+    from validate.provenance_checks import current_tree
     from validate.record import release_records
     from validate.verdict import reapply_gates, tree_checks
 
