@@ -131,7 +131,7 @@ _SPIN: list = []
 def warm_clocks(ms: float = 60.0) -> None:
     """Keep the SMs busy for ``ms`` so that the clocks are up before a measurement (a compile leaves the GPU
     idle, and an idle H200 drops its SM clock to ~345 MHz)."""
-    from benchmarks.kernels.ceilings import fma_probe
+    from benchmarks._fma import fma_probe  # Triton is imported only where a kernel runs
 
     if not _SPIN:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

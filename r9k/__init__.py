@@ -6,7 +6,9 @@ process); every behaviour is behind a knob in :mod:`r9k.knobs`, whose stock valu
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from r9k.version import __version__
+
+__all__ = ["__version__", "register"]
 
 _registered = False
 

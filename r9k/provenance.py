@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from r9k.version import __version__
+
 PREFIX = "R9K-PROVENANCE"
 # A whole line: the plugin prints it alone on its line, at most behind vLLM's "(EngineCore pid=42) " prefix (whose
 # pid must then be the line's). Text elsewhere in a line (a logged request, a prompt) never counts.
@@ -81,8 +83,6 @@ def line(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[s
         dispatch: names of the op dispatches installed in this process (e.g. ``gdn_seq``); ``-`` when none.
         failed: names of the dispatches whose install raised; ``-`` when none.
     """
-    from r9k import __version__
-
     digest, n = source_hash()
     return (f"{PREFIX} version={__version__} source_hash={digest} files={n} pid={os.getpid()} "
             f"dispatch={_names(dispatch)} failed={_names(failed)}")

@@ -513,7 +513,7 @@ def cmd_compare(args) -> int:
 
 def _gate_tree(args, kinds: set[str]):
     """Checks that the candidate's records of ``kinds`` were made by this checkout's tree (verdict.tree_checks)."""
-    from validate.engine import current_tree
+    from validate.provenance_checks import current_tree
     from validate.record import release_records
     from validate.verdict import reapply_gates, tree_checks
 
@@ -547,11 +547,12 @@ def cmd_gate(args) -> int:
 
 
 def _perf_gate(args) -> int:
-    from validate.perfgate import BENCH_KIND, compare_perf, specs_of
+    from validate.perfgate import BENCH_KIND, compare_perf
+    from validate.suite import perf_gate_specs
     from validate.verdict import assess, release_check
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
-    perf = compare_perf(reports, args.release, args.against, specs_of(_root()), configs=args.config,
+    perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
                         reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
     print_perf(perf)
     extra = _gate_tree(args, {BENCH_KIND})

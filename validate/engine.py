@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import math
 import os
 import platform
 import shutil
@@ -28,12 +27,12 @@ from validate.config import ServeConfig, find_config
 from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError, WrongTreeError,
                              combine_exit)
 from validate.models import resolve_model
-from validate.record import (FINDING_STATUSES, Record, ServerInfo, Tree, Verdict, now_iso, read_record, record_path,
+from validate.provenance_checks import (check_dispatch, check_provenance, current_tree, dispatch_by_pid, line_pid,
+                                        provenance_lines)
+from validate.record import (FINDING_STATUSES, Record, ServerInfo, Verdict, now_iso, read_record, record_path,
                              write_record)
 from validate.runners.base import RunContext, SuiteResult
 from validate.suite import LoadedSuite, find_suite, get_runner
-from validate.util import git_state
-
 
 
 SERVER_DIED = "server died during the suite"
@@ -126,137 +125,6 @@ def host_cpu() -> str | None:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
-def engine_hash(root: Path, tree: Path) -> str:
-    """SHA-256 (16 hex) over the engine's code and the suite files (with their data, e.g. sanity prompts): a
-    record made with other suites, gates or engine code is never reused by --resume, committed or not.
-    (Each configuration has its own hash in the record.)"""
-    import hashlib
-
-    h = hashlib.sha256()
-    files = sorted((tree / "validate").rglob("*.py")) + sorted((root / "suites").rglob("*"))
-    for f in files:
-        if f.is_file() and "__pycache__" not in f.parts:
-            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
-
-
-def current_tree(root: Path, tree_root: Path | None = None) -> Tree:
-    """The tree under validation: the commit and dirty flag of ``tree_root`` (default: ``root`` when it holds
-    r9k/, else this package's checkout), the hash of its plugin and kernel sources, and the engine hash of its
-    validate/ code with ``root``'s suites (:func:`engine_hash`)."""
-    tree_root = tree_root or (root if (root / "r9k").is_dir() else prov.package_root())
-    commit, dirty = git_state(tree_root)
-    digest, _ = prov.source_hash(tree_root)
-    return Tree(commit=commit, dirty=dirty, source_hash=digest, engine_hash=engine_hash(root, tree_root))
-
-
-def check_provenance(cfg: ServeConfig, lines: list[str], expected_hash: str, launched: bool,
-                     has_log: bool | None = None, serving_pid: int | None = None) -> tuple[bool | None, str | None]:
-    """(ok, reason) of a server's provenance lines against the tree under validation.
-
-    ``has_log``: a log was read (a launched server's, or ``--server-log``; default: ``launched``). With a log and
-    no line, the plugin did not load: False. ``serving_pid``: the process listening for the server (known when it
-    runs on this machine): its own line must be among them, so lines of another (earlier) process in the same log
-    cannot vouch for it. ok None: could not be checked (an external server and no log).
-    """
-    has_log = launched if has_log is None else has_log
-    parsed = prov.parse("\n".join(lines))
-    if not cfg.expects_plugin:
-        return True, None
-    if not parsed:
-        if not has_log:
-            return None, "provenance not checked: external server and no --server-log"
-        return False, "the server log has no R9K-PROVENANCE line but the configuration expects the plugin"
-    wrong = sorted({p.source_hash for p in parsed if p.source_hash != expected_hash})
-    if wrong:
-        return False, f"server runs plugin source {', '.join(wrong)}, the tree under validation is {expected_hash}"
-    if serving_pid is not None and not launched and str(serving_pid) not in {_pid(p.raw) for p in parsed}:
-        return False, (f"no provenance line in the log comes from the process serving the requests (pid {serving_pid}): "
-                       "the lines are another process's")
-    return True, None
-
-
-def _pid(raw: str) -> str:
-    return raw.split(" pid=")[1].split()[0] if " pid=" in raw else "?"
-
-
-_PARALLEL_FLAGS = {"pipeline_parallel_size": ("--pipeline-parallel-size", "-pp"),
-                   "data_parallel_size": ("--data-parallel-size", "-dp")}
-
-
-def parallel_sizes(cfg: ServeConfig) -> dict[str, int]:
-    """{tensor_parallel_size, pipeline_parallel_size, data_parallel_size} of ``cfg``: the first from its field,
-    the others from vLLM's flags in ``server.extra_args`` (``--pipeline-parallel-size 4``, ``-pp=4``; 1 where absent
-    or not a positive integer, which vLLM itself refuses at launch)."""
-    out = {"tensor_parallel_size": cfg.server.tensor_parallel_size}
-    args = list(cfg.server.extra_args)
-    for key, flags in _PARALLEL_FLAGS.items():
-        out[key] = 1
-        for i, a in enumerate(args):
-            flag, eq, val = a.partition("=")
-            if flag in flags:
-                raw = val if eq else (args[i + 1] if i + 1 < len(args) else "")
-                if raw.isdigit() and int(raw) >= 1:
-                    out[key] = int(raw)
-    return out
-
-
-def check_dispatch(cfg: ServeConfig, lines: list[str], log_text: str | None = None) -> str | None:
-    """Why a server whose provenance ``lines`` are these is "plugin-inactive" for ``cfg``, or None.
-
-    Inactive: a process whose dispatch install failed, or a dispatch that a knob of ``cfg.env`` asks for (a
-    non-stock value of a knob with :attr:`r9k.knobs.Knob.dispatch`) missing from some process's line. Lines
-    that cannot say (no line at all) are the provenance check's business, not this one's. Where the knobs ask for
-    the expert cache (``moe_cache``) and the server's log of its last launch is given (``log_text``), also: no
-    process that printed a provenance line printed an ``R9K-MOE-CACHE`` line (r9k/counters.py), or one says that
-    none of its MoE layers took the cache.
-    """
-    parsed = prov.parse("\n".join(lines))
-    if not parsed:
-        return None
-    # vLLM runs an API server and at least one process per rank, tensor x pipeline x data parallel (the engine
-    # core holds the rank when there is one): fewer lines means some process, maybe one running the kernels,
-    # never loaded the plugin
-    sizes = parallel_sizes(cfg)
-    least = math.prod(sizes.values()) + 1
-    if len({_pid(p.raw) for p in parsed}) < least:
-        shape = " x ".join(f"{k} {v}" for k, v in sizes.items())
-        return (f"only {len({_pid(p.raw) for p in parsed})} server process(es) printed a provenance line; a server of "
-                f"{shape} has at least {least}")
-    failed = [p for p in parsed if p.failed]
-    if failed:
-        return "op dispatch failed to install in the server: " + "; ".join(
-            f"{', '.join(p.failed)} ({p.raw.split(' pid=')[-1].split()[0] if ' pid=' in p.raw else 'a process'})" for p in failed)
-    problems = []
-    for name, knob in knobs.expected_dispatch(cfg.env).items():
-        missing = [p for p in parsed if p.dispatch is None or name not in p.dispatch]
-        if missing:
-            pids = [m.raw.split(" pid=")[1].split()[0] if " pid=" in m.raw else "?" for m in missing]
-            problems.append(f"{knob} asks for the {name} dispatch, which {len(missing)} of {len(parsed)} server "
-                            f"process(es) did not install (pid {', '.join(pids)})")
-        elif name == "moe_cache" and log_text is not None:
-            why = _moe_layers_missing(knob, parsed, log_text)
-            if why:
-                problems.append(why)
-    return "; ".join(problems) or None
-
-
-def _moe_layers_missing(knob: str, parsed: list, log_text: str) -> str | None:
-    """Why the expert cache the knob ``knob`` asks for took no layer on the server of ``log_text``, or None."""
-    from r9k import counters
-
-    pids = {_pid(p.raw) for p in parsed}
-    summaries = [s for s in counters.parse(log_text).summaries if str(s.pid) in pids]
-    if not summaries:
-        return (f"{knob} asks for the expert cache, but no server process printed an R9K-MOE-CACHE line (no MoE layer "
-                "was loaded on it)")
-    none = [s for s in summaries if s.layers == 0]
-    if none:
-        return (f"{knob} asks for the expert cache, but no MoE layer took it in " + ", ".join(
-            f"pid {s.pid} (rank {s.rank}: 0 of {s.moe_layers} MoE layers)" for s in none))
-    return None
-
-
 def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
     """The expert cache's counters over one suite (r9k.counters.delta: the stats lines written to ``log_path``
     after byte ``log_from`` less those before), or None when the log holds no cache line. Never raises: a log that
@@ -274,38 +142,6 @@ def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
     if not during.stats and not during.malformed:
         return None
     return counters.delta(before, during)
-
-
-def dispatch_by_pid(lines: list[str]) -> dict[str, list[str]]:
-    """{pid: dispatch names installed} from provenance lines (pid '?' where a line has none)."""
-    out: dict[str, list[str]] = {}
-    for p in prov.parse("\n".join(lines)):
-        pid = p.raw.split(" pid=")[1].split()[0] if " pid=" in p.raw else "?"
-        out[pid] = list(p.dispatch or ())
-    return out
-
-
-def tree_mismatch(rec: Record, tree: Tree, expects_plugin: bool, config_hash: str | None = None) -> str | None:
-    """Why ``rec`` (made elsewhere, e.g. on a Ray node) was not made by the tree under validation, or None.
-
-    The node's own checkout must hash like the driver's (plugin and kernels, engine and suites, and the
-    configuration: ``config_hash``, the driver's), and where the configuration expects the plugin, every
-    provenance line its server printed must carry the driver's hash.
-    """
-    why = []
-    if config_hash is not None and rec.config_hash != config_hash:
-        why.append(f"the node ran configuration {rec.config} with hash {rec.config_hash}, the driver's is {config_hash} "
-                   "(its serve/ file differs)")
-    if rec.tree.source_hash != tree.source_hash:
-        why.append(f"the node's checkout has plugin source {rec.tree.source_hash}, the tree under validation "
-                   f"is {tree.source_hash}")
-    if rec.tree.engine_hash != tree.engine_hash:
-        why.append(f"the node's engine and suites hash {rec.tree.engine_hash}, the driver's {tree.engine_hash}")
-    if expects_plugin and rec.server.launched:
-        wrong = sorted({p.source_hash for p in prov.parse("\n".join(rec.server.provenance))} - {tree.source_hash})
-        if wrong:
-            why.append(f"its server ran plugin source {', '.join(wrong)}")
-    return "; ".join(why) or None
 
 
 def check_metrics(runner, result: SuiteResult) -> None:
@@ -424,7 +260,7 @@ class Engine:
             log = folder / "server.log"
             if log.exists():  # what the failed start printed still says which tree it was
                 info = ServerInfo(launched=True, log=log.name,
-                                  provenance=[p.raw for p in prov.parse(srvmod.last_launch(log))])
+                                  provenance=provenance_lines(srvmod.last_launch(log)))
             self.say(f"[red]{cfg.name}: launch failed: {esc(e.cause)}[/red]")
             if e.log_tail:
                 self.say(esc(e.log_tail))
@@ -483,10 +319,10 @@ class Engine:
                     raise InputError(f"--server-log {self.o.server_log}: not a readable file")
                 # an appended log of this engine's launcher: only its last launch speaks for the server now
                 text = srvmod.last_launch(self.o.server_log)
-                server.provenance = [p.raw for p in prov.parse(text)]
+                server.provenance = provenance_lines(text)
                 if server.pid is not None:  # on this machine: only lines of processes alive now (a log appended
                     # by other means holds earlier starts; a Ray worker need not descend from the API server)
-                    server.provenance = [ln for ln in server.provenance if srvmod.alive(_pid(ln))]
+                    server.provenance = [ln for ln in server.provenance if srvmod.alive(line_pid(ln))]
                 server.kv_cache_tokens = srvmod.kv_cache_tokens(text)
             return server
         try:

@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from validate.config import ServeConfig, find_config
-from validate.engine import Engine, Outcome, RunOptions, tree_mismatch
+from validate.engine import Engine, Outcome, RunOptions
+from validate.provenance_checks import tree_mismatch
 from validate.errors import InputError
 from validate.record import Record, Verdict, record_path, write_record
 from validate.suite import find_suite

@@ -322,24 +322,6 @@ def noise_floor(b: Record, c: Record | None = None) -> tuple[float, str]:
     return vb, f"the configuration's perf_noise_pct in the baseline's record: {vb:g}%"
 
 
-def specs_of(root: Path) -> dict[str, PerfGateSpec]:
-    """{suite name: its perf_gate} for the BetterBench suite files under ``root``/suites (default thresholds where a
-    file sets none)."""
-    from validate.suite import load_suite, suites_dir
-
-    out = {}
-    for p in sorted(suites_dir(root).glob("*.yaml")):
-        if p.stem == "release":
-            continue
-        try:
-            spec = load_suite(p).spec
-        except InputError:
-            continue
-        if spec.kind == BENCH_KIND:
-            out[spec.name] = spec.perf_gate or PerfGateSpec()
-    return out
-
-
 @dataclass
 class GateRule:
     """The thresholds a comparison is judged by: for each figure the smallest threshold of ``specs`` that

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from validate.errors import InputError
 from validate.loader import format_validation_error, load_model, read_yaml
+from validate.perfgate import BENCH_KIND, PerfGateSpec
 from validate.record import check_name, gate_reasons
 
 Profile = Literal["quick", "full"]
@@ -60,8 +61,6 @@ class SuiteSpec(_Strict):
     @field_validator("perf_gate")
     @classmethod
     def _perf_gate(cls, v):
-        from validate.perfgate import PerfGateSpec
-
         return None if v is None else PerfGateSpec.model_validate(v)
 
     def resolved_params(self, profile: Profile) -> dict[str, Any]:
@@ -205,8 +204,6 @@ class LoadedSuite:
     def perf_gate(self) -> dict[str, Any] | None:
         """The performance gate's thresholds this suite runs under (a BetterBench suite without ``perf_gate``
         gets the defaults), as the record stores them; None for other kinds."""
-        from validate.perfgate import BENCH_KIND, PerfGateSpec
-
         if self.spec.kind != BENCH_KIND:
             return None
         return (self.spec.perf_gate or PerfGateSpec()).model_dump()
@@ -264,6 +261,22 @@ def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
 
 def suites_dir(root: Path) -> Path:
     return root / "suites"
+
+
+def perf_gate_specs(root: Path) -> dict[str, PerfGateSpec]:
+    """{suite name: its perf_gate} for the BetterBench suite files under ``root``/suites (default thresholds where a
+    file sets none); a file that does not load is left out (running it names its error)."""
+    out = {}
+    for p in sorted(suites_dir(root).glob("*.yaml")):
+        if p.stem == "release":
+            continue
+        try:
+            spec = load_suite(p).spec
+        except InputError:
+            continue
+        if spec.kind == BENCH_KIND:
+            out[spec.name] = spec.perf_gate or PerfGateSpec()
+    return out
 
 
 def find_suite(root: Path, name: str, profile: Profile = "full") -> LoadedSuite:

@@ -499,9 +499,9 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
             (validate.compare.pair).
     """
     from validate.compare import choose_baseline, compare_releases, held_elsewhere
-    from validate.perfgate import BENCH_KIND, compare_perf, specs_of
+    from validate.perfgate import BENCH_KIND, compare_perf
     from validate.record import release_records
-    from validate.suite import paired_eval_kinds
+    from validate.suite import paired_eval_kinds, perf_gate_specs
 
     extra = list(extra or [])
     skipped: list[str] = []
@@ -544,7 +544,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                 extra.append(release_check("paired evals", f"the paired gate could not run: {type(e).__name__}: {e}"))
         if any(r.suite_kind == BENCH_KIND for r in records):
             try:
-                perf = compare_perf(reports, release, base, specs_of(root) if root else None, configs=configs,
+                perf = compare_perf(reports, release, base, perf_gate_specs(root) if root else None, configs=configs,
                                     skipped=[], records=records)
             except InputError as e:
                 extra.append(release_check("performance gate", f"the performance gate compared nothing: {e}"))

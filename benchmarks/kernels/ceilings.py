@@ -2,8 +2,8 @@
 and for arithmetic, measured on the device of the run, once per run.
 
 * ``copy``: device-to-device copy bandwidth, bytes read + written a second (a 2 GiB ``copy_``);
-* ``fp32_fma``: fp32 FMA rate of an elementwise-free FMA loop (:func:`fma_probe`, 4 chains a thread), flop/s
-  (an FMA counts 2);
+* ``fp32_fma``: fp32 FMA rate of an elementwise-free FMA loop (:func:`benchmarks._fma.fma_probe`, 4 chains a
+  thread), flop/s (an FMA counts 2);
 * ``fp8_mma``: fp8 tensor-core rate, flop/s of per-tensor ``torch._scaled_mm`` at 8192^3 (cuBLASLt);
 * ``h2d_pinned``: pinned host-to-device copy bandwidth of the message's own size (20 copies back to back,
   median of 3), bytes a second: it depends on the size, so the floor names the size;
@@ -15,33 +15,12 @@ import statistics
 import time
 
 import torch
-import triton
-import triton.language as tl
 
-
-@triton.jit
-def _fma_probe_kernel(x, y, N_ITER: tl.constexpr):
-    offs = tl.program_id(0) * 1024 + tl.arange(0, 1024)
-    a = tl.load(x + offs)
-    b = a * 0.999
-    c = a * 1.001
-    d = a + 0.5
-    for _ in range(N_ITER):
-        a = a * 0.9999 + 0.0001
-        b = b * 0.9999 + 0.0001
-        c = c * 0.9999 + 0.0001
-        d = d * 0.9999 + 0.0001
-    tl.store(y + offs, a + b + c + d)
-
-
-def fma_probe(x: torch.Tensor, y: torch.Tensor, n_iter: int) -> None:
-    """``n_iter`` rounds of 4 dependent FMA chains on every element of x (a multiple of 1024 fp32), into y."""
-    _fma_probe_kernel[(x.numel() // 1024,)](x, y, N_ITER=n_iter, num_warps=4)
+from benchmarks._fma import fma_probe
+from benchmarks._timing import do_bench_us
 
 
 def _do_bench_ms(fn) -> float:
-    from benchmarks._timing import do_bench_us
-
     return do_bench_us(fn, warmup=50, rep=300) / 1e3
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from r9k import counters
 from validate.config import ServeConfig
-from validate.engine import check_dispatch, moe_counters
+from validate.engine import moe_counters
+from validate.provenance_checks import check_dispatch
 from validate.render import moe_rows
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,7 @@ import pytest
 import r9k
 from r9k import ops, provenance
 from validate.config import ServeConfig
-from validate.engine import check_dispatch, dispatch_by_pid
+from validate.provenance_checks import check_dispatch, dispatch_by_pid
 
 
 def _cfg(**env) -> ServeConfig:
@@ -136,7 +136,7 @@ def test_only_whole_lines_count_as_provenance():
 
 
 def test_a_server_log_without_provenance_or_from_another_process_is_wrong_tree():
-    from validate.engine import check_provenance
+    from validate.provenance_checks import check_provenance
 
     cfg = _cfg()
     line = "R9K-PROVENANCE version=0.1.0 source_hash=ab files=3 pid=100 dispatch=- failed=-"
@@ -158,7 +158,7 @@ def test_a_tensor_parallel_server_needs_a_line_from_every_rank():
 
 
 def test_pipeline_and_data_parallel_ranks_need_their_lines_too():
-    from validate.engine import parallel_sizes
+    from validate.provenance_checks import parallel_sizes
 
     cfg = _cfg(R9K_GDN_PREFILL_MAX="256")
     cfg.server.tensor_parallel_size = 2

@@ -12,7 +12,8 @@ import pytest
 from r9k import counters
 from tests.conftest import REPO
 from validate.data import resolve_data_dir
-from validate.engine import Engine, Outcome, RunOptions, check_dispatch
+from validate.engine import Engine, Outcome, RunOptions
+from validate.provenance_checks import check_dispatch
 from validate.render import render_release
 from validate.suite import load_checklist
 

@@ -540,7 +540,8 @@ def test_none_is_no_release_name():
 
 def _no_run(monkeypatch, raise_=None):
     """``release`` without running a suite: its verdict then comes from the records already in reports/."""
-    from validate.engine import Outcome, current_tree
+    from validate.engine import Outcome
+    from validate.provenance_checks import current_tree
 
     def run(plan, release, args, external=None):
         if raise_ is not None:
@@ -642,7 +643,7 @@ def test_gate_perf_names_a_configuration_the_candidate_lacks(tmp_path):
 
 
 def test_a_record_of_this_tree_whose_suite_was_renamed_or_changed_kind_is_not_a_pass(tmp_path):
-    from validate.engine import current_tree
+    from validate.provenance_checks import current_tree
 
     tree = current_tree(REPO)
     r = eval_record("v0.2.0", BASE, suite="sanity-old")
@@ -754,7 +755,7 @@ def test_prefill_depths_the_server_cannot_hold_are_a_limit_of_the_pass():
 
 def _mine(*recs):
     """Records of this very tree, whose server printed this tree's provenance."""
-    from validate.engine import current_tree
+    from validate.provenance_checks import current_tree
 
     tree = current_tree(REPO)
     for r in recs:
@@ -863,7 +864,7 @@ def test_the_notes_tables_name_a_record_by_its_check(tmp_path):
     r = eval_record("v0.2.0", BASE, suite="sanity")
     r.suite_kind, r.metrics = "strict-sanity", {"bad": 0, "n": 16}
     save(tmp_path, r)
-    from validate.engine import current_tree
+    from validate.provenance_checks import current_tree
 
     notes = outputs(tmp_path, "v0.2.0", baseline="none", root=REPO, tree=current_tree(REPO))["notes"]
     row = next(line for line in notes.splitlines() if line.startswith("| cpu-smol | 0 bad of 16 |"))

@@ -17,7 +17,8 @@ from tests.validate.test_records_render import rec
 from validate.cli import main
 from validate.verdict import assess_release
 from validate.compare import compare_releases
-from validate.engine import Outcome, tree_mismatch
+from validate.engine import Outcome
+from validate.provenance_checks import tree_mismatch
 from validate.errors import combine_exit
 from validate.record import Tree, Verdict, record_history, record_path, write_record
 
