@@ -17,7 +17,7 @@
 #   gdn        gdn_seq against fla's recurrent and chunked cores, gdn_conv against vLLM's (needs fla-core, ~2 min)
 #   fp8        the fp8 GEMM and linear against vLLM's Triton kernel and torch's block-scaled _scaled_mm (~1.5 min)
 #   fp8host    the host's and the GPU's time a call of fp8_linear and fp8_gemm at M 1-256 and 4096 against
-#              torch's and vLLM's, Gluon on and off; the pieces' host time; the prefill tile at M 128-256
+#              torch's and vLLM's, Gluon on and off; the pieces' host time; the prefill tile at M 128-256  (~1.5 min cold)
 #   fp8decode  decode GEMMs by kernel time against per-tensor _scaled_mm, both flushes (~1.5 min)
 #   fp8prefill prefill GEMMs against per-tensor _scaled_mm, nine rounds (~1.5 min)
 #   moe        the expert cache's insert rate and the fused top-k sum (~2 min)
