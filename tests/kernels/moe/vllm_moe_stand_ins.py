@@ -68,7 +68,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
     dev = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     n = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_size - 1) // block_size * block_size
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
