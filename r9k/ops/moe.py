@@ -1,4 +1,5 @@
-"""The expert cache inside vLLM's MoE layer on its CPU platform (kernels/moe/cache.py's ``ExpertCache``).
+"""The expert cache inside vLLM's MoE layer (kernels/moe/cache.py's ``ExpertCache``): vLLM's CPU experts on its CPU
+platform, its Triton experts on CUDA and ROCm.
 
 How vLLM 0.32 serves an unquantized MoE layer on the CPU (vllm/model_executor/layers/fused_moe/):
 ``UnquantizedFusedMoEMethod`` selects the CPU backend, whose experts class is the first of
@@ -35,7 +36,28 @@ signatures, read with ``inspect.signature`` at install time):
 vLLM's CPU platform compiles the model with torch.compile and calls the MoE op directly (moe_runner.py
 ``_select_forward``), so Dynamo traces into ``apply``: there the call is the custom op
 ``torch.ops.r9k.moe_cache_experts`` (opaque to Dynamo, it mutates ``output``), eager calls run the same function.
-The CPU has no CUDA graphs. On CUDA and ROCm (vLLM's Triton experts) nothing is installed yet, said in the log.
+The CPU has no CUDA graphs.
+
+On CUDA and ROCm vLLM serves 16-bit and fp8 MoE layers with ``TritonExperts`` (experts/triton_moe.py), also a
+modular kernel: the router's ``topk_ids`` reach its ``apply`` (the same signature as the CPU class's), which runs
+vLLM's ``fused_moe_kernel`` on ``w1`` / ``w2`` (the layer's ``w13_weight`` / ``w2_weight``, passed by the quant
+method's forward) and the quant config's ``w1_scale`` / ``w2_scale``. There the layers are taken after the
+model's weights are processed (the wrapped loader walks the model: a module whose
+``quant_method.moe_kernel.fused_experts`` is a ``TritonExperts`` itself; ``Fp8MoEMethod`` never calls the experts'
+own ``process_weights_after_loading``): the expert tensors (both weights; for fp8 w8a8 also their per-expert
+scales, e.g. block 128x128 ``w13_weight_scale_inv``) are copied to a pinned host store, the parameters and the
+quant config's scale references become the slot buffers, and every slot is filled, so that staging of
+``E - slots`` (the default) bounds any step's misses and every step plans on the device (no sync, capturable:
+vLLM calls the experts inside its ``moe_forward`` op, in its piecewise CUDA graphs). A smaller staging plans steps
+of more than ``staging / top_k`` tokens on the host (a sync, chunks); such a step inside a graph capture raises,
+naming the knob. ``apply`` maps the ids to slots as on the CPU and runs vLLM's apply per chunk (token rows of the
+activations and of a per-token ``a1q_scale``); two functions of triton_moe are wrapped so that a step on the slots
+chooses the tiles stock chooses (``try_get_optimal_moe_config`` sees the layer's experts and the step's tokens,
+not the slot count and a chunk's; ``_prepare_expert_assignment`` decides its naive or aligned path on them), which
+keeps the outputs bit-identical (tests/kernels/moe/test_vllm_moe_layer.py). Subclasses (``TritonWNA16Experts``),
+other experts kernels (Marlin, CUTLASS, FlashInfer, the gpt-oss Triton kernels that serve MXFP4 on Hopper), LoRA,
+expert biases, zero points and expert parallelism pass through, said once. The layer's experts must fit the device
+while vLLM loads them (the cache takes them after loading).
 
 After the model's weights are processed (vLLM's ``base_loader.process_weights_after_loading`` is wrapped), each
 loading process prints the ``R9K-MOE-CACHE`` line (r9k/counters.py) saying how many MoE layers took the cache; a
@@ -519,7 +541,9 @@ def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
             f"graph capture; set R9K_MOE_CACHE_STAGING >= {cache.E - cache.n_slots} (experts - slots) or serve "
             "with --enforce-eager")
     a1q = a.get("a1q_scale")
-    rows = lambda t, i, j: t[i:j] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == T else t  # noqa: E731
+
+    def rows(t: Any, i: int, j: int) -> Any:  # a per-token tensor's rows i..j-1; anything else as is
+        return t[i:j] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == T else t
     with STATE.lock:
         STATE.current = (cache.E, T)
         try:
