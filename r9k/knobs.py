@@ -217,7 +217,8 @@ MOE_CACHE_SLOTS = _k(
     "R9K_MOE_CACHE_SLOTS", int, 0, 0,
     "expert slots per MoE layer that r9k's expert cache (kernels/moe/cache.py) keeps beside the layer's host store "
     "of all its experts; the layer's expert tensors become the slots and each step's routed ids are mapped to them "
-    "(r9k/ops/moe.py: vLLM's CPU unquantized experts, CPUUnquantizedExperts and its x86/Arm/Power subclasses); "
+    "(r9k/ops/moe.py: vLLM's CPU unquantized experts, CPUUnquantizedExperts and its x86/Arm/Power subclasses, and "
+    "on CUDA / ROCm its TritonExperts of 16-bit and fp8 w8a8 layers); "
     "top-k..experts of the layer, else loading the model fails naming this knob; 0 = vLLM's own experts",
     dispatch="moe_cache", check=lambda v: "must be 0 (vLLM's experts) or a slot count >= 1" if v < 0 else None,
 )

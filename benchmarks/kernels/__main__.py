@@ -162,8 +162,9 @@ def _first(fns):
 def time_one(op, mode: str, fns, flush: str) -> tuple[float, dict]:
     from benchmarks import _timing as T
 
-    if mode in op.timers:
-        return op.timers[mode](fns), {}
+    if mode in op.timers:  # a float, or (us, extra figures for the row)
+        r = op.timers[mode](fns)
+        return (r[0], dict(r[1])) if isinstance(r, tuple) else (r, {})
     if mode == "eager":
         return T.do_bench_us(_first(fns)), {}
     if mode == "graph":

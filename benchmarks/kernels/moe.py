@@ -121,3 +121,201 @@ register(Op(
     build=topk_inputs, r9k=_topk, floor=topk_floor, peers={"torch": _torch_topk},
     ref=_topk_ref, tiny=dict(T=3, k=2, H=64),
 ))
+
+
+# ---- moe_decode_step: a decode step of vLLM's Triton MoE layer with its experts in host RAM ----------------------
+DECODE = dict(E=512, k=10, H=2048, I=128, requests=8, slots=270)  # an expert: 3 H I bf16 = 1.5 MiB
+DECODE_STEPS = 48  # distinct steps of traffic, taken in turn (after as many warm-up steps)
+_WEIGHTS: dict = {}
+
+
+class _Steps(list):
+    """The step callables of one impl, with what its timer reads: the layer, its cache (or None), the inputs."""
+
+    layer = None
+    cache = None
+    inputs = None
+
+
+def decode_inputs(shape: dict, device: str):
+    """The layer's weights (CPU, bf16: make_weights), ``DECODE_STEPS`` steps of the seeds' traffic for
+    ``requests`` requests of 4 tokens (1 + 3 MTP) and their activations, on ``device``."""
+    from tests.kernels.moe import vllm_moe_case as case
+
+    why = case.setup() if str(device).startswith("cuda") else "the decode step is measured on a GPU"
+    gen = torch.Generator().manual_seed(26)
+    E, k, H, I = shape["E"], shape["k"], shape["H"], shape["I"]
+    key = (E, H, I)
+    if key not in _WEIGHTS:  # one layer's weights for every shape of a run
+        _WEIGHTS.clear()
+        _WEIGHTS[key] = case.make_weights(E, H, I, "bf16", torch.Generator().manual_seed(25))
+    weights = _WEIGHTS[key]
+    traffic = case.SeedTraffic(E=E, k=k, requests=shape["requests"], seed=11)
+    steps = []
+    for _ in range(DECODE_STEPS):
+        ids, w = traffic.step()
+        x = torch.randn(ids.shape[0], H, generator=gen).bfloat16()
+        steps.append((x.to(device), w.to(device), ids.to(device)))
+    return SimpleNamespace(weights=weights, steps=steps, shape=shape, device=device, why=why,
+                           expert_bytes=sum(t[0].numel() * t.element_size() for t in weights.values()))
+
+
+def _decode_layer(a, kind: str):
+    from benchmarks.kernels.registry import Unavailable
+    from tests.kernels.moe import vllm_moe_case as case
+
+    if a.why is not None:
+        raise Unavailable(a.why)
+    k = a.shape["k"]
+    if kind == "uva":  # every expert read over the bus: the weights are pinned host tensors, which Triton's launcher
+        #                hands to the kernel as their device-visible (UVA) address, as the cache's copy kernel reads
+        #                its store (stands in for vLLM's compiled get_accelerator_view_from_cpu_tensor)
+        w = {n: t.pin_memory() for n, t in a.weights.items()}
+        layer = case.make_layer(a.weights, k, a.device)
+        layer.w13_weight = torch.nn.Parameter(w["w13"], requires_grad=False)
+        layer.w2_weight = torch.nn.Parameter(w["w2"], requires_grad=False)
+        return layer, None
+    layer = case.make_layer(a.weights, k, a.device)
+    if kind == "resident":
+        return layer, None
+    import importlib
+    import os
+
+    from r9k.ops import moe
+
+    tm = importlib.import_module(case.TRITON_MODULE)
+    os.environ.update(R9K_MOE_CACHE_SLOTS=str(a.shape["slots"]), R9K_MOE_CACHE_STAGING="-1",
+                      R9K_MOE_CACHE_STATS="0")
+    moe.install(experts_cls=tm.TritonExperts, backend="triton", triton_module=tm)
+    holder = torch.nn.Module()
+    holder.experts = layer
+    if moe.take_model(holder) != 1:
+        raise RuntimeError(f"the cache did not take the layer: {moe.STATE.passed}")
+    return layer, moe.STATE.layers[-1].cache
+
+
+def _decode(kind: str):
+    def make(a):
+        from tests.kernels.moe import vllm_moe_case as case
+
+        layer, cache = _decode_layer(a, kind)
+        fns = _Steps(lambda s=s: case.forward(layer, *s) for s in a.steps)
+        fns.layer, fns.cache, fns.inputs = layer, cache, a
+        return fns
+    return make
+
+
+def _prefetch(a):
+    from benchmarks.kernels.registry import Unavailable
+
+    raise Unavailable(
+        "vLLM's prefetch offloader (model_executor/offloader/prefetch.py) copies whole layers' offloaded "
+        "parameters ahead of their forward on a side stream, in the model's layer order: one layer without a model "
+        "has no next layer to overlap with; on the bus it moves every expert of every layer each step "
+        f"({a.shape['E']} x {a.expert_bytes / 2**20:.2f} MiB a layer), the bound the report prints beside UVA")
+
+
+def _h2d_rate(device, nbytes: int = 256 * 2**20) -> float:
+    """Pinned host-to-device copy rate in B/s (the median of 5 copies of ``nbytes``)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(5):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        dst.copy_(src, non_blocking=True)
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    return nbytes / sorted(ts)[len(ts) // 2]
+
+
+def _loop_us(fns) -> float:
+    for f in fns:  # warm-up: a pass over every step (the cache reaches its steady state)
+        f()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for f in fns:
+        f()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) * 1e3 / len(fns)
+
+
+def decode_timer(fns):
+    """Steps back to back (one sync), each step's own routing, after a warm-up pass; for the cache also, over a
+    warm-up and a timed pass after the first: the hit rate, distinct experts and bytes over the bus a step,
+    prepare()'s GPU time a step (the plan and its copies alone, on the same steps), the all-resident step and the
+    pinned H2D rate measured here, and the target (resident step + the step's bus bytes / pinned rate)."""
+    us = _loop_us(fns)
+    cache, a = fns.cache, fns.inputs
+    if cache is None:
+        return us, {}
+    cache.reset_stats()
+    us = _loop_us(fns)
+    st = cache.stats
+    n = max(st.steps, 1)
+    bus = (st.inserts + st.read_through) / n * a.expert_bytes
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _, _, ids in a.steps:
+        cache.prepare(ids)
+    e1.record()
+    e1.synchronize()
+    prep_us = e0.elapsed_time(e1) * 1e3 / len(a.steps)
+    rate = _h2d_rate(a.device)
+    res_us = _loop_us(_decode("resident")(a))
+    target = res_us + bus / rate * 1e6
+    return us, dict(hit_rate=st.hits / st.distinct if st.distinct else 0.0, distinct_step=st.distinct / n,
+                    bus_bytes_step=bus, h2d_GBps=rate / 1e9, resident_us=res_us, target_us=target,
+                    target_ratio=us / target if target else float("nan"), prepare_us=prep_us,
+                    uva_bus_bytes_step=a.shape["E"] * a.expert_bytes, host_steps=cache.path_steps["host"])
+
+
+def decode_check(a, result) -> float:
+    """0.0 when the cache's first step equals the all-resident layer's bit for bit, 1.0 when not."""
+    from tests.kernels.moe import vllm_moe_case as case
+
+    want = case.forward(case.make_layer(a.weights, a.shape["k"], a.device), *a.steps[0])
+    return 0.0 if torch.equal(result, want) else 1.0
+
+
+def decode_floor(s: dict) -> Floor:
+    """The routed experts' weights read once from device memory: at most min(E, tokens x k) experts a step."""
+    return Floor(bytes=min(s["E"], 4 * s["requests"] * s["k"]) * 3 * s["H"] * s["I"] * 2, bytes_ceiling="copy")
+
+
+def decode_report(rows: list) -> None:
+    """The table of docs/kernels/moe.md: per shape, the cache's step against resident and UVA, with its figures."""
+    print("\nmoe_decode_step: requests slots | hit rate | bus MB/step | step us | resident us | target us (ratio) | "
+          "uva us | H2D GB/s | prepare us")
+    by = {}
+    for r in rows:
+        by.setdefault((r["shape"]["requests"], r["shape"]["slots"]), {})[r["impl"]] = r
+    for (req, slots), d in sorted(by.items()):
+        c, u, rs = d.get("r9k", {}), d.get("uva", {}), d.get("resident", {})
+        if not c:
+            continue
+        print(f"  {req:>3} {slots:>4} | {c.get('hit_rate', float('nan')):.3f} | "
+              f"{c.get('bus_bytes_step', float('nan')) / 1e6:8.1f} | {c['us']:8.1f} | "
+              f"{rs.get('us', c.get('resident_us', float('nan'))):8.1f} | {c.get('target_us', float('nan')):8.1f} "
+              f"({c.get('target_ratio', float('nan')):.2f}) | {u.get('us', float('nan')):8.1f} | "
+              f"{c.get('h2d_GBps', float('nan')):5.1f} | {c.get('prepare_us', float('nan')):6.1f}")
+
+
+register(Op(
+    name="moe_decode_step", family="moe",
+    doc="a decode step of vLLM's Triton MoE layer (E=512, top-10, the seeds' routing) on r9k's expert cache "
+        "(slots of the experts in device memory over pinned host RAM) against all experts resident and vLLM-style "
+        "UVA offload (every expert read over the bus)",
+    shapes=tuple(dict(DECODE, requests=r, slots=s) for s in (270, 135) for r in (1, 8, 32)),
+    build=decode_inputs, r9k=_decode("cache"), floor=decode_floor,
+    peers={"resident": _decode("resident"), "uva": _decode("uva"), "prefetch": _prefetch},
+    unchecked=("resident", "uva", "prefetch"), check=decode_check,
+    tiny=dict(E=16, k=4, H=128, I=128, requests=1, slots=8), cpu=False,
+    modes=("loop",), default_mode="loop", timers={"loop": decode_timer}, report=decode_report,
+    needs="vLLM's Python sources (benchmarks/device_env), a GPU",
+))

@@ -90,7 +90,8 @@ class Op:
     valid: Callable[[dict], bool] = lambda shape: True  # shapes a --shapes product keeps
     world_size: int = 1                      # > 1: one process per GPU (the runner spawns them; a shape's
     #                                          "world_size" key overrides it)
-    timers: dict[str, Callable] = field(default_factory=dict)  # mode -> timer(fns) -> us, instead of the runner's
+    timers: dict[str, Callable] = field(default_factory=dict)  # mode -> timer(fns) -> us or (us, {extra row
+    #                                                             figures}), instead of the runner's
     modes: tuple[str, ...] = ("eager", "graph", "loop", "kernel", "host")
     default_mode: str = "eager"
     needs: str = ""                          # what a peer needs beyond r9k's requirements

@@ -45,7 +45,9 @@ store) and the fused top-k weighted sum with the shared expert.
       :attr:`stats` reads the device's counters and includes them.
 
       A step takes the device path when its read-through misses are sure to fit the staging slots:
-      ``min(E, T*k) <= stage_slots``. Any other step (a large prefill with a small staging area) takes the host
+      ``min(E, T*k) <= stage_slots``, or, once :meth:`ExpertCache.fill` made every slot resident (no slot is
+      empty again, so a step misses at most ``E - n_slots``), ``min(E - n_slots, T*k) <= stage_slots``
+      (:meth:`ExpertCache.device_step`). Any other step (a large prefill with a small staging area) takes the host
       path below and SYNCS: the device state is read back, the step is planned on the host, the state written
       back. The device path does not check expert ids on the host: an id outside ``0..E-1`` gets slot ``-1``
       and is counted in ``CacheStats.invalid_ids`` (the host path raises ValueError).

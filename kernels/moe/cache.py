@@ -317,6 +317,7 @@ class ExpertCache:
         self.path_steps = {"device": 0, "host": 0}  # steps planned by each path (host ints, for the gates)
         self._views: dict[int, torch.Tensor] = {}   # T -> slot_ids[:T*k].view(T, k) (views, no memory)
         self._dev: list[torch.Tensor] = []
+        self.filled = False  # every slot holds an expert (fill()): a step then misses at most E - n_slots
         self.device_plan = self._setup_device_path(device_plan)
 
     # -- device path setup ----------------------------------------------------------------------------
@@ -441,6 +442,43 @@ class ExpertCache:
             self._counters.zero_()
 
     # -- the step ------------------------------------------------------------------------------------
+    def fill(self, experts: list[int] | None = None) -> None:
+        """Make every slot resident before the first step: slot s holds ``experts[s]`` (default expert s),
+        copied from the host store (blocking). From then on no slot is ever empty (an eviction replaces its
+        expert in the same step), so a step misses at most ``E - n_slots`` experts and
+        :meth:`read_through_bound` uses that bound: with ``stage_slots >= E - n_slots`` every step takes the
+        device path, whatever its T. The counters are not touched (a fill is not a step).
+
+        Raises:
+            ValueError: called after a step, or ``experts`` is not ``n_slots`` distinct ids in ``0..E-1``.
+        """
+        if self._step or any(self.path_steps.values()):
+            raise ValueError("fill() is for a cache that has served no step yet")
+        experts = list(range(self.n_slots)) if experts is None else [int(e) for e in experts]
+        if len(experts) != self.n_slots or len(set(experts)) != self.n_slots or \
+                any(not 0 <= e < self.E for e in experts):
+            raise ValueError(f"fill() needs {self.n_slots} distinct expert ids in 0..{self.E - 1}")
+        idx = torch.tensor(experts, dtype=torch.long)
+        for w, h in zip(self.weights, self.host):
+            w[: self.n_slots].copy_(h.index_select(0, idx))
+        for s, e in enumerate(experts):
+            self._slot_of[e] = s
+            self._expert_of[s] = e
+        if self.device_plan:
+            self._push()
+        self.filled = True
+
+    def read_through_bound(self, T: int) -> int:
+        """The most read-through misses a step of ``T`` tokens can have: ``min(E, T * top_k)``, and at most
+        ``E - n_slots`` once the cache is :meth:`fill`-ed (every non-resident expert missed)."""
+        b = min(self.E, T * self.top_k)
+        return min(b, self.E - self.n_slots) if self.filled else b
+
+    def device_step(self, T: int) -> bool:
+        """Whether a step of ``T`` tokens plans on the device (no sync; capturable in a CUDA graph): the device
+        path is on and :meth:`read_through_bound` fits the staging slots."""
+        return bool(self.device_plan) and self.read_through_bound(T) <= self.stage_slots
+
     def _copy_in(self, expert: int, slot: int) -> None:
         nb = self.host[0].is_pinned() and self.device.type == "cuda"
         for w, h in zip(self.weights, self.host):
@@ -469,7 +507,7 @@ class ExpertCache:
             raise ValueError(f"topk_ids has {k} choices per token, the cache was built for {self.top_k}")
         if T > self.max_tokens:
             raise ValueError(f"{T} tokens in one step; the cache was built for max_tokens={self.max_tokens}")
-        if self.device_plan and min(self.E, T * k) <= self.stage_slots:
+        if self.device_step(T):
             if self._step >= _MAX_STEP:
                 raise OverflowError("the device LRU stamps hold 2**31 - 2 steps")
             if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:

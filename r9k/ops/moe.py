@@ -1,4 +1,5 @@
-"""The expert cache inside vLLM's MoE layer on its CPU platform (kernels/moe/cache.py's ``ExpertCache``).
+"""The expert cache inside vLLM's MoE layer (kernels/moe/cache.py's ``ExpertCache``): vLLM's CPU experts on its CPU
+platform, its Triton experts on CUDA and ROCm.
 
 How vLLM 0.32 serves an unquantized MoE layer on the CPU (vllm/model_executor/layers/fused_moe/):
 ``UnquantizedFusedMoEMethod`` selects the CPU backend, whose experts class is the first of
@@ -35,7 +36,28 @@ signatures, read with ``inspect.signature`` at install time):
 vLLM's CPU platform compiles the model with torch.compile and calls the MoE op directly (moe_runner.py
 ``_select_forward``), so Dynamo traces into ``apply``: there the call is the custom op
 ``torch.ops.r9k.moe_cache_experts`` (opaque to Dynamo, it mutates ``output``), eager calls run the same function.
-The CPU has no CUDA graphs. On CUDA and ROCm (vLLM's Triton experts) nothing is installed yet, said in the log.
+The CPU has no CUDA graphs.
+
+On CUDA and ROCm vLLM serves 16-bit and fp8 MoE layers with ``TritonExperts`` (experts/triton_moe.py), also a
+modular kernel: the router's ``topk_ids`` reach its ``apply`` (the same signature as the CPU class's), which runs
+vLLM's ``fused_moe_kernel`` on ``w1`` / ``w2`` (the layer's ``w13_weight`` / ``w2_weight``, passed by the quant
+method's forward) and the quant config's ``w1_scale`` / ``w2_scale``. There the layers are taken after the
+model's weights are processed (the wrapped loader walks the model: a module whose
+``quant_method.moe_kernel.fused_experts`` is a ``TritonExperts`` itself; ``Fp8MoEMethod`` never calls the experts'
+own ``process_weights_after_loading``): the expert tensors (both weights; for fp8 w8a8 also their per-expert
+scales, e.g. block 128x128 ``w13_weight_scale_inv``) are copied to a pinned host store, the parameters and the
+quant config's scale references become the slot buffers, and every slot is filled, so that staging of
+``E - slots`` (the default) bounds any step's misses and every step plans on the device (no sync, capturable:
+vLLM calls the experts inside its ``moe_forward`` op, in its piecewise CUDA graphs). A smaller staging plans steps
+of more than ``staging / top_k`` tokens on the host (a sync, chunks); such a step inside a graph capture raises,
+naming the knob. ``apply`` maps the ids to slots as on the CPU and runs vLLM's apply per chunk (token rows of the
+activations and of a per-token ``a1q_scale``); two functions of triton_moe are wrapped so that a step on the slots
+chooses the tiles stock chooses (``try_get_optimal_moe_config`` sees the layer's experts and the step's tokens,
+not the slot count and a chunk's; ``_prepare_expert_assignment`` decides its naive or aligned path on them), which
+keeps the outputs bit-identical (tests/kernels/moe/test_vllm_moe_layer.py). Subclasses (``TritonWNA16Experts``),
+other experts kernels (Marlin, CUTLASS, FlashInfer, the gpt-oss Triton kernels that serve MXFP4 on Hopper), LoRA,
+expert biases, zero points and expert parallelism pass through, said once. The layer's experts must fit the device
+while vLLM loads them (the cache takes them after loading).
 
 After the model's weights are processed (vLLM's ``base_loader.process_weights_after_loading`` is wrapped), each
 loading process prints the ``R9K-MOE-CACHE`` line (r9k/counters.py) saying how many MoE layers took the cache; a
@@ -65,6 +87,13 @@ log = logging.getLogger("r9k")
 EXPERTS_MODULE = "vllm.model_executor.layers.fused_moe.experts.cpu_moe"
 EXPERTS_CLASS = "CPUUnquantizedExperts"
 LOADER_MODULE = "vllm.model_executor.model_loader.base_loader"
+TRITON_MODULE = "vllm.model_executor.layers.fused_moe.experts.triton_moe"
+TRITON_CLASS = "TritonExperts"
+#: module-level functions of TRITON_MODULE that ``TritonExperts.apply`` calls, wrapped so that a step on the slots
+#: makes the choices stock makes for the layer (its experts, the step's tokens), and their parameters
+TRITON_FUNCS = {"try_get_optimal_moe_config": ("w1_shape", "w2_shape", "top_k", "dtype", "M", "block_shape"),
+                "_prepare_expert_assignment": ("topk_ids", "config", "num_tokens", "top_k_num", "global_num_experts",
+                                               "expert_map")}
 DISPATCH = "moe_cache"
 #: parameters of vLLM's ``apply`` the dispatch reads or passes by name
 APPLY_PARAMS = ("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
@@ -117,6 +146,9 @@ class _State:
     original_apply: Callable | None = None
     activation_cls: Any = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    backend: str = "cpu"          # "cpu": CPUUnquantizedExperts; "triton": TritonExperts (CUDA, ROCm)
+    experts_cls: Any = None
+    current: tuple[int, int] | None = None  # (the layer's experts, the step's tokens) while a Triton step runs
 
 
 STATE = _State()
@@ -320,6 +352,12 @@ def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
         if a.get("expert_map") is not None:  # refused at load: never here
             raise RuntimeError(f"r9k moe: {entry.name}: an expert map reached a layer on the cache")
         ariw = bool(a["apply_router_weight_on_input"])
+        if STATE.backend == "triton":
+            if torch.compiler.is_compiling():
+                raise RuntimeError(f"r9k moe: {entry.name}: vLLM's Triton experts traced by torch.compile (vLLM "
+                                   "calls them inside its opaque moe_forward op); the cache is not bound there")
+            run_step_triton(entry, a)
+            return None
         if torch.compiler.is_compiling():
             torch.ops.r9k.moe_cache_experts(a["output"], a["hidden_states"], a["w1"], a["w2"], a["topk_weights"],
                                             a["topk_ids"], entry.index, _act_value(a["activation"]), ariw)
@@ -330,6 +368,210 @@ def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
 
     apply.__r9k_original__ = original
     return apply
+
+
+# ---- vLLM's Triton experts (CUDA, ROCm) --------------------------------------------------------------------
+def triton_tensors(layer: Any, experts: Any) -> tuple[list[tuple[str, str | None, torch.Tensor]] | None, str | None]:
+    """What an expert of ``layer`` (served by ``experts``, vLLM's TritonExperts) is made of, as
+    ``(layer parameter name or None, quant-config descriptor "_w1"/"_w2" or None, tensor [E, ...])``: the two
+    weights, and for fp8 w8a8 their per-expert scales (block 128x128, per channel or per tensor of each expert);
+    or ``(None, why not)``."""
+    qc = experts.quant_config
+    E = int(layer.w13_weight.shape[0])
+    out: list[tuple[str, str | None, torch.Tensor]] = [("w13_weight", None, layer.w13_weight),
+                                                       ("w2_weight", None, layer.w2_weight)]
+    if qc.w1_bias is not None or qc.w2_bias is not None:
+        return None, "expert biases (indexed by expert id inside the kernel)"
+    if qc.w1_zp is not None or qc.w2_zp is not None:
+        return None, "zero points"
+    if qc.quant_dtype is None:
+        if qc.w1_scale is not None or qc.w2_scale is not None:
+            return None, "weight-only quantisation (scales without a quantised activation)"
+        return out, None
+    if not qc.use_fp8_w8a8:
+        return None, (f"the format {qc.quant_dtype} (the cache takes 16-bit and fp8 w8a8 experts; MXFP4, int8 and "
+                      "int4 layers are not served by TritonExperts on Hopper or are not known to the cache)")
+    for desc, pname in (("_w1", "w13"), ("_w2", "w2")):
+        sc = getattr(qc, desc).scale
+        if not isinstance(sc, torch.Tensor) or sc.dim() == 0 or sc.shape[0] != E:
+            return None, "fp8 weight scales that are not per expert [E, ...]"
+        name = next((n for n, prm in layer.named_parameters(recurse=False)
+                     if n.startswith(pname) and prm.data_ptr() == sc.data_ptr() and prm.shape == sc.shape), None)
+        out.append((name, desc, sc))
+    return out, None
+
+
+def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Layer | None:
+    """Put ``layer`` (a vLLM MoE layer after loading, whose experts kernel is ``experts``, a TritonExperts) on
+    the cache: its expert tensors (:func:`triton_tensors`) are copied to a pinned host store, the layer's
+    parameters (and the quant config's scale references) become the cache's slot buffers ``[slots + staging,
+    ...]`` on the layer's device, and every slot is filled (experts 0..slots-1), so that staging of
+    ``E - slots`` (the knob's default) plans every step on the device (no sync; CUDA-graph safe). None (vLLM's
+    experts kept, said once) when the cache cannot take the layer.
+
+    Raises:
+        ValueError: the knobs' values do not fit the layer (see :func:`check_layer`).
+    """
+    from kernels.moe import ExpertCache
+
+    name = name or str(getattr(layer, "layer_name", None) or f"moe{len(STATE.layers)}")
+    if getattr(layer, "expert_map", None) is not None:
+        _pass("an expert map (expert parallelism): the cache holds a layer's global experts", name)
+        return None
+    cfg = getattr(getattr(layer, "moe_config", None), "moe_parallel_config", None)
+    if cfg is not None and getattr(cfg, "use_ep", False):
+        _pass("expert parallelism", name)
+        return None
+    if getattr(experts, "_lora_context", None) is not None or getattr(getattr(layer, "moe_config", None),
+                                                                       "is_lora_enabled", False):
+        _pass("LoRA (its kernels index the expert weights by expert id)", name)
+        return None
+    w13, w2 = getattr(layer, "w13_weight", None), getattr(layer, "w2_weight", None)
+    if not (isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3
+            and w13.shape[0] == w2.shape[0]):
+        _pass("its expert weights are not two [E, ...] tensors", name)
+        return None
+    interp = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    if w13.device.type != "cuda" and not (w13.device.type == "cpu" and interp):
+        _pass(f"its experts are on {w13.device.type}, not a GPU", name)
+        return None
+    tensors, why = triton_tensors(layer, experts)
+    if tensors is None:
+        _pass(why, name)
+        return None
+    E = int(w13.shape[0])
+    top_k = int(getattr(layer, "top_k", 0) or layer.moe_config.experts_per_token)
+    stage = check_layer(name, E, top_k, STATE.slots, STATE.staging)
+    host = []
+    for _, _, t in tensors:
+        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=w13.device.type == "cuda")  # CPU: the interpreter's
+        h.copy_(t)
+        host.append(h)
+    cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device=w13.device, insert_thresh=STATE.thresh,
+                        stage_slots=stage, pin=w13.device.type == "cuda")
+    cache.fill()
+    from vllm.model_executor.utils import replace_parameter
+
+    qc = experts.quant_config
+    for (pname, desc, _), buf in zip(tensors, cache.weights):
+        if pname is not None:
+            replace_parameter(layer, pname, buf)
+        if desc is not None:
+            getattr(qc, desc).scale = buf
+    eb = sum(h[0].numel() * h.element_size() for h in cache.host)
+    entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank())
+    STATE.layers.append(entry)
+    experts._r9k_moe = entry
+    graph = ("every step plans on the device (no sync; CUDA-graph safe)" if cache.device_step(cache.max_tokens)
+             else f"steps of more than {stage // top_k} tokens plan on the host (a sync; not CUDA-graph safe: "
+                  f"R9K_MOE_CACHE_STAGING >= {E - STATE.slots} or --enforce-eager)")
+    log.info("r9k moe: %s: %d experts (%.3f MiB each: %s) in pinned host memory, %d slots + %d staging slots on "
+             "%s (%.1f MiB), top-%d, insert threshold %g; %s", name, E, eb / 2**20,
+             " + ".join(str(p or d) for p, d, _ in tensors), cache.n_slots, stage, w13.device,
+             (cache.n_slots + stage) * eb / 2**20, top_k, STATE.thresh, graph)
+    return entry
+
+
+def take_model(model: torch.nn.Module) -> int:
+    """Take every MoE layer of ``model`` whose experts kernel is vLLM's TritonExperts itself (its quant method's
+    ``moe_kernel.fused_experts``); returns how many were taken. Layers of another experts kernel (a subclass
+    such as TritonWNA16Experts, Marlin, CUTLASS, FlashInfer, the gpt-oss Triton kernels of MXFP4) keep it, said
+    once."""
+    n = 0
+    for mname, m in model.named_modules():
+        qm = getattr(m, "quant_method", None)
+        experts = getattr(getattr(qm, "moe_kernel", None), "fused_experts", None)
+        if experts is None or getattr(experts, "_r9k_moe", None) is not None:
+            continue
+        if type(experts) is not STATE.experts_cls:
+            _pass(f"served by {type(experts).__name__}, not {TRITON_CLASS}", mname)
+            continue
+        if take_triton_layer(m, experts, str(getattr(m, "layer_name", None) or mname)) is not None:
+            n += 1
+    return n
+
+
+def _wrap_triton_func(name: str, original: Callable) -> Callable:
+    """TRITON_FUNCS' wrappers: inside a cache step, the tile config is looked up for the layer's experts and the
+    step's tokens (not the slot count and a chunk's tokens), and the expert assignment decides its naive or
+    aligned path on them too, so the slots run the tiles stock runs, bit for bit."""
+    if name == "try_get_optimal_moe_config":
+        @functools.wraps(original)
+        def wrapped(w1_shape, w2_shape, top_k, dtype, M, block_shape=None):
+            cur = STATE.current
+            if cur is not None:
+                E, T = cur
+                w1_shape, w2_shape, M = (E, *tuple(w1_shape)[1:]), (E, *tuple(w2_shape)[1:]), T
+            return original(w1_shape, w2_shape, top_k, dtype, M, block_shape=block_shape)
+    else:
+        @functools.wraps(original)
+        def wrapped(topk_ids, config, num_tokens, top_k_num, global_num_experts, expert_map, **kwargs):
+            cur = STATE.current
+            if cur is not None and expert_map is None:
+                E, T = cur
+                num_tokens, global_num_experts = T, max(E, int(global_num_experts))
+            return original(topk_ids, config, num_tokens, top_k_num, global_num_experts, expert_map, **kwargs)
+    wrapped.__r9k_original__ = original
+    return wrapped
+
+
+def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
+    """One step of a layer on the cache through vLLM's TritonExperts: ``a`` holds vLLM's ``apply`` arguments by
+    name (``output [T, H]`` written in place, ``hidden_states [T, H]`` (fp8 with ``a1q_scale [T, H / 128]`` for
+    block fp8), ``topk_ids [T, k]``, ``topk_weights [T, k]``, the workspaces); the ids are mapped to slots and
+    vLLM's apply runs on the slots, once per chunk of the plan (token rows of the step's tensors; a per-token
+    ``a1q_scale`` sliced with them).
+
+    Raises:
+        RuntimeError: ``w1`` is not the layer's slot buffer; a step that would plan on the host (a sync) while a
+            CUDA graph is being captured (naming R9K_MOE_CACHE_STAGING).
+    """
+    cache = entry.cache
+    w1, w2 = a["w1"], a["w2"]
+    if w1.data_ptr() != cache.weights[0].data_ptr() or w2.data_ptr() != cache.weights[1].data_ptr():
+        raise RuntimeError(f"r9k moe: {entry.name}: the experts kernel was called on weights that are not the "
+                           "cache's slots (were the layer's parameters replaced after loading?)")
+    topk_ids = a["topk_ids"]
+    T = int(topk_ids.shape[0])
+    if T and not cache.device_step(min(T, cache.max_tokens)) and torch.cuda.is_available() \
+            and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"r9k moe: {entry.name}: a step of {T} tokens plans on the host (R9K_MOE_CACHE_STAGING="
+            f"{cache.stage_slots} < {cache.read_through_bound(T)} possible misses), which syncs, inside a CUDA "
+            f"graph capture; set R9K_MOE_CACHE_STAGING >= {cache.E - cache.n_slots} (experts - slots) or serve "
+            "with --enforce-eager")
+    a1q = a.get("a1q_scale")
+
+    def rows(t: Any, i: int, j: int) -> Any:  # a per-token tensor's rows i..j-1; anything else as is
+        return t[i:j] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == T else t
+    with STATE.lock:
+        STATE.current = (cache.E, T)
+        try:
+            for b0 in range(0, T, cache.max_tokens):
+                b1 = min(T, b0 + cache.max_tokens)
+                before = cache.stats.distinct if STATE.stats and not cache.device_plan else None
+                plan = cache.prepare(topk_ids[b0:b1])
+                if before is not None:
+                    entry.distinct_max = max(entry.distinct_max, cache.stats.distinct - before)
+                entry.staged += sum(len(x) for x in plan.stage_of_chunk)
+                for c, (t0, t1) in enumerate(plan.chunks):
+                    if t1 <= t0:
+                        continue
+                    slot_ids = cache.stage(plan, c) if len(plan.chunks) > 1 else plan.slot_ids
+                    i, j = b0 + t0, b0 + t1
+                    kw = dict(a)
+                    kw.update(output=a["output"][i:j], hidden_states=a["hidden_states"][i:j],
+                              topk_weights=a["topk_weights"][i:j], topk_ids=slot_ids, a1q_scale=rows(a1q, i, j))
+                    if (i, j) == (0, T):
+                        kw["output"], kw["hidden_states"], kw["topk_weights"] = (a["output"], a["hidden_states"],
+                                                                                 a["topk_weights"])
+                    STATE.original_apply(**kw)
+        finally:
+            STATE.current = None
+    if STATE.stats and time.monotonic() - entry.last_log >= STATE.stats_sec and not (
+            torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        entry.last_log = time.monotonic()
+        _logger().info(entry.line())
 
 
 # ---- the load summary -------------------------------------------------------------------------------------
@@ -370,6 +612,8 @@ def _wrap_loader(original: Callable) -> Callable:
     def process_weights_after_loading(model, *args, **kwargs):
         n0 = len(STATE.layers)
         out = original(model, *args, **kwargs)
+        if STATE.backend == "triton":
+            take_model(model)
         summary(model, n0)
         return out
 
@@ -440,13 +684,16 @@ def signature(experts_cls: type) -> inspect.Signature:
     return sig
 
 
-def install(experts_cls: type | None = None, loader: Any = None) -> list[str]:
-    """Install the expert cache on vLLM's CPU unquantized experts (default: vLLM's own class and loader module,
-    where the platform is vLLM's CPU one); returns what was installed. ``R9K_MOE_CACHE_SLOTS=0`` installs nothing
-    and removes an earlier install.
+def install(experts_cls: type | None = None, loader: Any = None, backend: str | None = None,
+            triton_module: Any = None) -> list[str]:
+    """Install the expert cache (default: on vLLM's own classes for the platform: ``CPUUnquantizedExperts`` on
+    vLLM's CPU platform, ``TritonExperts`` on CUDA and ROCm, and vLLM's loader module); returns what was
+    installed. ``backend`` ("cpu" or "triton") says which binding ``experts_cls`` gets (default "cpu" for a given
+    class); ``triton_module`` is the module whose TRITON_FUNCS are wrapped (default TRITON_MODULE; None with a
+    test's class: none). ``R9K_MOE_CACHE_SLOTS=0`` installs nothing and removes an earlier install.
 
     Raises:
-        SignatureMismatch: vLLM's apply lacks a parameter the dispatch reads.
+        SignatureMismatch: vLLM's apply (or a TRITON_FUNCS function) lacks a parameter the dispatch reads.
         ValueError: a knob's value its type or range rejects (naming it).
     """
     uninstall()
@@ -462,17 +709,25 @@ def install(experts_cls: type | None = None, loader: Any = None) -> list[str]:
         try:
             from vllm.platforms import current_platform
 
-            cpu = current_platform.is_cpu()
+            cpu, gpu = current_platform.is_cpu(), current_platform.is_cuda_alike()
         except Exception as e:  # noqa: BLE001 - no vLLM here
             log.info("r9k moe: vLLM's platform unknown (%s); nothing installed", e)
             return []
-        if not cpu:
-            log.info("r9k moe: the expert cache is installed on vLLM's CPU platform only (its Triton experts on CUDA "
-                     "and ROCm are not bound yet); nothing installed")
+        if cpu:
+            backend = "cpu"
+            experts_cls = getattr(importlib.import_module(EXPERTS_MODULE), EXPERTS_CLASS)
+        elif gpu:
+            backend = "triton"
+            triton_module = importlib.import_module(TRITON_MODULE)
+            experts_cls = getattr(triton_module, TRITON_CLASS)
+        else:
+            log.info("r9k moe: the expert cache binds vLLM's CPU experts and its Triton experts (CUDA, ROCm); this "
+                     "platform has neither; nothing installed")
             return []
-        experts_cls = getattr(importlib.import_module(EXPERTS_MODULE), EXPERTS_CLASS)
         loader = importlib.import_module(LOADER_MODULE)
+    backend = backend or "cpu"
     sig = signature(experts_cls)
+    funcs = triton_signatures(triton_module) if backend == "triton" and triton_module is not None else {}
     try:
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
@@ -480,19 +735,41 @@ def install(experts_cls: type | None = None, loader: Any = None) -> list[str]:
     except Exception:  # noqa: BLE001 - a test's stand-in experts class: activations stay strings
         STATE.activation_cls = None
     _register_op()
+    STATE.backend = backend
+    STATE.experts_cls = experts_cls
     STATE.apply_sig = sig
     STATE.original_apply = _original(experts_cls, "apply")
-    _patch(experts_cls, "process_weights_after_loading",
-           _wrap_pwal(_original(experts_cls, "process_weights_after_loading")))
+    if backend == "cpu":
+        _patch(experts_cls, "process_weights_after_loading",
+               _wrap_pwal(_original(experts_cls, "process_weights_after_loading")))
     _patch(experts_cls, "apply", _wrap_apply(STATE.original_apply, sig))
+    for fname in funcs:
+        _patch(triton_module, fname, _wrap_triton_func(fname, _original(triton_module, fname)))
     if loader is not None and hasattr(loader, "process_weights_after_loading"):
         _patch(loader, "process_weights_after_loading", _wrap_loader(_original(loader, "process_weights_after_loading")))
     _atexit_once()
     name = f"{DISPATCH} <- {experts_cls.__module__}.{experts_cls.__qualname__}.apply"
-    log.info("r9k moe: unquantized MoE layers on the CPU -> r9k's expert cache (%d slots, staging %s, threshold %g); "
-             "installed: %s", STATE.slots, "experts - slots" if STATE.staging == -1 else STATE.staging, STATE.thresh,
-             name)
+    what = ("unquantized MoE layers on the CPU" if backend == "cpu" else
+            "16-bit and fp8 w8a8 MoE layers of vLLM's Triton experts (taken after loading; on CUDA vLLM calls them "
+            "inside its moe_forward op, opaque to torch.compile)")
+    log.info("r9k moe: %s -> r9k's expert cache (%d slots, staging %s, threshold %g); installed: %s", what,
+             STATE.slots, "experts - slots" if STATE.staging == -1 else STATE.staging, STATE.thresh, name)
     return [name]
+
+
+def triton_signatures(module: Any) -> dict[str, inspect.Signature]:
+    """The signatures of TRITON_FUNCS in ``module`` (vLLM's triton_moe); SignatureMismatch where one is missing
+    or its leading parameters are not the ones the wrappers pass."""
+    out = {}
+    for fname, params in TRITON_FUNCS.items():
+        fn = getattr(module, fname, None)
+        if fn is None:
+            raise SignatureMismatch(f"{getattr(module, '__name__', module)} has no {fname} for the r9k MoE dispatch")
+        sig = inspect.signature(_original(module, fname))
+        if tuple(sig.parameters)[: len(params)] != params:
+            raise SignatureMismatch(f"{fname}{sig}: the r9k MoE dispatch passes ({', '.join(params)})")
+        out[fname] = sig
+    return out
 
 
 _ATEXIT = False

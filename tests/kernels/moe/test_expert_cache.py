@@ -288,6 +288,38 @@ def test_device_and_host_caches_agree_step_by_step_incl_stamps(mode, device, gen
     assert st == ref.stats and st.steps == 23 and st.inserts > 0 and st.hits > 0
 
 
+@pytest.mark.parametrize("thresh", [0.99, 0.3], ids=["thresh0.99", "thresh0.3"])
+def test_filled_cache_plans_every_step_on_the_device(mode, device, gen, thresh):
+    """fill() makes every slot resident; then staging of E - n_slots bounds every step's read-through misses, so
+    steps of any T (T*k far above the staging) take the device path, and agree step by step with a filled
+    host-path cache (slot ids, slot bytes, stamps, counters). Refusals: after a step, a wrong expert list."""
+    E, k, n = 16, 3, 6
+    w = torch.randn(E, 8, generator=gen)
+    kw = dict(n_slots=n, max_tokens=12, top_k=k, device=device, insert_thresh=thresh, stage_slots=E - n)
+    dev = ExpertCache([w], device_plan=True, **kw)
+    ref = ExpertCache(dev.host, device_plan=False, **kw)
+    with pytest.raises(ValueError, match="distinct"):
+        dev.fill([0] * n)
+    assert not dev.device_step(12)  # min(E, 36) = 16 > 10 staging before the fill
+    order = torch.randperm(E, generator=gen)[:n].tolist()
+    dev.fill(order)
+    ref.fill(order)
+    assert dev.device_step(12) and dev.read_through_bound(12) == E - n
+    assert dev.resident() == ref.resident() == {e: s for s, e in enumerate(order)}
+    host = dev.host[0]
+    for s, ids in enumerate(_mixed_trace(gen, 30, E, k, [12, 1, 7, 12, 4])):
+        ids_d = ids.to(device)
+        pd, pr = dev.prepare(ids_d), ref.prepare(ids_d)
+        assert pd.device and len(pr.chunks) == 1, s
+        assert torch.equal(pd.slot_ids.cpu(), pr.slot_ids.cpu()), s
+        assert torch.equal(dev.weights[0][pd.slot_ids.reshape(-1).long()].cpu(), host[ids.reshape(-1)]), s
+        assert dev._last_used_d.cpu().tolist() == ref._last_used, s
+    assert dev.stats == ref.stats and dev.path_steps["host"] == 0
+    assert len(dev.resident()) == n
+    with pytest.raises(ValueError, match="no step"):
+        dev.fill()
+
+
 def test_invalid_ids_on_a_host_step_of_a_device_cache_leave_the_state(mode, device):
     """A device-plan cache whose step takes the host path (misses over the staging slots) with an invalid id
     raises, and the device state (read back before, written back after) is unchanged."""
