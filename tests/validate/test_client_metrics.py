@@ -279,11 +279,11 @@ def test_betterbench_a_level_without_tpot_leaves_combined_decode_undefined(tmp_p
 
 
 def test_a_second_choice_is_an_error_not_part_of_the_answer():
-    from validate.client import OpenAIClient, RequestResult
+    from validate.client.stream import RequestResult, take_chunk
 
     r = RequestResult(token_ids=[])
-    OpenAIClient._take_chunk(r, {"choices": [{"index": 0, "text": "4", "token_ids": [9]}]}, 0.1)
-    OpenAIClient._take_chunk(r, {"choices": [{"index": 1, "text": " and 5", "token_ids": [7]}]}, 0.2)
+    take_chunk(r, {"choices": [{"index": 0, "text": "4", "token_ids": [9]}]}, 0.1)
+    take_chunk(r, {"choices": [{"index": 1, "text": " and 5", "token_ids": [7]}]}, 0.2)
     assert r.text == "4" and r.error == "the server sent choice index 1; one choice (index 0) was asked for"
 
 

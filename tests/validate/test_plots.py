@@ -1,4 +1,4 @@
-"""Release-note pictures (validate/plots.py) from records alone, and the latency samples BetterBench keeps.
+"""Release-note pictures (validate/plots/) from records alone, and the latency samples BetterBench keeps.
 
 The records are hand-made with the shapes and magnitudes of the seeds' r9700 configurations (fn-tp4: decode step
 ~14 ms with multi-token chunks, combined decode ~188 tok/s; a 25-minute soak on four 32 GiB GPUs); the
@@ -246,7 +246,7 @@ def test_history_orders_releases_by_version(tmp_path):
     (tmp_path / "dev" / "fn-tp4").mkdir(parents=True)  # not a version: not in the history
     names = plots.history_releases(tmp_path, "v0.3.10")
     assert names == ["v0.3.2", "v0.3.9", "v0.3.10"]  # v0.4.0 is newer than the notes' release
-    panels = plots.history_panels({r: plots._readable_records(tmp_path, r) for r in names})
+    panels = plots.history_panels({r: plots.readable_records(tmp_path, r) for r in names})
     step, combined, gsm = panels
     assert step.lines[0].values[0] == 15.0 and step.lines[0].values[2] == 13.9
     assert step.lines[0].hollow == [True, False, True]  # v0.3.9 from BetterBench, the others from the probe

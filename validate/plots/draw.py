@@ -1,20 +1,10 @@
-"""Pictures for the release notes, drawn from records alone: PNG files under ``reports/<release>/figures/``.
-
-Per configuration (``<config>/<suite>-<kind>.png``: a folder per configuration, so no two names collide):
-
-- ``concurrency``: BetterBench aggregate output tok/s and per-stream decode (1 / TPOT-p50, tok/s) against
-  concurrent streams, baseline and candidate, each with its min-max band across passes;
-- ``latency``: BetterBench TTFT and per-token ITL distributions (ECDFs on a log-x axis, one curve per
-  concurrency level and release, p50 and p99 marked) from the record's ``latency_samples``;
-- ``memory``: soak memory over time, one line per series, the fitted slope over the part the soak fitted, the
-  bound, the total where known and the server's death where it died.
-
-And ``history.png``: decode step, combined decode and GSM8K accuracy across releases in version order, one
-line per configuration.
+"""Drawing: each ``plot_*`` function takes plain data (:class:`Band`, :class:`Samples`, :class:`MemorySeries`,
+:class:`HistoryPanel`) and writes one PNG.
 
 Drawing uses Figure objects on matplotlib's Agg canvas, never pyplot: nothing global changes between figures
-(style settings apply inside ``matplotlib.rc_context``) and every figure is cleared once written. The ``plot_*``
-functions take plain data and write one PNG; :func:`render_figures` reads the records and calls them.
+(style settings apply inside ``matplotlib.rc_context``) and every figure is cleared once written. Files are
+written atomically (a temp file renamed over the path), mode 0644, ``SIZE_PX`` (history ``HISTORY_SIZE_PX``) at
+``DPI``.
 """
 from __future__ import annotations
 
@@ -24,7 +14,6 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import matplotlib
 import numpy as np
@@ -34,14 +23,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from validate.errors import InputError
-from validate.record import RECORD_MODE, Record, check_release_name, read_record, release_records
+from validate.record import RECORD_MODE
 
-FIGURES = "figures"
 DPI = 100
 SIZE_PX = (900, 540)  # every per-configuration figure
 HISTORY_SIZE_PX = (900, 960)  # three stacked panels
-PlotKind = Literal["concurrency", "latency", "memory", "history"]
 
 STYLE = {
     "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "figure.titlesize": 12,
@@ -51,24 +37,6 @@ STYLE = {
 BASELINE_COLOR, CANDIDATE_COLOR = "#7a7a7a", "#1f5fbf"
 CONFIG_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
                  "#bcbd22", "#7f7f7f")
-# Statuses whose figures are drawn: an error record keeps what it measured before it stopped (a soak whose
-# server died keeps its samples); wrong-tree and plugin-inactive records do not count, skipped ones hold nothing.
-DRAWN = ("pass", "fail", "error")
-HISTORY_STATUSES = ("pass", "fail")  # history points: suites that ran to the end
-
-
-@dataclass(frozen=True)
-class PlotFile:
-    """One picture written beside RELEASE.md.
-
-    ``path``: relative to ``reports/<release>/`` (``figures/<config>/<suite>-<kind>.png``, ``figures/history.png``);
-    ``config``: the configuration it shows, None for the history view; ``kind``: what it shows.
-    """
-
-    path: str
-    title: str
-    config: str | None
-    kind: PlotKind
 
 
 # ---- plain data the plotting functions take -------------------------------------------------------------
@@ -551,330 +519,3 @@ def plot_history(path: Path, title: str, releases: list[str], panels: list[Histo
         axes[-1].set_xlabel("release (version order)")
         fig.suptitle(title)
         return _save(fig, path)
-
-
-# ---- records -> plain data ------------------------------------------------------------------------------
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._+-]", "_", name)
-
-
-def _num_or_none(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
-def concurrency_bands(rec: Record, label: str) -> tuple[Band | None, Band | None]:
-    """(aggregate tok/s, per-stream decode tok/s) against streams from a BetterBench record: the summary's
-    median / min / max of ``c<N>_tok_s``; per-stream 1000 / ``c<N>_tpot_ms_p50`` per pass (median and min-max
-    over the passes), or from the summary when the record keeps no passes. None where no level has the figure."""
-    m = rec.metrics
-    levels = [c for c in m.get("concurrency") or [] if isinstance(c, int)]
-    summ = m.get("summary") or {}
-    passes = m.get("per_pass") or []
-    agg = Band(label, [], [], [], [])
-    per = Band(label, [], [], [], [])
-    for c in levels:
-        b = summ.get(f"c{c}_tok_s") or {}
-        med, lo, hi = (_num_or_none(b.get(k)) for k in ("median", "min", "max"))
-        if med is not None:
-            agg.x.append(c)
-            agg.median.append(med)
-            agg.lo.append(lo if lo is not None else med)
-            agg.hi.append(hi if hi is not None else med)
-        key = f"c{c}_tpot_ms_p50"
-        rates = [1e3 / t for row in passes if (t := _num_or_none(row.get(key))) and t > 0]
-        if rates:
-            per.x.append(c)
-            per.median.append(float(np.median(rates)))
-            per.lo.append(min(rates))
-            per.hi.append(max(rates))
-        else:
-            b = summ.get(key) or {}
-            med, lo, hi = (_num_or_none(b.get(k)) for k in ("median", "min", "max"))
-            if med:
-                per.x.append(c)
-                per.median.append(1e3 / med)
-                per.lo.append(1e3 / hi if hi else 1e3 / med)
-                per.hi.append(1e3 / lo if lo else 1e3 / med)
-    return (agg if agg.x else None), (per if per.x else None)
-
-
-def latency_series(rec: Record) -> tuple[list[Samples], list[Samples]]:
-    """(TTFT, ITL) :class:`Samples` per concurrency level from a BetterBench record's ``latency_samples``
-    (empty lists for a record that has none)."""
-    ttft, itl = [], []
-    for key, v in (rec.metrics.get("latency_samples") or {}).items():
-        m = re.fullmatch(r"c(\d+)", key)
-        if not m or not isinstance(v, dict):
-            continue
-        c = int(m.group(1))
-        for out, name in ((ttft, "ttft"), (itl, "itl")):
-            vals = [x for x in v.get(f"{name}_ms") or [] if _num_or_none(x) is not None]
-            if vals:
-                out.append(Samples(rec.release, c, vals, v.get(f"{name}_count")))
-    return ttft, itl
-
-
-def memory_series(rec: Record) -> list[MemorySeries]:
-    """Memory series of a soak record: its ``samples``, ``memory_samples_in_life`` and per series the part the
-    soak fitted (the last ``1 - slope_skip_fraction`` of the series' samples within the server's life, as
-    :func:`validate.telemetry.slope_mib_per_min` drops them) with the recorded slope, total and verdict."""
-    from validate.runners.soak import SoakParams
-
-    m = rec.metrics
-    samples = [s for s in m.get("samples") or [] if isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[1], dict)]
-    life_n = m.get("memory_samples_in_life")
-    life_n = len(samples) if not isinstance(life_n, int) else min(life_n, len(samples))
-    skip = rec.params.get("slope_skip_fraction", SoakParams.model_fields["slope_skip_fraction"].default)
-    memory = m.get("memory") or {}
-    names = list(memory) + sorted({k for _, row in samples for k in row} - set(memory))
-    out = []
-    for name in names:
-        pts = [(i, float(t), float(row[name])) for i, (t, row) in enumerate(samples) if _num_or_none(row.get(name)) is not None]
-        if not pts:
-            continue
-        in_life = sum(1 for i, _, _ in pts if i < life_n)
-        info = memory.get(name) or {}
-        out.append(MemorySeries(name, [t for _, t, _ in pts], [y for _, _, y in pts], in_life, int(in_life * skip),
-                                _num_or_none(info.get("slope_mib_per_min")), _num_or_none(info.get("total")),
-                                info.get("flat")))
-    return out
-
-
-def _version(name: str):
-    from validate.compare import _version as version
-
-    return version(name)
-
-
-def history_releases(reports: Path, release: str) -> list[str]:
-    """Releases under ``reports`` up to ``release`` in version order (``validate.compare.previous_release``'s
-    rule: the name without a leading 'v' as a packaging version; v0.3.10 after v0.3.9). Folders whose names are
-    not versions are left out, except ``release`` itself, which comes last."""
-    cur = _version(release)
-    found = []
-    if reports.is_dir():
-        for d in reports.iterdir():
-            k = _version(d.name)
-            if d.is_dir() and k is not None and d.name != release and (cur is None or k <= cur):
-                found.append((k, d.name))
-    names = [n for _, n in sorted(found)]
-    if (reports / release).is_dir():
-        names.append(release)
-    return names
-
-
-def _pick(records: list[Record], kind: str, statuses) -> dict[str, Record]:
-    """config -> the record of suite kind ``kind`` (the suite named like its kind first), among ``statuses``."""
-    out: dict[str, Record] = {}
-    for r in sorted(records, key=lambda r: (r.suite != kind, r.suite)):
-        if r.suite_kind == kind and r.verdict.status in statuses:
-            out.setdefault(r.config, r)
-    return out
-
-
-def _readable_records(reports: Path, release: str) -> list[Record]:
-    """Every record of an older release that reads; one that does not is left out of the history."""
-    out = []
-    for p in sorted((reports / release).glob("*/*.json")):
-        try:
-            out.append(read_record(p))
-        except InputError:
-            continue
-    return out
-
-
-HISTORY_NAMES = ("decode step", "combined decode", "GSM8K accuracy")  # history_panels' panels, in order
-
-
-def history_panels(by_release: dict[str, list[Record]]) -> list[HistoryPanel]:
-    """The history view's panels from each release's records (releases in order): decode step (BetterBench
-    ``decode_step_ms`` median, else the probe's), combined decode (BetterBench median with its min-max band),
-    GSM8K accuracy (subset runs hollow)."""
-    releases = list(by_release)
-    picks = {rel: {k: _pick(recs, k, HISTORY_STATUSES) for k in ("betterbench", "probe", "gsm8k")}
-             for rel, recs in by_release.items()}
-    configs = sorted({c for p in picks.values() for d in p.values() for c in d})
-    step, combined, gsm = [], [], []
-    for cfg in configs:
-        s_vals, s_lo, s_hi, s_probe, c_vals, c_lo, c_hi, g_vals, g_sub = ([] for _ in range(9))
-        for rel in releases:
-            bb, pr, gs = (picks[rel][k].get(cfg) for k in ("betterbench", "probe", "gsm8k"))
-            summ = (bb.metrics.get("summary") or {}) if bb else {}
-            sb = summ.get("decode_step_ms") or {}
-            v = _num_or_none(sb.get("median"))
-            if v is None and bb:
-                v = _num_or_none(bb.metrics.get("decode_step_ms"))
-            from_probe = v is None and pr is not None and _num_or_none(pr.metrics.get("decode_step_ms")) is not None
-            if from_probe:
-                v = _num_or_none(pr.metrics.get("decode_step_ms"))
-            s_vals.append(v)
-            s_lo.append(None if from_probe or v is None else _num_or_none(sb.get("min")))
-            s_hi.append(None if from_probe or v is None else _num_or_none(sb.get("max")))
-            s_probe.append(from_probe)
-            cb = summ.get("combined_decode_tok_s") or {}
-            cv = _num_or_none(cb.get("median"))
-            if cv is None and bb:
-                cv = _num_or_none(bb.metrics.get("combined_decode_tok_s"))
-            c_vals.append(cv)
-            c_lo.append(_num_or_none(cb.get("min")) if cv is not None else None)
-            c_hi.append(_num_or_none(cb.get("max")) if cv is not None else None)
-            acc = _num_or_none(gs.metrics.get("accuracy")) if gs else None
-            g_vals.append(None if acc is None else 100 * acc)
-            g_sub.append(bool(gs and gs.dataset and gs.dataset.subset))
-        step.append(HistoryLine(cfg, s_vals, s_lo, s_hi, hollow=s_probe))
-        combined.append(HistoryLine(cfg, c_vals, c_lo, c_hi))
-        gsm.append(HistoryLine(cfg, g_vals, hollow=g_sub))
-    return [
-        HistoryPanel("decode step p50 (ms, lower is better; bars: min-max across passes)", "ms", step,
-                     "BetterBench", "probe (no BetterBench record)"),
-        HistoryPanel("BetterBench combined decode (tok/s, higher is better; bars: min-max across passes)", "tok/s",
-                     combined),
-        HistoryPanel("GSM8K accuracy (%, primary extraction)", "%", gsm, "full test set", "subset", y_max=100.0),
-    ]
-
-
-def render_figures(reports: Path, release: str, baseline: str | None = None,
-                   notes: list[str] | None = None) -> list[PlotFile]:
-    """Draw the release's pictures from its records (and the baseline's, and every earlier release's for the
-    history view) into ``reports/<release>/figures/``.
-
-    Per configuration with a BetterBench record: ``<config>/<suite>-concurrency.png`` and, where the record
-    holds ``latency_samples``, ``<config>/<suite>-latency.png`` (the baseline's record of the same
-    configuration and suite drawn beside the candidate's where it exists); per configuration with a soak record
-    holding memory samples: ``<config>/<suite>-memory.png``; and ``history.png`` when at least two releases up to
-    ``release`` hold a decode step, combined decode or GSM8K figure. Records that did not run the tree under
-    validation (wrong-tree, plugin-inactive) or were skipped are not drawn; an error record is drawn with
-    what it measured; the history takes suites that ran to the end (pass or fail). A figure whose data is
-    missing is not written, and a PNG of these kinds left in ``figures/`` by an earlier call that this call
-    did not write is removed. Files are written atomically, mode 0644, ``SIZE_PX`` (history
-    ``HISTORY_SIZE_PX``) at ``DPI``.
-
-    Args:
-        reports: the reports folder (``reports/<release>/<config>/<suite>.json``).
-        release: the candidate release.
-        baseline: the release to draw beside it, or None for none (pass the notes' baseline, e.g.
-            ``validate.compare.resolve_baseline(reports, release, None)``). Its record of a suite is drawn only
-            where it measured the same thing (:func:`validate.perfgate.comparable`, the performance gate's rule).
-        notes: where given, a line per figure that could not be drawn (a record holding values no figure can
-            show) or per baseline left out, and why; the figure is then not written, and nothing raises.
-
-    Returns:
-        What was written, per configuration in name order (concurrency, latency, memory), then the history.
-
-    Raises:
-        InputError: a bad release name, or a record of ``release`` or ``baseline`` that does not read (records of
-            other releases that do not read are left out of the history).
-        OSError: the figures folder cannot be written.
-    """
-    from validate.perfgate import comparable
-
-    check_release_name(release)
-    if baseline == release:
-        baseline = None
-    if baseline:
-        check_release_name(baseline)
-    rel_dir = reports / release
-    out_dir = rel_dir / FIGURES
-    cand = release_records(reports, release)
-    base = release_records(reports, baseline, skipped=[]) if baseline else []
-    base_by = {(r.config, r.suite): r for r in base if r.verdict.status in DRAWN}
-    written: list[PlotFile] = []
-
-    def emit(name: str, title: str, config: str | None, kind: PlotKind, plot, *args) -> None:
-        try:
-            plot(out_dir / name, title, *args)
-        except (TypeError, ValueError, OverflowError, KeyError) as e:
-            if notes is None:
-                raise
-            notes.append(f"{name}: not drawn: the records hold values it cannot show ({type(e).__name__}: {e})")
-            return
-        written.append(PlotFile(f"{FIGURES}/{name}", title, config, kind))
-
-    def status_note(rec: Record) -> str:
-        return "" if rec.verdict.status == "pass" else f" [{rec.release} verdict: {rec.verdict.status}]"
-
-    def draw_config(cfg: str) -> None:
-        recs = [r for r in cand if r.config == cfg and r.verdict.status in DRAWN]
-        for rec in sorted((r for r in recs if r.suite_kind == "betterbench"), key=lambda r: r.suite):
-            b = base_by.get((cfg, rec.suite))
-            if b is not None and comparable(b, rec):
-                if notes is not None:
-                    notes.append(f"{cfg}/{rec.suite}: {b.release}'s record is not drawn beside it: "
-                                 + "; ".join(comparable(b, rec)))
-                b = None
-            stem = f"{_safe(cfg)}/{_safe(rec.suite)}"
-            who = f"{b.release} vs {release}" if b else release
-            verdicts = (status_note(b) if b else "") + status_note(rec)
-            sides = ([b] if b else []) + [rec]
-            # a figure is drawn when the candidate has its data; the baseline joins it where it has them too
-            bands = [concurrency_bands(r, r.release) for r in sides]
-            agg = [a for a, _ in bands if a] if bands[-1][0] else []
-            per = [p for _, p in bands if p] if bands[-1][1] else []
-            if agg or per:
-                mns = (rec.config_snapshot.get("server") or {}).get("max_num_seqs")
-                emit(f"{stem}-concurrency.png", f"{cfg}: BetterBench throughput against concurrency, {who} (tok/s){verdicts}",
-                     cfg, "concurrency", plot_concurrency, agg, per, mns if isinstance(mns, int) else None)
-            lat = [latency_series(r) for r in sides]
-            ttft = [s for t, _ in lat for s in t] if lat[-1][0] else []
-            itl = [s for _, i in lat for s in i] if lat[-1][1] else []
-            if ttft or itl:
-                emit(f"{stem}-latency.png", f"{cfg}: BetterBench TTFT and ITL distributions, {who} (ms){verdicts}",
-                     cfg, "latency", plot_latency, ttft, itl, release)
-        for rec in sorted((r for r in recs if r.suite_kind == "soak"), key=lambda r: r.suite):
-            series = memory_series(rec)
-            if not series:
-                continue
-            m = rec.metrics
-            died = _num_or_none(m.get("server_died_at_s"))
-            dur = _num_or_none(m.get("duration_s"))
-            span = ""
-            if dur and isinstance(m.get("clients"), int):
-                span = f", {m['clients']} clients, " + (f"{dur / 60:.1f} min" if dur >= 300 else f"{dur:.0f} s")
-            emit(f"{_safe(cfg)}/{_safe(rec.suite)}-memory.png",
-                 f"{cfg}: soak memory over time, {release}{span} (MiB){status_note(rec)}", cfg, "memory",
-                 plot_memory, series, _num_or_none(m.get("max_slope_mib_per_min")), died)
-
-    for cfg in sorted({r.config for r in cand}):
-        try:  # a record holding values no figure can show (edited by hand) costs its figures, never the notes
-            draw_config(cfg)
-        except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as e:
-            if notes is None:
-                raise
-            notes.append(f"{cfg}: figures not drawn: the records hold values they cannot show ({type(e).__name__}: {e})")
-
-    names = history_releases(reports, release)
-    by_release = {rel: (cand if rel == release else base if rel == baseline else _readable_records(reports, rel))
-                  for rel in names}
-    try:
-        panels = history_panels(by_release)
-    except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as e:
-        if notes is None:
-            raise
-        notes.append(f"history.png: not drawn: the records hold values it cannot show ({type(e).__name__}: {e})")
-        panels, names = [], []
-    with_data = [i for i, rel in enumerate(names)
-                 if any(ln.values[i] is not None for p in panels for ln in p.lines)]
-    if len(with_data) >= 2:
-        keep = names[with_data[0]:]  # from the first release that holds a figure
-        off = with_data[0]
-        for p in panels:
-            for ln in p.lines:
-                ln.values = ln.values[off:]
-                ln.lo = ln.lo[off:] if ln.lo else None
-                ln.hi = ln.hi[off:] if ln.hi else None
-                ln.hollow = ln.hollow[off:]
-        shown = [name for name, p in zip(HISTORY_NAMES, panels) if any(v is not None for ln in p.lines for v in ln.values)]
-        emit("history.png", f"Release history up to {release}: {', '.join(shown)}", None, "history",
-             plot_history, keep, panels)
-
-    keep = {out_dir / Path(f.path).relative_to(FIGURES) for f in written}
-    if out_dir.is_dir():  # figures of an earlier render that this one no longer draws
-        for p in [out_dir / "history.png", *out_dir.glob("*/*.png")]:
-            ours = p.name == "history.png" or p.name.endswith(("-concurrency.png", "-latency.png", "-memory.png"))
-            if ours and p.is_file() and p not in keep:
-                p.unlink(missing_ok=True)
-        for d in out_dir.iterdir():
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-    return written
