@@ -11,7 +11,7 @@
 # Steps (a fresh H200 compiles every kernel cold; a device call may run 10 minutes, so give it three or four):
 #   env        every vLLM module r9k binds to (pins.toml's roots) and fla import from the archive (~10 s)
 #   gates      the vLLM dispatch gates and the Gluon fp8 gates (~3-4 min)
-#   gates_all  every GPU kernel gate (over 5 min cold, 8 workers; with 2+ GPUs also the all-reduce's)
+#   gates_all  every GPU kernel gate (~7 min cold, 8 workers; with 2+ GPUs also the all-reduce's)
 #   gdn32      the GDN prefill crossover at 16 : 32 heads, r9k's dispatch against vLLM's chunked core (~3 min)
 #   gdn8       the same at 4 : 8 heads (the seeds' TP 4 rank, ~3 min)
 #   gdn        gdn_seq against fla's recurrent and chunked cores, gdn_conv against vLLM's (needs fla-core, ~2 min)
