@@ -20,6 +20,10 @@ prefills past the capture sizes) waits for it. A plan is what stays the same bet
   constexprs, the split-K choice; the first call of a plan runs the general path (its checks, the kernels it
   compiles) and nothing is checked again on the hot path.
 
+A plan holds its weight and scales (their descriptor is encoded over them), so a weight replaced by a new
+tensor stays alive while its plan does: a caller that reloads weights into new tensors calls
+:func:`plans_clear` after (in place, ``weight.copy_``, keeps every plan valid).
+
 On a Hopper GPU with Gluon the plan covers the Gluon decode kernels and the warp-specialised prefill kernel;
 elsewhere (ROCm, Gluon off) the tile kernel and, on a TMA GPU, the TMA prefill kernel; other configurations,
 the interpreter and CPU tensors call the general path (a plan that is that call).
@@ -334,7 +338,7 @@ def _gemm_launch(M, K, qb, sb, out_dtype, a_fmt, b_fmt, cfg, gluon_ok, dev):
             else:
                 ws = lock = c
             gemm(grid, (wd, _desc(TD, qa.view(fp8), [BM, GROUP], a_layout), sa, sb, c, ws, lock, M, N, K, kb_per,
-                        split, nkb, ssbn, N) + tail)
+                        split, nkb, ssbn, N) + tail, num_warps=BN // 16)
             return c
 
         return run

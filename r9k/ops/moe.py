@@ -149,6 +149,7 @@ class _State:
     backend: str = "cpu"          # "cpu": CPUUnquantizedExperts; "triton": TritonExperts (CUDA, ROCm)
     experts_cls: Any = None
     current: tuple[int, int] | None = None  # (the layer's experts, the step's tokens) while a Triton step runs
+    owner: int | None = None  # the thread running that step: another thread's TritonExperts calls are not its
 
 
 STATE = _State()
@@ -499,7 +500,7 @@ def _wrap_triton_func(name: str, original: Callable) -> Callable:
         @functools.wraps(original)
         def wrapped(w1_shape, w2_shape, top_k, dtype, M, block_shape=None):
             cur = STATE.current
-            if cur is not None:
+            if cur is not None and STATE.owner in (None, threading.get_ident()):
                 E, T = cur
                 w1_shape, w2_shape, M = (E, *tuple(w1_shape)[1:]), (E, *tuple(w2_shape)[1:]), T
             return original(w1_shape, w2_shape, top_k, dtype, M, block_shape=block_shape)
@@ -507,7 +508,7 @@ def _wrap_triton_func(name: str, original: Callable) -> Callable:
         @functools.wraps(original)
         def wrapped(topk_ids, config, num_tokens, top_k_num, global_num_experts, expert_map, **kwargs):
             cur = STATE.current
-            if cur is not None and expert_map is None:
+            if cur is not None and expert_map is None and STATE.owner in (None, threading.get_ident()):
                 E, T = cur
                 num_tokens, global_num_experts = T, max(E, int(global_num_experts))
             return original(topk_ids, config, num_tokens, top_k_num, global_num_experts, expert_map, **kwargs)
@@ -544,8 +545,16 @@ def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
 
     def rows(t: Any, i: int, j: int) -> Any:  # a per-token tensor's rows i..j-1; anything else as is
         return t[i:j] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == T else t
+    # vLLM's modular kernel carves the output and workspace13 out of one buffer where it runs one chunk (ROCm
+    # without aiter's fused MoE): a second apply of this step would write its intermediate over the rows the
+    # first wrote, so a step of several applies there writes into its own output, copied back once
+    out = a["output"]
+    ws13 = a.get("workspace13")
+    shared = (isinstance(ws13, torch.Tensor) and isinstance(out, torch.Tensor) and ws13.numel() > 0
+              and out.untyped_storage().data_ptr() == ws13.untyped_storage().data_ptr())
+    private = None
     with STATE.lock:
-        STATE.current = (cache.E, T)
+        STATE.current, STATE.owner = (cache.E, T), threading.get_ident()
         try:
             for b0 in range(0, T, cache.max_tokens):
                 b1 = min(T, b0 + cache.max_tokens)
@@ -554,20 +563,25 @@ def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
                 if before is not None:
                     entry.distinct_max = max(entry.distinct_max, cache.stats.distinct - before)
                 entry.staged += sum(len(x) for x in plan.stage_of_chunk)
+                if shared and private is None and (T > cache.max_tokens or len(plan.chunks) > 1):
+                    private = torch.empty_like(out)
+                dst = out if private is None else private
                 for c, (t0, t1) in enumerate(plan.chunks):
                     if t1 <= t0:
                         continue
                     slot_ids = cache.stage(plan, c) if len(plan.chunks) > 1 else plan.slot_ids
                     i, j = b0 + t0, b0 + t1
                     kw = dict(a)
-                    kw.update(output=a["output"][i:j], hidden_states=a["hidden_states"][i:j],
+                    kw.update(output=dst[i:j], hidden_states=a["hidden_states"][i:j],
                               topk_weights=a["topk_weights"][i:j], topk_ids=slot_ids, a1q_scale=rows(a1q, i, j))
                     if (i, j) == (0, T):
-                        kw["output"], kw["hidden_states"], kw["topk_weights"] = (a["output"], a["hidden_states"],
+                        kw["output"], kw["hidden_states"], kw["topk_weights"] = (dst, a["hidden_states"],
                                                                                  a["topk_weights"])
                     STATE.original_apply(**kw)
+            if private is not None:
+                out.copy_(private)
         finally:
-            STATE.current = None
+            STATE.current = STATE.owner = None
     if STATE.stats and time.monotonic() - entry.last_log >= STATE.stats_sec and not (
             torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         entry.last_log = time.monotonic()

@@ -180,3 +180,55 @@ def test_a_changed_function_signature_fails_the_install(triton, monkeypatch):
     with pytest.raises(moe.SignatureMismatch, match="try_get_optimal_moe_config"):
         moe.install(experts_cls=FakeExperts, backend="triton", triton_module=bad)
     assert "apply" not in vars(FakeExperts) or FakeExperts.apply.__name__ == "apply"
+
+
+class Clobbering(FakeExperts):
+    """TritonExperts as it behaves where vLLM carves the output and workspace13 out of one buffer (ROCm without
+    aiter's fused MoE): each apply writes its intermediate into workspace13 from its start, then its output."""
+
+    def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+              expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+              apply_router_weight_on_input):
+        workspace13.view(-1)[: output.numel()].fill_(-1e9)  # the chunk's intermediate cache
+        super().apply(output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+                      expert_map, a1q_scale, a2_scale, workspace13, workspace2, expert_tokens_meta,
+                      apply_router_weight_on_input)
+
+
+@pytest.mark.parametrize("aliased", [True, False])
+def test_a_step_of_several_applies_keeps_rows_an_aliased_workspace_would_overwrite(triton, aliased):
+    """Where the output shares its buffer with workspace13, the second chunk's intermediate would land on the
+    rows the first chunk wrote: the step writes into its own output then, and the rows equal stock's."""
+    triton(R9K_MOE_CACHE_STAGING=2)
+    moe.uninstall()
+    moe.install(experts_cls=Clobbering, backend="triton", triton_module=FAKE_MODULE)
+    stock, _ = _layer()
+    layer, experts = _layer(cls=Clobbering)
+    holder = torch.nn.Module()
+    holder.x = layer
+    assert moe.take_model(holder) == 1
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32)
+    x, w = torch.randn(4, 2), torch.rand(4, 2)
+    buf = torch.empty(64)
+    out, ws13 = (buf[:8].view(4, 2), buf) if aliased else (torch.empty(4, 2), torch.empty(64))
+    experts.apply(out, x, layer.w13_weight, layer.w2_weight, w, ids, "silu", 8, None, None, None, ws13, None,
+                  None, False)
+    ref = torch.empty(4, 2)
+    FakeExperts.apply(stock.quant_method.moe_kernel.fused_experts, ref, x, stock.w13_weight, stock.w2_weight, w,
+                      ids, "silu", 8, None, None, None, None, None, None, False)
+    assert len(experts.calls) > 1 and torch.equal(out, ref)
+
+
+def test_another_threads_experts_calls_are_not_the_steps():
+    import threading
+
+    seen = []
+    moe.STATE.current, moe.STATE.owner = (8, 4), threading.get_ident() + 1
+    try:
+        wrapped = moe._wrap_triton_func("_prepare_expert_assignment", _assign)
+        seen.append(wrapped(None, {}, 1, 2, 5, None))
+        moe.STATE.owner = threading.get_ident()
+        seen.append(wrapped(None, {}, 1, 2, 5, None))
+    finally:
+        moe.STATE.current = moe.STATE.owner = None
+    assert seen == [(1, 5), (4, 8)]
