@@ -338,7 +338,7 @@ def _gemm_launch(M, K, qb, sb, out_dtype, a_fmt, b_fmt, cfg, gluon_ok, dev):
             else:
                 ws = lock = c
             gemm(grid, (wd, _desc(TD, qa.view(fp8), [BM, GROUP], a_layout), sa, sb, c, ws, lock, M, N, K, kb_per,
-                        split, nkb, ssbn, N) + tail, num_warps=BN // 16)
+                        split, nkb, ssbn, N) + tail)  # (num_warps: the positional constexpr, BN // 16)
             return c
 
         return run
