@@ -64,8 +64,9 @@ def _vllm_block_mm():
     return w8a8_triton_block_scaled_mm
 
 
-def torch_block_mm(qa, sa_cm, qb, sb):
-    """torch's block-scaled _scaled_mm as vLLM's BlockWiseTorchFP8ScaledMMLinearKernel calls it."""
+def _pad_rows4(qa, sa_cm):
+    """(qa, sa_cm, M, pad): A [M, K] and its column-major scales [M, K/128] padded to a multiple of 4 rows, as
+    vLLM pads them for torch's block-scaled GEMM (the padded rows' output is dropped)."""
     M = qa.shape[0]
     pad = (-M) % 4
     if pad:
@@ -74,6 +75,12 @@ def torch_block_mm(qa, sa_cm, qb, sb):
         sp = sa_cm.new_empty((sa_cm.shape[1], M + pad)).t()
         sp[:M] = sa_cm
         qa, sa_cm = ap, sp
+    return qa, sa_cm, M, pad
+
+
+def torch_block_mm(qa, sa_cm, qb, sb):
+    """torch's block-scaled _scaled_mm as vLLM's BlockWiseTorchFP8ScaledMMLinearKernel calls it."""
+    qa, sa_cm, M, pad = _pad_rows4(qa, sa_cm)
     out = torch._scaled_mm(qa, qb.t(), scale_a=sa_cm, scale_b=sb.t(), out_dtype=torch.bfloat16)
     out = out[0] if isinstance(out, tuple) else out
     return out[:M] if pad else out
@@ -86,14 +93,7 @@ def torch_f_block_mm(qa, sa_cm, qb, sb):
 
     if not hasattr(F, "scaled_mm"):
         raise Unavailable(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
-    M = qa.shape[0]
-    pad = (-M) % 4
-    if pad:
-        ap = qa.new_empty((M + pad, qa.shape[1]))
-        ap[:M] = qa
-        sp = sa_cm.new_empty((sa_cm.shape[1], M + pad)).t()
-        sp[:M] = sa_cm
-        qa, sa_cm = ap, sp
+    qa, sa_cm, M, pad = _pad_rows4(qa, sa_cm)
     out = F.scaled_mm(qa, qb.t(), sa_cm, F.ScalingType.BlockWise1x128, sb.t(), F.ScalingType.BlockWise128x128,
                       output_dtype=torch.bfloat16)
     return out[:M] if pad else out
@@ -110,11 +110,11 @@ def _no_gluon(fn):
     import kernels.fp8.wgmma as W
 
     def run():
-        W.GLUON = False
+        was, W.GLUON = W.GLUON, False
         try:
             return fn()
         finally:
-            W.GLUON = True
+            W.GLUON = was
     return run
 
 

@@ -470,12 +470,17 @@ def _lock_buffer(device, n: int) -> torch.Tensor:
     wgmma_small_m with more than one split), one buffer per (device, stream), grown on demand (kernels reset
     theirs). Per stream because two such launches running at once must not share counters; launches on one
     stream run one after another. (Not for CUDA graphs replayed on several streams at once.)"""
-    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
-        # under CUDA-graph capture the zeroing is recorded, not run: a buffer cached here would be garbage for
-        # eager calls and other graphs. This one belongs to the graph, zeroed at the start of every replay.
-        return torch.zeros(max(n, 1), dtype=torch.int32, device=device)
-    key = (str(device), torch.cuda.current_stream(device).cuda_stream
-           if torch.device(device).type == "cuda" else 0)
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    stream = 0
+    if dev.type == "cuda":
+        # (torch's raw getters, without torch.cuda's wrappers: a split-K launch of a launch plan calls this)
+        if torch._C._cuda_isCurrentStreamCapturing():
+            # under CUDA-graph capture the zeroing is recorded, not run: a buffer cached here would be garbage for
+            # eager calls and other graphs. This one belongs to the graph, zeroed at the start of every replay.
+            return torch.zeros(max(n, 1), dtype=torch.int32, device=dev)
+        stream = torch._C._cuda_getCurrentRawStream(dev.index if dev.index is not None else
+                                                    torch.cuda.current_device())
+    key = (str(dev), stream)
     buf = _LOCKS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)

@@ -37,7 +37,7 @@ from kernels._util import _interpreting
 import kernels.fp8.gemm as _g
 import kernels.fp8.wgmma as fp8_wgmma
 from kernels.fp8.common import FP8_MAX, GROUP, _check_x, _fmt_of
-from kernels.fp8.gemm import SMALL_M_MAX, _LOCKS, _tma_layout_problem, default_gemm_config, tma_supported
+from kernels.fp8.gemm import SMALL_M_MAX, _lock_buffer, _tma_layout_problem, default_gemm_config, tma_supported
 from kernels.fp8.quant import _quant_group_kernel, fp8_quant_group
 from kernels.target import target_of
 
@@ -209,23 +209,6 @@ def _desc(cls, t: torch.Tensor, block: list[int], layout=None):
     return d
 
 
-def _capturing() -> bool:
-    """torch.cuda.is_current_stream_capturing() without its Python wrapper's checks (called a split-K launch)."""
-    return torch._C._cuda_isCurrentStreamCapturing()
-
-
-def _lock(dev: torch.device, dev_key: str, stream_of, n: int) -> torch.Tensor:
-    """kernels/fp8/gemm.py ``_lock_buffer`` (the same buffers), with the stream read through the raw getter."""
-    if _capturing():
-        return torch.zeros(max(n, 1), dtype=torch.int32, device=dev)
-    key = (dev_key, stream_of())
-    buf = _LOCKS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=dev)
-        _LOCKS[key] = buf
-    return buf
-
-
 def _linear_plan(x, qb, sb, out_dtype, fmt, cfg, gluon_ok):
     """The plan :func:`fp8_linear` runs for x's bucket (see there); checks the operands first by running the
     general path once (ValueError as fp8_quant_group and fp8_block_gemm)."""
@@ -326,15 +309,13 @@ def _gemm_launch(M, K, qb, sb, out_dtype, a_fmt, b_fmt, cfg, gluon_ok, dev):
         wd = _desc(TD, qb8, [BN, GROUP], fp8_wgmma._layout((BN, GROUP), fp8))
         tail = (half, kbp, stages, bool(cfg.get("ROTATE", False)), BN // 16, fp8_wgmma._unroll(cfg, stages))
         grid = (n_tiles, split)
-        stream_of = _stream_getter(dev)
-        dev_key = str(dev)
 
         def run(qa, sa):
             M = qa.shape[0]
             c = torch.empty(M, N, dtype=out_dtype, device=dev)
             if split > 1:
                 ws = torch.empty(split, M, N, dtype=f32, device=dev)
-                lock = _lock(dev, dev_key, stream_of, n_tiles)
+                lock = _lock_buffer(dev, n_tiles)
             else:
                 ws = lock = c
             gemm(grid, (wd, _desc(TD, qa.view(fp8), [BM, GROUP], a_layout), sa, sb, c, ws, lock, M, N, K, kb_per,
@@ -388,11 +369,3 @@ def _gemm_launch(M, K, qb, sb, out_dtype, a_fmt, b_fmt, cfg, gluon_ok, dev):
         return run
     return None
 
-
-def _stream_getter(dev: torch.device):
-    """A callable giving the device's current raw stream (what the lock buffers are cached per)."""
-    raw = _launch._raw_stream()
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    if raw is None:  # pragma: no cover
-        return lambda: torch.cuda.current_stream(dev).cuda_stream
-    return lambda: raw(index)
