@@ -20,6 +20,12 @@ every process of the machine, so a client's ``perf_counter()`` and these stamps 
 GET /ground_truth returns ``{request_id: record}`` as JSON (``?id=X`` for one, ``?clear=1`` empties it after
 reading). The request id is the body's ``user`` field, else the ``x-request-id`` header, else a counter.
 
+With ``load_step_ms`` the server has a known latency model under load: a request's TTFT is ``ttft_ms`` plus
+``load_step_ms`` per answer in flight when it arrived, and every answer ends ``ttft_ms + (max_tokens - 1) *
+itl_ms`` after its arrival (a fixed service time E, the later gaps compressed). Answers never wait for one another,
+so under Poisson arrivals at rate R the answers in flight at an arrival are Poisson with mean R * E (an M/D/inf
+queue; arrivals see time averages): the rate at which a TTFT percentile crosses a limit is computable.
+
 Failure modes (server-wide flags or per request in the body's ``synth`` object, which also overrides
 ``ttft_ms``, ``itl_ms``, ``tokens_per_chunk``): ``cut_after`` N closes the connection after N content chunks
 (no final chunk, no [DONE], no terminating HTTP chunk); ``error_after`` N sends vLLM's error object
@@ -61,6 +67,8 @@ class Script:
     empty_text: bool = False     # token chunks carry their token ids with empty text (special tokens)
     reasoning: int = 0           # chat: the first this many tokens come as thinking, apart (a reasoning parser)
     metrics_bytes: int = 0       # > 0: GET /metrics answers vLLM-shaped Prometheus text of about this size
+    load_step_ms: float = 0.0    # > 0: TTFT grows this much per answer in flight at arrival; the answer still ends
+                                 # ttft_ms + (max_tokens - 1) * itl_ms after arrival (a fixed service time)
     seed: int = 0
 
 
@@ -70,6 +78,7 @@ class Record:
     arrival_ns: int
     max_tokens: int
     events: list[dict] = field(default_factory=list)  # {"t_ns", "kind", "tokens"}
+    in_flight: int = 0  # answers in flight (being streamed) when the request arrived
 
     def summary(self) -> dict:
         d = asdict(self)
@@ -143,6 +152,15 @@ class _Stream:
         self.base = {"id": f"cmpl-{rid}", "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": srv.model}
         self.due = rec.arrival_ns / 1e9 + (script.ttft_ms + self._jit(script.ttft_jitter_ms)) / 1e3
+        self.gap_ms = None  # with load_step_ms: the compressed gap that keeps the service time fixed
+        rec.in_flight = srv.in_flight
+        if script.load_step_ms > 0:
+            service_ms = script.ttft_ms + (rec.max_tokens - 1) * script.itl_ms
+            ttft = min(script.ttft_ms + script.load_step_ms * rec.in_flight, service_ms - 1e-3 * rec.max_tokens)
+            self.due = rec.arrival_ns / 1e9 + ttft / 1e3
+            self.gap_ms = (service_ms - ttft) / max(1, rec.max_tokens - 1)
+        srv.in_flight += 1
+        self.open = True
         conn.busy = True
         conn.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                              b"transfer-encoding: chunked\r\n\r\n")
@@ -178,10 +196,12 @@ class _Stream:
     def _step(self) -> None:
         sc, conn = self.sc, self.conn
         if conn.transport is None or conn.transport.is_closing():
+            self._close()
             return
         if sc.cut_after >= 0 and self.sent_chunks >= sc.cut_after:
             self.rec.events.append({"t_ns": time.perf_counter_ns(), "kind": "cut", "tokens": 0})
             conn.transport.close()
+            self._close()
             return
         if sc.error_after >= 0 and self.sent_chunks >= sc.error_after:
             err = {"error": {"message": "synthetic engine failure", "type": "InternalServerError", "code": 500}}
@@ -214,10 +234,16 @@ class _Stream:
             self._finish()
             return
         self._send(events)
-        self.due += (sc.itl_ms + self._jit(sc.itl_jitter_ms)) / 1e3
+        self.due += (self.gap_ms if self.gap_ms is not None else sc.itl_ms + self._jit(sc.itl_jitter_ms)) / 1e3
         self.srv.loop.call_at(self._loop_time(self.due), self._step)
 
+    def _close(self) -> None:
+        if self.open:
+            self.open = False
+            self.srv.in_flight -= 1
+
     def _finish(self) -> None:
+        self._close()
         self.conn.busy = False
         if self.conn.buf:  # a request that arrived while we streamed (pipelining): serve it now
             self.conn.data_received(b"")
@@ -234,6 +260,7 @@ class SynthServer:
         self._conns: set[_Conn] = set()
         self._server: asyncio.base_events.Server | None = None
         self._counter = 0
+        self.in_flight = 0  # answers being streamed now
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property

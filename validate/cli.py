@@ -91,7 +91,8 @@ def _opts(args) -> "RunOptions":
                       data_dir=resolve_data_dir(args.data_dir),
                       model_cache=Path(args.model_cache) if args.model_cache else None,
                       url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None,
-                      launch_timeout_s=getattr(args, "launch_timeout", None))
+                      launch_timeout_s=getattr(args, "launch_timeout", None),
+                      baseline=getattr(args, "baseline", None))
 
 
 def _external(opts, args):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from pathlib import Path
 from typing import Literal
@@ -120,6 +121,27 @@ class Hardware(_Strict):
     resources: dict[str, float] = Field(default_factory=dict, description="extra Ray custom resources for placement")
 
 
+class SloSpec(_Strict):
+    """Service-level objectives of a configuration (``slo:`` in serve/*.yaml; an arrivals suite may override
+    them): a request meets them when its TTFT and TPOT are within the limits (validate.metrics.meets_slo), a
+    probe when the ``percentile``-th TTFT and TPOT of its requests are (MLPerf LoadGen's Server scenario: p99
+    TTFT 2,000 ms and p99 TPOT 100 ms for Llama-2-70B). They depend on the hardware and the model."""
+
+    ttft_ms: float | None = Field(None, gt=0, description="time to first token limit, ms")
+    tpot_ms: float | None = Field(None, gt=0, description="time per output token limit, ms")
+    percentile: float = Field(99.0, gt=0, le=100, description="the percentile a probe's figures are judged at")
+
+    @model_validator(mode="after")
+    def _a_limit(self):
+        if self.ttft_ms is None and self.tpot_ms is None:  # else every request meets it
+            raise ValueError("an SLO needs ttft_ms, tpot_ms or both")
+        for k in ("ttft_ms", "tpot_ms"):
+            v = getattr(self, k)
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"{k} must be a finite number of ms")
+        return self
+
+
 class ServeConfig(_Strict):
     """One serving configuration. ``serve/<name>.yaml``; unknown keys are errors."""
 
@@ -135,6 +157,8 @@ class ServeConfig(_Strict):
     think_end: str = Field(DEFAULT_THINK_END, min_length=1, max_length=64,
                            description="end-of-thinking marker: answers are scored on the text after its last "
                                        "occurrence (validate.reasoning)")
+    slo: SloSpec | None = Field(None, description="service-level objectives the arrivals suite searches the highest "
+                                "rate for")
     perf_noise_pct: float | None = Field(
         None, ge=0, le=100, description="the run-to-run drift of BetterBench medians between runs of one tree on this "
         "configuration's hardware, percent (measured: python -m benchmarks.serving.perf_gate_fp); the performance "
@@ -156,13 +180,14 @@ class ServeConfig(_Strict):
     def digest(self) -> str:
         """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup.
         The description and the launch timeout change nothing that is measured and are left out; so is the
-        end-of-thinking marker at its default and an unset perf_noise_pct, so that a configuration keeps its hash
+        end-of-thinking marker at its default and an unset perf_noise_pct or slo, so that a configuration keeps its hash
         from before those fields."""
         d = self.model_dump(mode="json", exclude={"description", "launch_timeout_s"})
         if d["think_end"] == DEFAULT_THINK_END:
             del d["think_end"]
-        if d["perf_noise_pct"] is None:
-            del d["perf_noise_pct"]
+        for k in ("perf_noise_pct", "slo"):
+            if d[k] is None:
+                del d[k]
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

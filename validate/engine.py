@@ -59,6 +59,7 @@ class RunOptions:
     tree: Path | None = None  # the source tree under validation; default: root when it holds r9k/, else this package's
     launch_timeout_s: float | None = None  # overrides every configuration's launch_timeout_s
     external_config: ServeConfig | None = None  # the configuration of a --url server that serve/ does not hold
+    baseline: str | None = None  # release --baseline as given: suites that take a hint from the baseline read it
 
     def tree_root(self) -> Path:
         if self.tree is not None:
@@ -142,6 +143,35 @@ def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
     if not during.stats and not during.malformed:
         return None
     return counters.delta(before, during)
+
+
+def write_attachments(record: Path, files: dict[str, tuple[bytes, str]]) -> dict[str, dict]:
+    """Write each ``name -> (content, extension)`` beside ``record`` as ``<suite>.<name>.<sha256[:12]>.<ext>``
+    (atomically: a temp file fsynced and renamed; the hash in the name keeps an earlier run's file, which its
+    record in history/ names, in place) and return what the record keeps of each: ``{"file", "sha256", "bytes",
+    "lines"}``. Raises OSError when the folder cannot be written."""
+    import hashlib
+    import os
+    import tempfile
+
+    out = {}
+    for name, (blob, ext) in files.items():
+        digest = hashlib.sha256(blob).hexdigest()
+        target = record.parent / f"{record.stem}.{name}.{digest[:12]}.{ext}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        out[name] = {"file": target.name, "sha256": digest, "bytes": len(blob), "lines": blob.count(b"\n")}
+    return out
 
 
 def check_metrics(runner, result: SuiteResult) -> None:
@@ -357,7 +387,7 @@ class Engine:
         verdict: Verdict
         log_from = srvmod.log_size(server.log_path or self.o.server_log) if server is not None else 0
         try:
-            result = asyncio.run(self._run_async(runner, cfg, s, server))
+            result = asyncio.run(self._run_async(runner, cfg, s, server, self.baseline_hint(release, cfg, s, runner)))
             if server is not None:
                 result.moe_cache = moe_counters(server.log_path or self.o.server_log, log_from)
             verdict = self._verdict(s, result, server, log_from)
@@ -378,7 +408,29 @@ class Engine:
                  + (f" ({esc(rec.verdict.cause)})" if rec.verdict.cause else ""))
         return rec
 
-    async def _run_async(self, runner, cfg, s: LoadedSuite, server):
+    def baseline_hint(self, release: str, cfg: ServeConfig, s: LoadedSuite, runner) -> dict | None:
+        """``{"release", "value"}``: what ``runner.baseline_hint`` takes from the baseline's record of this
+        configuration and suite (the baseline as the verdict would choose it for this kind alone: ``--baseline``,
+        else the previous release holding such a record), or None (no hint wanted, no baseline, no such record,
+        or a record that cannot be read: the suite then runs without it and its gate says what it lacks)."""
+        if runner.baseline_hint is None:
+            return None
+        from validate.compare import choose_baseline
+
+        try:
+            base, _ = choose_baseline(self.o.reports, release, self.o.baseline, {(cfg.name, s.spec.kind)})
+            if base is None or base == release:
+                return None
+            path = record_path(self.o.reports, base, cfg.name, s.spec.name)
+            if not path.exists():
+                return None
+            value = runner.baseline_hint(read_record(path))
+        except (InputError, OSError, ValueError) as e:
+            self.say(f"{cfg.name}/{s.spec.name}: the baseline's record could not be read ({esc(str(e))}): run without it")
+            return None
+        return {"release": base, "value": value} if value is not None else None
+
+    async def _run_async(self, runner, cfg, s: LoadedSuite, server, baseline_hint: dict | None = None):
         client = None
         if server is not None:
             client = OpenAIClient(server.url, server.model, max_connections=512)
@@ -399,7 +451,8 @@ class Engine:
         ctx = RunContext(root=self.o.root, config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
                          record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
                          server_gone=server_gone, server_pid=server.main_pid if server is not None else None,
-                         progress=bar.update if bar else (lambda *a, **k: None), log=self.say)
+                         progress=bar.update if bar else (lambda *a, **k: None), log=self.say,
+                         baseline_hint=baseline_hint)
         from validate.server_metrics import ServerMetrics
 
         sm = ServerMetrics(server.url if server is not None else None)
@@ -455,10 +508,11 @@ class Engine:
             model=cfg.model.source_name(),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
             server_metrics=result.server_metrics, moe_cache=result.moe_cache, client=result.client_tally,
-            gate=s.spec.gate.model_dump(), perf_gate=s.perf_gate(),
+            gate=s.spec.gate.model_dump(), perf_gate=s.perf_gate(), share_gate=s.share_gate(),
         )
         path = record_path(self.o.reports, release, cfg.name, s.spec.name)
         try:
+            rec.attachments = write_attachments(path, result.attachments) or None
             write_record(path, rec)
         except OSError as e:
             raise ReportsError(f"cannot write the record {path}: {e.strerror or e} (records written before it are "

@@ -139,3 +139,98 @@ def combined_decode(tpot_p50_ms: dict[int, float | None], max_num_seqs: int) -> 
 
     rates = [1e3 / t for c, t in sorted(tpot_p50_ms.items()) if c <= max_num_seqs and t]
     return math.exp(sum(map(math.log, rates)) / len(rates)) if rates else None
+
+
+# ---- open-loop load: the SLO, goodput -------------------------------------------------------------------
+def meets_slo(r: RequestResult, ttft_ms: float | None, tpot_ms: float | None) -> bool:
+    """Whether one request met the service-level objectives: it succeeded, its TTFT is at most ``ttft_ms`` and
+    its TPOT (:func:`tpot_s`) at most ``tpot_ms`` (a limit of None is not checked). A request without a TPOT
+    (every token in its first chunk) is judged on its TTFT alone: that chunk's time already holds the whole
+    answer. This is ``vllm bench serve --goodput``'s per-request rule (vllm/benchmarks/serve.py: a request is
+    good when each of its measured figures is within its SLO)."""
+    if not r.ok or r.ttft_s is None:
+        return False
+    if ttft_ms is not None and r.ttft_s * 1e3 > ttft_ms:
+        return False
+    t = tpot_s(r)
+    return not (tpot_ms is not None and t is not None and t * 1e3 > tpot_ms)
+
+
+@dataclass
+class ProbeMetrics:
+    """One open-loop probe at a scheduled rate (times in ms, rates per second).
+
+    ``good``: requests meeting the SLO per request (:func:`meets_slo`); ``goodput_per_s``: good / the probe's
+    duration (first scheduled arrival's probe start to the last request's end); ``good_share``: good / requests.
+    ``meets``: the probe meets the SLO the way MLPerf LoadGen's Server scenario judges a run: the ``percentile``-th
+    TTFT and TPOT of all requests within their limits, and every request answered (a failed request has no
+    latency, and leaving it out would flatter the percentile). ``lag_ms_*``: how late the client
+    sent each request against its schedule.
+    """
+
+    rate_per_s: float
+    requests: int
+    ok: int
+    errors: int
+    good: int
+    good_share: float | None
+    duration_s: float
+    achieved_rate_per_s: float
+    goodput_per_s: float
+    output_tok_s: float
+    ttft_ms_p50: float | None
+    ttft_ms_p99: float | None
+    ttft_ms_pslo: float | None
+    tpot_ms_p50: float | None
+    tpot_ms_p99: float | None
+    tpot_ms_pslo: float | None
+    itl_ms_p99: float | None
+    e2el_ms_p50: float | None
+    lag_ms_p99: float | None
+    lag_ms_max: float | None
+    meets: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def probe_metrics(rate_per_s: float, results: list[RequestResult], lags_s: list[float], duration_s: float,
+                  ttft_ms: float | None, tpot_ms: float | None, percentile: float = 99.0) -> ProbeMetrics:
+    """The :class:`ProbeMetrics` of one probe.
+
+    Args:
+        results: every request of the probe, failed ones included.
+        lags_s: per request, its send time minus its scheduled time (seconds).
+        duration_s: the probe's wall time (seconds, > 0).
+        ttft_ms, tpot_ms, percentile: the SLO (limits in ms; None leaves that figure unchecked).
+    Raises:
+        ValueError: ``duration_s`` is not positive or ``percentile`` lies outside (0, 100].
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be positive, got {duration_s}")
+    if not 0 < percentile <= 100:
+        raise ValueError(f"percentile must lie in (0, 100], got {percentile}")
+    good = [r for r in results if r.ok]
+    n_good = sum(meets_slo(r, ttft_ms, tpot_ms) for r in results)
+    ttft = [r.ttft_s * 1e3 for r in good if r.ttft_s is not None]
+    tpot = [t * 1e3 for r in good if (t := tpot_s(r)) is not None]
+    # the percentile the SLO is judged at counts a request without a TPOT as 0 (its TTFT holds its whole time)
+    tpot_or_0 = [(t * 1e3 if (t := tpot_s(r)) is not None else 0.0) for r in good if r.ttft_s is not None]
+    itl = [(r.chunk_times[i] - r.chunk_times[i - 1]) * 1e3 / max(1, r.chunk_tokens[i])
+           for r in good for i in range(1, len(r.chunk_times))]
+    r3 = lambda v, q: None if (x := pct(v, q)) is None else round(x, 3)  # noqa: E731
+    ttft_p, tpot_p = r3(ttft, percentile), r3(tpot_or_0, percentile)
+    # every request answered: a failed one has no latency, and leaving it out would flatter the percentile
+    meets = bool(results) and len(good) == len(results) and ttft_p is not None and tpot_p is not None and (
+        ttft_ms is None or ttft_p <= ttft_ms) and (tpot_ms is None or tpot_p <= tpot_ms)
+    lag_ms = [x * 1e3 for x in lags_s]
+    return ProbeMetrics(
+        rate_per_s=rate_per_s, requests=len(results), ok=len(good), errors=len(results) - len(good), good=n_good,
+        good_share=round(n_good / len(results), 6) if results else None, duration_s=round(duration_s, 3),
+        achieved_rate_per_s=round(len(results) / duration_s, 4), goodput_per_s=round(n_good / duration_s, 4),
+        output_tok_s=round(sum(r.output_tokens or 0 for r in good) / duration_s, 3),
+        ttft_ms_p50=r3(ttft, 50), ttft_ms_p99=r3(ttft, 99), ttft_ms_pslo=ttft_p,
+        tpot_ms_p50=r3(tpot, 50), tpot_ms_p99=r3(tpot, 99), tpot_ms_pslo=tpot_p, itl_ms_p99=r3(itl, 99),
+        e2el_ms_p50=r3([r.e2el_s * 1e3 for r in good], 50), lag_ms_p99=r3(lag_ms, 99),
+        lag_ms_max=round(max(lag_ms), 3) if lag_ms else None, meets=meets,
+    )

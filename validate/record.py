@@ -138,15 +138,21 @@ class Record(BaseModel):
     # (validate.engine.moe_counters, r9k.counters.delta): {"layers": [...], "total": {...}, "malformed": n}
     moe_cache: dict[str, Any] | None = None
     client: dict[str, Any] | None = None  # the same requests as the client saw them (validate.client.Tally.summary)
+    # files written beside the record: name -> {"file": name in the record's folder, "sha256", "bytes", "lines"}
+    attachments: dict[str, dict[str, Any]] | None = None
     # the suite's gate as it ran ({"max": {metric: bound}, "min": {...}}) and, for BetterBench, its performance
     # gate ({"thresholds_pct": {...}, "alpha": a}): a reader judges by these, never by the checkout's suite files.
     # None in schema 1 records.
     gate: StoredGate | None = None
     perf_gate: dict[str, Any] | None = None
+    # the share gates' thresholds ({"slo_share_drop_pts", "acceptance_drop_pts", "alpha"}: validate.loadgate)
+    share_gate: dict[str, Any] | None = None
     #: set by :func:`read_record` (never stored): why the verdict read was not the one stored
     rechecked: str | None = Field(None, exclude=True)
     #: set by the verdict (never stored): the stored gate differs from the suite file's of the same tree
     gate_mismatch: str | None = Field(None, exclude=True)
+    #: set by the verdict (never stored): why the record does not stand on its attachments (Runner.audit)
+    audit_failed: str | None = Field(None, exclude=True)
 
     @property
     def passed(self) -> bool:

@@ -321,3 +321,49 @@ def min_detectable_regression(n: int, discordant_rate: float, alpha: float = 0.0
         else:
             lo = mid
     return r * (2.0 * hi - 1.0)
+
+
+@dataclass(frozen=True)
+class TwoProportionResult:
+    """One-sided two-proportion z-test that the candidate's share is below the baseline's.
+
+    ``share_base`` / ``share_cand``: successes / trials of each side; ``drop_pts``: their difference in
+    percentage points (positive = the candidate lower); ``z`` and ``p_one_sided`` from the pooled-variance test
+    (statsmodels.stats.proportion.proportions_ztest, alternative "smaller"). Where the pooled share is 0 or 1
+    both sides are equal and p is 1.
+    """
+
+    x_base: int
+    n_base: int
+    x_cand: int
+    n_cand: int
+    share_base: float
+    share_cand: float
+    drop_pts: float
+    z: float
+    p_one_sided: float
+
+
+def two_proportion_drop(x_base: int, n_base: int, x_cand: int, n_cand: int) -> TwoProportionResult:
+    """Test whether the candidate's share ``x_cand / n_cand`` is below the baseline's ``x_base / n_base``
+    (:class:`TwoProportionResult`).
+
+    Raises:
+        ValueError: a count that is not a whole number >= 0, no trials on a side, or more successes than trials.
+    """
+    from statsmodels.stats.proportion import proportions_ztest
+
+    xb, nb, xc, nc = (_count(k, v) for k, v in (("x_base", x_base), ("n_base", n_base), ("x_cand", x_cand),
+                                                 ("n_cand", n_cand)))
+    if nb < 1 or nc < 1:
+        raise ValueError(f"no trials on a side (n_base {nb}, n_cand {nc})")
+    if xb > nb or xc > nc:
+        raise ValueError(f"more successes than trials (x_base {xb} / {nb}, x_cand {xc} / {nc})")
+    sb, sc = xb / nb, xc / nc
+    pooled = (xb + xc) / (nb + nc)
+    if pooled in (0.0, 1.0):
+        z, p = 0.0, 1.0
+    else:
+        z, p = proportions_ztest([xc, xb], [nc, nb], alternative="smaller")
+        z, p = float(z), float(p)
+    return TwoProportionResult(xb, nb, xc, nc, sb, sc, 100.0 * (sb - sc), z, p)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from validate.errors import InputError
 from validate.loader import format_validation_error, load_model, read_yaml
+from validate.loadgate import ShareGateSpec
 from validate.perfgate import BENCH_KIND, PerfGateSpec
 from validate.record import check_name, gate_reasons
 
@@ -56,6 +57,7 @@ class SuiteSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     gate: Gate = Field(default_factory=Gate)
     perf_gate: Any = Field(None, description="thresholds of the performance gate (validate.perfgate.PerfGateSpec)")
+    share_gate: ShareGateSpec | None = Field(None, description="thresholds of the share gates (validate.loadgate)")
     profiles: dict[Profile, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("perf_gate")
@@ -87,6 +89,11 @@ class Runner:
         order: where its tables, figures and phrases come in the notes (lower first; ties by kind).
         dataset_hash: ``dataset_hash(params, root, data_dir) -> str``: the sha256 its records' ``dataset`` would
             carry now (``--resume`` keeps a record only when its data is still the same).
+        baseline_hint: ``baseline_hint(baseline_record) -> value | None``: what a run of it in a release with a
+            baseline takes from the baseline's record of the same configuration and suite (the engine passes it as
+            ``RunContext.baseline_hint``; the arrivals kind: the baseline's SLO rate, to probe it again).
+        audit: ``audit(record, folder) -> [reason]``: why a record read from ``folder`` does not stand on its
+            attachments (empty when it does); the verdict makes such a record not-checked.
     """
 
     kind: str
@@ -101,6 +108,8 @@ class Runner:
     paired_eval: bool = False
     order: int = 100
     dataset_hash: Callable[..., str] | None = None
+    baseline_hint: Callable[[Any], Any] | None = None
+    audit: Callable[[Any, Path], list[str]] | None = None
 
 
 RUNNERS: dict[str, Runner] = {}
@@ -197,8 +206,11 @@ class LoadedSuite:
 
     def spec_hash(self) -> str:
         """Hash of kind, resolved params and gate: what makes two runs of this suite the same check."""
-        blob = json.dumps({"kind": self.spec.kind, "params": self.params_dict, "gate": self.spec.gate.model_dump(),
-                           "perf_gate": self.perf_gate()}, sort_keys=True).encode()
+        d = {"kind": self.spec.kind, "params": self.params_dict, "gate": self.spec.gate.model_dump(),
+             "perf_gate": self.perf_gate()}
+        if self.spec.share_gate is not None:  # a suite without one keeps the hash it had before share gates
+            d["share_gate"] = self.share_gate()
+        blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def perf_gate(self) -> dict[str, Any] | None:
@@ -207,6 +219,11 @@ class LoadedSuite:
         if self.spec.kind != BENCH_KIND:
             return None
         return (self.spec.perf_gate or PerfGateSpec()).model_dump()
+
+    def share_gate(self) -> dict[str, Any]:
+        """The share gates' thresholds this suite runs under (validate.loadgate; the defaults where the file sets
+        none), as the record stores them."""
+        return (self.spec.share_gate or ShareGateSpec()).model_dump()
 
     def preflight(self, root: Path, data_dir: Path | None) -> None:
         """Check what the suite needs before any server launches (data files, prompt files).
@@ -276,6 +293,22 @@ def perf_gate_specs(root: Path) -> dict[str, PerfGateSpec]:
             continue
         if spec.kind == BENCH_KIND:
             out[spec.name] = spec.perf_gate or PerfGateSpec()
+    return out
+
+
+def share_gate_specs(root: Path) -> dict[str, ShareGateSpec]:
+    """{suite name: its share_gate} for the suite files under ``root``/suites that set one; a file that does not
+    load is left out (running it names its error)."""
+    out = {}
+    for p in sorted(suites_dir(root).glob("*.yaml")):
+        if p.stem == "release":
+            continue
+        try:
+            spec = load_suite(p).spec
+        except InputError:
+            continue
+        if spec.share_gate is not None:
+            out[spec.name] = spec.share_gate
     return out
 
 

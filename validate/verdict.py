@@ -225,6 +225,9 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
         chk.outcome, chk.status, chk.message = "not-checked", "server-restarted", restart
     if limit and chk.outcome == "pass":
         chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
+    if rec.audit_failed and chk.outcome == "pass":
+        chk.outcome, chk.status = "not-checked", "attachment-mismatch"
+        chk.message = f"the record does not stand on its attachments: {rec.audit_failed}"
     stale = other_tree(rec, tree)
     if rec.gate_mismatch and not stale and chk.outcome == "pass":
         chk.outcome, chk.status = "not-checked", "gate-mismatch"
@@ -324,6 +327,51 @@ def perf_checks(perf, strict: bool) -> list[Check]:
         out.append(Check(cfg, f"perf {suite}", "perf", "not-checked" if strict else "limited", "not compared",
                          reason, [reason]))
     return out
+
+
+def share_checks(shares, strict: bool) -> list[Check]:
+    """Checks of the share gates (validate.loadgate): one per share judged (a regression is a finding), one per
+    record that should have been compared and could not (not-checked), one per share not compared by the run's
+    own reach (limited; not-checked with ``strict``)."""
+    out = []
+    for f in shares.figures:
+        name = (f"slo {f.suite}" + (f" at {f.rate_per_s:.3g} req/s" if f.rate_per_s else "") if f.what == "slo"
+                else f"acceptance {f.suite}")
+        props = {"baseline": shares.baseline, "x_base": f.x_base, "n_base": f.n_base, "x_cand": f.x_cand,
+                 "n_cand": f.n_cand, "drop_pts": f"{f.drop_pts:.3f}", "threshold_pts": f.threshold_pts,
+                 "p_value": f"{f.p_value:.6g}", "alpha": f.alpha, "suite": f.suite}
+        out.append(Check(f.config, name, "perf", "finding" if f.regression else "pass",
+                         "regression" if f.regression else "within the threshold", f.message, [f.message],
+                         properties=props))
+    for reason in shares.unpaired:
+        cfg, suite = _task_of(reason)
+        out.append(Check(cfg, f"share gate {suite}", "perf", "not-checked", "not compared", reason, [reason]))
+    for reason in shares.limited:
+        cfg, suite = _task_of(reason)
+        out.append(Check(cfg, f"share gate {suite}", "perf", "not-checked" if strict else "limited", "not compared",
+                         reason, [reason]))
+    return out
+
+
+def audit_records(records: list[Record], reports: Path) -> None:
+    """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
+    does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
+    from validate.record import record_path
+    from validate.suite import get_runner
+
+    for r in records:
+        try:
+            runner = get_runner(r.suite_kind)
+        except KeyError:
+            continue
+        if runner.audit is None:
+            continue
+        try:
+            why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
+        except Exception as e:
+            why = [f"its attachments could not be checked ({type(e).__name__}: {e})"]
+        if why:
+            r.audit_failed = "; ".join(why)
 
 
 def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: bool, what: str) -> list[Check]:
@@ -428,7 +476,7 @@ def server_faults(rec: Record) -> tuple[str | None, str | None, str | None]:
     return finding, restart, limit
 
 
-def assess(release: str, records: list[Record], *, comparison=None, perf=None, baseline: str | None = None,
+def assess(release: str, records: list[Record], *, comparison=None, perf=None, shares=None, baseline: str | None = None,
            baseline_why: str = "", planned: list[tuple[str, list[str]]] | None = None, tree: Tree | None = None,
            accept_other_tree: bool = False, extra: list[Check] | None = None, strict: bool = False,
            what: str = "release", notes: list[str] | None = None) -> ReleaseVerdict:
@@ -438,6 +486,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, b
         records: the candidate's records (re-checked against their gates when read).
         comparison: the paired eval gate's :class:`validate.compare.Comparison`, or None.
         perf: the performance gate's :class:`validate.perfgate.PerfComparison`, or None.
+        shares: the share gates' :class:`validate.loadgate.ShareComparison`, or None.
         baseline, baseline_why: the baseline compared with and why that one (None: no baseline).
         planned: the checklist's (configuration, suites) this run covers; a suite without a record is limited.
         tree: the tree under validation; a record another tree made is not-checked unless ``accept_other_tree``.
@@ -465,6 +514,8 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, b
     if perf is not None:
         v.checks += perf_checks(perf, strict)
         v.notes += perf.notes
+    if shares is not None:
+        v.checks += share_checks(shares, strict)
     v.checks += extra or []
     return v
 
@@ -508,12 +559,15 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     records = [r for r in release_records(reports, release, skipped=skipped) if not configs or r.config in configs]
     extra += [release_check("records", f"a file of {release} is not a readable record: {why}") for why in skipped]
     records = reapply_gates(records, root)
+    audit_records(records, reports)
     if tree is None:
         tree = newest_tree(records)
-    gated = paired_eval_kinds() | {BENCH_KIND}
+    from validate.loadgate import ARRIVALS_KIND, compare_shares
+
+    gated = paired_eval_kinds() | {BENCH_KIND, ARRIVALS_KIND}
     want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated}
     base, why = choose_baseline(reports, release, baseline, want)
-    cmp = perf = None
+    cmp = perf = shares = None
     notes: list[str] = []
     if base is not None and not baseline:  # the automatic choice: what it lacks and another release holds is said
         try:
@@ -551,11 +605,17 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
             except Exception as e:
                 extra.append(release_check("performance gate",
                                            f"the performance gate could not run: {type(e).__name__}: {e}"))
+        try:
+            from validate.suite import share_gate_specs
+
+            shares = compare_shares(release, records, base, base_records, share_gate_specs(root) if root else None)
+        except Exception as e:
+            extra.append(release_check("share gates", f"the share gates could not run: {type(e).__name__}: {e}"))
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")
                   for w in dict.fromkeys(bskipped)]
     elif records:
         extra.append(Check("release", "baseline", "release", "limited", "no baseline",
                            f"no baseline: {why}; no paired eval or performance gate ran"))
-    return assess(release, records, comparison=cmp, perf=perf, baseline=base, baseline_why=why, planned=planned,
+    return assess(release, records, comparison=cmp, perf=perf, shares=shares, baseline=base, baseline_why=why, planned=planned,
                   tree=tree, accept_other_tree=accept_other_tree, extra=extra, notes=notes)
 

@@ -19,3 +19,17 @@ def test_vs_vllm_bench_arguments():
     assert parse_args(["--url", "u", "--model", "m"]).tokenizer == "m"
     with pytest.raises(SystemExit):
         parse_args(["--url", "u", "--model", "m", "--concurrency", "0"])
+
+
+def test_vs_vllm_bench_rate_mode_builds_vllms_open_loop():
+    from benchmarks.serving.vs_vllm_bench import parse_args, vllm_command
+
+    a = parse_args(["--url", "u", "--model", "smol", "--request-rate", "1.5", "--burstiness", "0.5",
+                    "--num-prompts", "60", "--goodput-ttft-ms", "2000", "--goodput-tpot-ms", "100"])
+    cmd = vllm_command(a, "/tmp/d", "r.json")
+    flag = lambda f: cmd[cmd.index(f) + 1]  # noqa: E731
+    assert flag("--request-rate") == "1.5" and flag("--burstiness") == "0.5" and flag("--num-prompts") == "60"
+    assert cmd[cmd.index("--goodput") + 1:cmd.index("--goodput") + 3] == ["ttft:2000", "tpot:100"]
+    assert "--max-concurrency" not in cmd  # an open loop: the rate, not a client count, sets the load
+    with pytest.raises(SystemExit):
+        parse_args(["--url", "u", "--model", "m", "--request-rate", "0"])

@@ -64,6 +64,20 @@ class Samples:
 
 
 @dataclass
+class RateCurve:
+    """One release's open-loop probes (validate.runners.arrivals): per probe, in rate order, the scheduled rate
+    (req/s), the SLO percentile's TTFT and TPOT (ms; None where undefined) and whether it met the SLO;
+    ``slo_rate``: the highest rate that met it (None: none did)."""
+
+    label: str
+    rates: list[float]
+    ttft_ms: list[float | None]
+    tpot_ms: list[float | None]
+    meets: list[bool]
+    slo_rate: float | None = None
+
+
+@dataclass
 class MemorySeries:
     """One memory series of a soak.
 
@@ -234,6 +248,65 @@ def plot_concurrency(path: Path, title: str, aggregate: list[Band], per_stream: 
         handles.append(Patch(color="#555555", alpha=0.25, label="min-max across passes"))
         if max_num_seqs and levels[-1] > max_num_seqs:
             handles.append(Patch(color="#000000", alpha=0.08, label=f"above max_num_seqs = {max_num_seqs} (queued)"))
+        fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
+        fig.suptitle(title)
+        return _save(fig, path)
+
+
+def plot_rate_latency(path: Path, title: str, curves: list[RateCurve], ttft_limit_ms: float | None,
+                      tpot_limit_ms: float | None, percentile: float) -> Path:
+    """Latency against arrival rate: a panel of the ``percentile``-th TTFT and one of TPOT against the scheduled
+    rate (log scale), a curve per release (baseline first, dashed grey; the candidate solid blue), filled markers
+    for probes that met the SLO and hollow ones for those that did not, the SLO's limits as horizontal lines and
+    each release's SLO rate as a vertical one.
+
+    Raises:
+        ValueError: no curve, or a curve without a probe.
+    """
+    if not curves or not all(c.rates for c in curves):
+        raise ValueError("no probe to draw")
+    with matplotlib.rc_context(STYLE):
+        fig = _figure(SIZE_PX)
+        axes = fig.subplots(1, 2, squeeze=False)[0]
+        for ax, key, limit, sub in ((axes[0], "ttft_ms", ttft_limit_ms, f"p{percentile:g} TTFT (ms)"),
+                                    (axes[1], "tpot_ms", tpot_limit_ms, f"p{percentile:g} TPOT (ms)")):
+            ys = []
+            for i, c in enumerate(curves):
+                cand = i == len(curves) - 1
+                color = CANDIDATE_COLOR if cand else BASELINE_COLOR
+                pts = sorted((r, y, m) for r, y, m in zip(c.rates, getattr(c, key), c.meets) if y is not None and y > 0)
+                if not pts:
+                    continue
+                ys += [y for _, y, _ in pts]
+                ax.plot([r for r, _, _ in pts], [y for _, y, _ in pts], color=color, linestyle="-" if cand else "--",
+                        linewidth=2 if cand else 1.6, zorder=3 if cand else 4)
+                for r, y, m in pts:
+                    ax.plot([r], [y], marker="s" if cand else "o", markersize=7 if cand else 5, color=color,
+                            markerfacecolor=color if m else "white", zorder=5)
+                if c.slo_rate:
+                    ax.axvline(c.slo_rate, color=color, linestyle=":" if not cand else "-.", linewidth=1.2)
+            if limit:
+                ax.axhline(limit, color="#b22222", linewidth=1.2)
+                ys.append(limit)
+            ax.set_xscale("log")
+            xs = [r for c in curves for r in c.rates]
+            _log_axis(ax.xaxis, min(xs) / 1.2, max(xs) * 1.2)
+            ax.set_xlim(min(xs) / 1.2, max(xs) * 1.2)
+            ax.set_xlabel("arrival rate (requests/s)")
+            ax.set_title(sub)
+            if ys and _spans_decades(ys):
+                ax.set_yscale("log")
+                _log_axis(ax.yaxis, min(ys), max(ys))
+            elif ys:
+                ax.set_ylim(0, max(ys) * 1.12)
+                ax.yaxis.set_major_formatter(_Plain())
+        handles = [Line2D([], [], color=CANDIDATE_COLOR if i == len(curves) - 1 else BASELINE_COLOR,
+                          marker="s" if i == len(curves) - 1 else "o",
+                          linestyle="-" if i == len(curves) - 1 else "--", label=c.label) for i, c in enumerate(curves)]
+        handles += [Line2D([], [], color="#555555", marker="o", linestyle="", markerfacecolor="white",
+                           label="probe missed the SLO"),
+                    Line2D([], [], color="#b22222", label="SLO limit"),
+                    Line2D([], [], color="#555555", linestyle="-.", label="SLO rate")]
         fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
         fig.suptitle(title)
         return _save(fig, path)

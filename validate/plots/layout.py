@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from validate.plots.draw import plot_concurrency, plot_history, plot_latency, plot_memory
+from validate.plots.draw import plot_concurrency, plot_history, plot_latency, plot_memory, plot_rate_latency
 from validate.plots.select import (DRAWN, HISTORY_NAMES, concurrency_bands, history_panels, history_releases,
-                                   latency_series, memory_series, num_or_none, readable_records)
+                                   latency_series, memory_series, num_or_none, rate_curve, readable_records)
 from validate.record import Record, check_release_name, release_records
 
 FIGURES = "figures"
-PlotKind = Literal["concurrency", "latency", "memory", "history"]
+PlotKind = Literal["concurrency", "latency", "rate", "memory", "history"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
     """Draw the release's pictures from its records (and the baseline's, and every earlier release's for the
     history view) into ``reports/<release>/figures/``.
 
-    Per configuration with a BetterBench record: ``<config>/<suite>-concurrency.png`` and, where the record
+    Per configuration with an arrivals record: ``<config>/<suite>-rate.png`` (the SLO percentile's TTFT and TPOT
+    against the arrival rate, the baseline's probes beside the candidate's). Per configuration with a BetterBench
+    record: ``<config>/<suite>-concurrency.png`` and, where the record
     holds ``latency_samples``, ``<config>/<suite>-latency.png`` (the baseline's record of the same
     configuration and suite drawn beside the candidate's where it exists); per configuration with a soak record
     holding memory samples: ``<config>/<suite>-memory.png``; and ``history.png`` when at least two releases up to
@@ -126,6 +128,18 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
             if ttft or itl:
                 emit(f"{stem}-latency.png", f"{cfg}: BetterBench TTFT and ITL distributions, {who} (ms){verdicts}",
                      cfg, "latency", plot_latency, ttft, itl, release)
+        for rec in sorted((r for r in recs if r.suite_kind == "arrivals"), key=lambda r: r.suite):
+            cur = rate_curve(rec, release)
+            if cur is None:
+                continue
+            b = base_by.get((cfg, rec.suite))
+            bc = rate_curve(b, b.release) if b is not None and not comparable(b, rec) else None
+            slo = rec.metrics.get("slo") if isinstance(rec.metrics.get("slo"), dict) else {}
+            who = f"{b.release} vs {release}" if bc else release
+            emit(f"{_safe(cfg)}/{_safe(rec.suite)}-rate.png",
+                 f"{cfg}: latency against arrival rate, {who}{status_note(rec)}", cfg, "rate", plot_rate_latency,
+                 ([bc] if bc else []) + [cur], num_or_none(slo.get("ttft_ms")), num_or_none(slo.get("tpot_ms")),
+                 num_or_none(slo.get("percentile")) or 99.0)
         for rec in sorted((r for r in recs if r.suite_kind == "soak"), key=lambda r: r.suite):
             series = memory_series(rec)
             if not series:

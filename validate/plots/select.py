@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from validate.errors import InputError
-from validate.plots.draw import Band, HistoryLine, HistoryPanel, MemorySeries, Samples
+from validate.plots.draw import Band, HistoryLine, HistoryPanel, MemorySeries, RateCurve, Samples
 from validate.record import Record, read_record
 
 # Statuses whose figures are drawn: an error record keeps what it measured before it stopped (a soak whose
@@ -26,6 +26,21 @@ def num_or_none(v) -> float | None:
     """``v`` as a float when it is a finite number (never a bool), else None."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
+
+
+def rate_curve(rec: Record, label: str) -> RateCurve | None:
+    """The valid probes of an arrivals record in rate order (the last probe of a rate where several were run), or
+    None when it holds none."""
+    by_rate: dict[float, dict] = {}
+    for p in rec.metrics.get("probes") or []:
+        if isinstance(p, dict) and p.get("valid") and num_or_none(p.get("rate_per_s")):
+            by_rate[float(p["rate_per_s"])] = p
+    if not by_rate:
+        return None
+    rates = sorted(by_rate)
+    return RateCurve(label, rates, [num_or_none(by_rate[r].get("ttft_ms_pslo")) for r in rates],
+                     [num_or_none(by_rate[r].get("tpot_ms_pslo")) for r in rates],
+                     [by_rate[r].get("meets") is True for r in rates], num_or_none(rec.metrics.get("slo_rate_per_s")))
 
 
 def concurrency_bands(rec: Record, label: str) -> tuple[Band | None, Band | None]:

@@ -24,6 +24,9 @@ class RunContext:
     # server_gone(): None while the server serves, else why it is gone (process exited, /health not 200)
     server_gone: Callable[[], Awaitable[str | None]] = None  # type: ignore[assignment]
     server_pid: int | None = None  # the launched server's main process (None for --url servers)
+    # baseline_hint: {"release": name, "value": what the kind's Runner.baseline_hint took from the baseline's
+    # record of this configuration and suite}, when a release with a baseline runs it; else None
+    baseline_hint: dict[str, Any] | None = None
     # progress(advance, total=None, description=None): the CLI binds it to a rich progress bar
     progress: Callable[..., None] = lambda *a, **k: None
     log: Callable[[str], None] = print
@@ -56,3 +59,5 @@ class SuiteResult:
     server_metrics: dict[str, Any] | None = None  # the server's own counters over the suite (the engine fills it)
     moe_cache: dict[str, Any] | None = None  # r9k's expert-cache counters over the suite, from the server log (the engine)
     client_tally: dict[str, Any] | None = None  # every request as the client saw it (the engine fills it)
+    # name -> (content, file extension): files the engine writes beside the record and hashes into it
+    attachments: dict[str, tuple[bytes, str]] = field(default_factory=dict)

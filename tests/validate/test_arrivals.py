@@ -1,0 +1,278 @@
+"""Open-loop arrivals: the schedule's distribution, the SLO-rate search, goodput, and the arrivals runner against
+the synthetic server with a known latency model (the rate it must find is computable)."""
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from tests.synth_server import Script, SynthServer
+from validate.arrivals import gaps, schedule
+from validate.client import OpenAIClient, RequestResult
+from validate.config import SloSpec
+from validate.metrics import meets_slo, probe_metrics
+from validate.rate_search import ProbeOutcome, search
+
+
+# ---- the schedule ---------------------------------------------------------------------------------------
+def test_poisson_gaps_fit_the_exponential_and_bursty_ones_do_not():
+    rate = 4.0
+    g = gaps(rate, 1.0, 2000, seed=7)
+    ks = stats.kstest(g, "expon", args=(0, 1 / rate))
+    assert ks.pvalue > 0.05  # seeded: the same draw every time (p = 0.47)
+    assert abs(g.mean() - 1 / rate) < 0.02
+    bursty = gaps(rate, 0.25, 2000, seed=7)
+    assert stats.kstest(bursty, "expon", args=(0, 1 / rate)).pvalue < 1e-6  # not Poisson
+    # gamma with shape B and mean 1 / R (vllm bench serve's --burstiness): its coefficient of variation is 1/sqrt(B)
+    assert stats.kstest(bursty, "gamma", args=(0.25, 0, 1 / (rate * 0.25))).pvalue > 0.05
+    assert abs(bursty.std() / bursty.mean() - 2.0) < 0.2
+
+
+def test_arrival_counts_in_windows_are_poisson():
+    sch = schedule(10.0, 1.0, min_duration_s=400, min_queries=1, seed=3)
+    counts = np.histogram(sch.times_s, bins=np.arange(0, 400.001, 1.0))[0]
+    # chi-square goodness of fit of the per-second counts against Poisson(10), tails pooled
+    ks = np.arange(4, 17)
+    expected = [stats.poisson.cdf(3, 10)] + [stats.poisson.pmf(k, 10) for k in ks] + [stats.poisson.sf(16, 10)]
+    observed = [np.sum(counts <= 3)] + [np.sum(counts == k) for k in ks] + [np.sum(counts >= 17)]
+    chi = stats.chisquare(observed, np.array(expected) * len(counts))
+    assert chi.pvalue > 0.05
+
+
+def test_schedule_meets_both_minimums_and_is_reproducible():
+    a = schedule(2.0, 1.0, min_duration_s=30, min_queries=10, seed=1)
+    assert a.span_s >= 30 and len(a.times_s) >= 10 and list(a.times_s) == sorted(a.times_s)
+    assert a == schedule(2.0, 1.0, min_duration_s=30, min_queries=10, seed=1)
+    assert a.times_s != schedule(2.0, 1.0, min_duration_s=30, min_queries=10, seed=2).times_s
+    few = schedule(100.0, 1.0, min_duration_s=0.1, min_queries=50, seed=1)
+    assert len(few.times_s) == 50  # the query minimum outlasts the duration
+    # the duration's cut: the first arrival at or past the minimum duration is the last one
+    assert a.times_s[-2] < 30 <= a.times_s[-1]
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
+def test_schedule_refuses_a_bad_rate(bad):
+    with pytest.raises(ValueError, match="rate_per_s must be a positive finite number"):
+        schedule(bad, 1.0, min_duration_s=1, min_queries=1, seed=0)
+
+
+# ---- the search -----------------------------------------------------------------------------------------
+def threshold_probe(limit: float, invalid_above: float | None = None):
+    seen = []
+
+    async def probe(rate):
+        seen.append(rate)
+        valid = invalid_above is None or rate <= invalid_above
+        return ProbeOutcome(rate, rate <= limit, valid)
+    return probe, seen
+
+
+def test_search_brackets_then_bisects_to_the_tolerance():
+    probe, seen = threshold_probe(3.7)
+    res = asyncio.run(search(probe, start=1.0, rel_tolerance=0.1, max_probes=10))
+    assert seen[:3] == [1.0, 2.0, 4.0]  # doubling until a probe misses
+    assert math.isclose(seen[3], math.sqrt(8)) and math.isclose(seen[4], math.sqrt(math.sqrt(8) * 4))
+    assert res.status == "found" and res.narrowed and not res.budget_spent
+    assert res.slo_rate_per_s <= 3.7 < res.hi and res.hi / res.slo_rate_per_s <= 1.1
+    assert len(res.probes) == len(seen) == 6
+
+
+def test_search_halves_down_and_says_when_no_rate_meets():
+    probe, seen = threshold_probe(0.3)
+    res = asyncio.run(search(probe, start=2.0, rel_tolerance=0.2))
+    assert seen[:4] == [2.0, 1.0, 0.5, 0.25] and res.status == "found" and res.slo_rate_per_s <= 0.3
+    probe, seen = threshold_probe(0.0)
+    res = asyncio.run(search(probe, start=1.0, min_rate=0.1, max_probes=20))
+    assert res.status == "none meets" and res.slo_rate_per_s is None and seen == [1.0, 0.5, 0.25, 0.125]
+    assert not res.budget_spent  # it stopped at min_rate, not for want of probes
+
+
+def test_search_above_range_and_budget():
+    probe, seen = threshold_probe(1e9)
+    res = asyncio.run(search(probe, start=1.0, max_rate=8.0))
+    assert res.status == "above range" and res.slo_rate_per_s == 8.0 and seen == [1, 2, 4, 8]
+    probe, seen = threshold_probe(3.7)
+    res = asyncio.run(search(probe, start=1.0, rel_tolerance=0.01, max_probes=4))
+    assert res.budget_spent and not res.narrowed and len(seen) == 4 and res.slo_rate_per_s == math.sqrt(8)
+
+
+def test_an_invalid_probe_bounds_the_search_as_the_clients():
+    probe, _ = threshold_probe(100.0, invalid_above=5.0)  # the server would go on; the client cannot send faster
+    res = asyncio.run(search(probe, start=1.0, rel_tolerance=0.1, max_probes=12))
+    assert res.slo_rate_per_s <= 5.0 and res.client_bound
+
+
+# ---- goodput --------------------------------------------------------------------------------------------
+def req(ttft_ms: float, gap_ms: float, n: int = 5, ok: bool = True) -> RequestResult:
+    r = RequestResult(ok=ok, output_tokens=n, prompt_tokens=10, t_sent=1.0)
+    r.chunk_times = [ttft_ms / 1e3 + i * gap_ms / 1e3 for i in range(n)]
+    r.chunk_tokens = [1] * n
+    r.t_done = r.t_sent + r.chunk_times[-1]
+    if not ok:
+        r.error = "HTTP 500"
+    return r
+
+
+def test_goodput_counts_the_requests_within_both_limits():
+    rs = [req(100, 10), req(100, 60), req(900, 10), req(300, 40), req(100, 10, ok=False)]
+    assert [meets_slo(r, 500, 50) for r in rs] == [True, False, False, True, False]
+    assert meets_slo(rs[1], 500, None) and not meets_slo(rs[2], None, 50) is False
+    m = probe_metrics(2.0, rs, [0.001] * 5, 4.0, 500, 50, percentile=90)
+    assert (m.requests, m.ok, m.errors, m.good) == (5, 4, 1, 2)
+    assert m.goodput_per_s == 0.5 and m.good_share == 0.4 and m.achieved_rate_per_s == 1.25
+    assert not m.meets  # a failed request: the probe cannot meet the SLO
+    m = probe_metrics(2.0, rs[:4], [0.001] * 4, 4.0, 1000, 100, percentile=99)
+    assert m.meets and m.good == 4 and m.ttft_ms_pslo == pytest.approx(np.percentile([100, 100, 900, 300], 99))
+    assert not probe_metrics(2.0, rs[:4], [0.0] * 4, 4.0, 1000, 50, percentile=99).meets  # p99 TPOT is 60 ms
+    assert probe_metrics(2.0, rs[:4], [0.0] * 4, 4.0, 1000, 50, percentile=50).meets
+
+
+def test_slo_needs_a_limit():
+    with pytest.raises(ValueError, match="needs ttft_ms, tpot_ms or both"):
+        SloSpec(percentile=99)
+
+
+# ---- the runner against a server with a known latency model ----------------------------------------------
+def expected_rate(ttft_ms, step_ms, itl_ms, tokens, limit_ms, percentile) -> float:
+    """The rate at which the percentile-th TTFT crosses ``limit_ms``: TTFT = ttft + step * n with n the answers in
+    flight at arrival, Poisson with mean R * E (M/D/inf, E the fixed service time)."""
+    e = (ttft_ms + (tokens - 1) * itl_ms) / 1e3
+    m = math.floor((limit_ms - ttft_ms) / step_ms)  # the most answers in flight a TTFT within the limit allows
+    mu = optimize.brentq(lambda mu: stats.poisson.cdf(m, mu) - percentile / 100, 1e-6, 50)
+    return mu / e
+
+
+class _Ctx:
+    def __init__(self, client, slo):
+        from validate.config import ServeConfig
+
+        self.client = client
+        self.config = ServeConfig.model_validate({"name": "synth", "model": {"path": "x", "served_name": "synth"},
+                                                  "server": {"max_num_seqs": 8, "max_model_len": 4096}, "slo": slo})
+        self.data_dir = Path("/nonexistent")
+        self.baseline_hint = None
+        self.lines = []
+        self.progress = lambda *a, **k: None
+        self.log = self.lines.append
+
+
+@pytest.mark.timeout(120)
+def test_the_search_finds_the_computable_slo_rate(monkeypatch):
+    from validate.runners import arrivals as arr
+    from validate.runners.text import TextPool
+
+    async def pool(*a, **k):
+        return TextPool(list(range(4000)))
+
+    monkeypatch.setattr(TextPool, "build", pool)
+    # TTFT 2, 10, 18, 26 ... ms with 0, 1, 2, 3 ... answers in flight; the limit lies between 2 and 3 of them, and
+    # every answer takes E = 52 ms (far above the TTFTs near the limit)
+    ttft, step, itl, tokens, limit, q = 2.0, 8.0, 2.5, 21, 22.0, 90.0
+    want = expected_rate(ttft, step, itl, tokens, limit, q)  # 21.2 req/s
+    p = arr.ArrivalsParams(prompt_tokens=8, output_tokens=tokens, start_rate_per_s=5.0, rel_tolerance=0.15,
+                           max_probes=8, probe_min_duration_s=5, probe_min_queries=40, probe_grace_s=10, max_lag_ms=50)
+
+    async def go():
+        async with SynthServer(Script(ttft_ms=ttft, itl_ms=itl, load_step_ms=step)) as srv:
+            async with OpenAIClient(srv.url, "synth") as c:
+                ctx = _Ctx(c, {"ttft_ms": limit, "percentile": q})
+                return await arr.run(ctx, p), srv
+
+    out, srv = asyncio.run(go())
+    m = out.metrics
+    assert m["search"]["status"] == "found" and m["invalid_probes"] == 0
+    # the final bracket holds the computable rate (10 % for the probes' sampling of the percentile)
+    lo, hi = m["search"]["lo"], m["search"]["hi"]
+    assert m["slo_rate_per_s"] == lo and lo <= 1.1 * want and hi >= want / 1.1 and hi / lo <= 1.15, m["probes"]
+    assert [pr["rate_per_s"] for pr in m["probes"]][:2] == [5.0, 10.0]
+    # the per-request rows: every request, with its schedule, send, tokens and status; the good count agrees
+    import json
+
+    blob, ext = out.attachments["requests"]
+    rows = [json.loads(x) for x in blob.decode().splitlines()]
+    assert ext == "jsonl" and len(rows) == m["requests_logged"] == sum(pr["requests"] for pr in m["probes"])
+    assert len(rows) == len(srv.records)  # what the server received
+    for pr in m["probes"]:
+        mine = [r for r in rows if r["probe"] == pr["index"]]
+        assert sum(r["good"] for r in mine) == pr["good"] and all(r["status"] == "ok" for r in mine)
+        assert all(len(r["chunk_s"]) == tokens and r["sent_s"] >= r["scheduled_s"] for r in mine)
+        assert pr["goodput_per_s"] == pytest.approx(pr["good"] / pr["duration_s"], rel=1e-3)
+
+
+# ---- through the engine: the record, its attachment, the SLO share gate ----------------------------------
+def arrivals_checkout(scratch, name: str, slo: dict, **env) -> str:
+    import yaml
+
+    body = {"name": "arr", "kind": "arrivals",
+            "params": {"prompt_tokens": 8, "output_tokens": 6, "search": False, "rates_per_s": [4.0],
+                       "probe_min_duration_s": 2, "probe_min_queries": 8, "reference_queries": 12,
+                       "max_lag_ms": 200}}
+    (scratch.root / "suites" / "arr.yaml").write_text(yaml.safe_dump(body))
+    tag = scratch.config(name, FAKE_VLLM_TOKENS=6, **env)
+    path = scratch.root / "serve" / f"{name}.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    cfg["slo"] = slo
+    path.write_text(yaml.safe_dump(cfg))
+    (scratch.root / "suites" / "release.yaml").write_text(yaml.safe_dump({"configs": [name], "suites": [{"suite": "arr"}]}))
+    return tag
+
+
+def read(scratch, release, cfg="fake-arr"):
+    import json
+
+    return json.loads((scratch.root / "reports" / release / cfg / "arr.json").read_text())
+
+
+@pytest.mark.timeout(120)
+def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch):
+    import json
+
+    from validate.cli import main
+    from validate.verdict import assess_release
+
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=2)
+    assert main(["suite", "arr", "--config", "fake-arr", "--release", "v1.0.0"]) == 0
+    rec = read(scratch, "v1.0.0")
+    m, att = rec["metrics"], rec["attachments"]["requests"]
+    assert m["slo_rate_per_s"] == 4.0 and m["search"] is None and m["reference"] is None
+    assert m["slo"] == {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99, "from": "serve/fake-arr.yaml"}
+    folder = scratch.root / "reports" / "v1.0.0" / "fake-arr"
+    f = folder / att["file"]
+    rows = [json.loads(x) for x in f.read_text().splitlines()]
+    assert att["lines"] == len(rows) == m["probes"][0]["requests"] >= 8 and all(r["good"] for r in rows)
+    assert rec["share_gate"] == {"slo_share_drop_pts": 5.0, "acceptance_drop_pts": 5.0, "alpha": 0.05}
+    v = assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root)
+    assert [c.outcome for c in v.checks if c.area == "suite"] == ["pass"]
+    # a request turned bad in the attachment: the record no longer stands on it
+    rows[0]["good"] = False
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    v = assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root)
+    chk = next(c for c in v.checks if c.area == "suite")
+    assert chk.outcome == "not-checked" and chk.status == "attachment-mismatch" and "edited" in chk.message
+    f.unlink()
+    chk = next(c for c in assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root).checks
+               if c.area == "suite")
+    assert chk.status == "attachment-mismatch" and "cannot be read" in chk.message
+
+
+@pytest.mark.timeout(180)
+def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch):
+    from validate.cli import main
+
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=2)
+    assert main(["suite", "arr", "--config", "fake-arr", "--release", "v1.0.0"]) == 0
+    # the candidate's release probes the baseline's SLO rate again, with the same schedule and prompts
+    assert main(["release", "v1.1.0", "--baseline", "v1.0.0"]) == 0
+    m = read(scratch, "v1.1.0")["metrics"]
+    ref = m["probes"][m["reference"]["probe"]]
+    assert m["reference"] == {"release": "v1.0.0", "rate_per_s": 4.0, "probe": 1} and ref["reference"] is True
+    assert ref["requests"] >= 12 and ref["seed"] == read(scratch, "v1.0.0")["metrics"]["probes"][0]["seed"]
+    # a slower decode (TPOT 80 ms against the 50 ms limit): no request meets the SLO at the baseline's rate
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=80)
+    assert main(["release", "v1.2.0", "--baseline", "v1.0.0"]) == 1
+    notes = (scratch.root / "reports" / "v1.2.0" / "RELEASE.md").read_text()
+    assert "slo arr at 4 req/s" in notes and "100.0% -> 0.0% of requests met the SLO at 4 req/s" in notes

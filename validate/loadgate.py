@@ -1,0 +1,242 @@
+"""The share gates: figures with one value a run, which the performance gate's rank test across passes cannot
+take, judged as shares of counted events against the baseline's.
+
+- **SLO at the baseline's rate** (arrivals records): the share of requests meeting the SLO in the candidate's
+  reference probe at the baseline's SLO rate against the share in the baseline's probe at that rate (the same
+  seeded schedule and prompts: validate.runners.arrivals.probe_seed). A candidate that met the SLO at no rate
+  where the baseline met it at one is a regression by itself.
+- **Speculative-decoding acceptance** (any record whose server speculated): accepted over drafted tokens over
+  the suite, from vLLM's counters (``server_metrics.delta.spec_decode``), against the baseline's record of the
+  same configuration and suite.
+
+A figure regresses when its share is lower by more than its threshold (percentage points, the suite file's
+``share_gate`` stored in the record; the stricter of the baseline's stored one and the checkout's) and a
+one-sided two-proportion z-test gives p < alpha (validate.stats.two_proportion_drop). The test counts requests
+(SLO) or tokens (acceptance) as independent trials; they are not quite (requests of one probe share the server's
+queue, tokens of one answer its text), which makes the test readier to call a drop than its alpha says; the
+threshold is what keeps identical trees from failing it (the false-positive rate on identical trees is
+measured by ``python -m benchmarks.serving.share_gate_fp``, docs/metrics.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from validate.record import Record
+from validate.stats import two_proportion_drop
+
+ARRIVALS_KIND = "arrivals"
+#: Parameters of an arrivals suite that decide what its shares measure; records that differ in one never compare.
+ARRIVALS_MEASURING = ("prompt_tokens", "output_tokens", "burstiness", "probe_min_duration_s", "seed")
+#: Server settings that change what a share means.
+MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
+
+
+class ShareGateSpec(BaseModel):
+    """``share_gate`` of a suite file: the drops (percentage points) past which a share may regress."""
+
+    model_config = ConfigDict(extra="forbid")
+    slo_share_drop_pts: float = Field(5.0, ge=0, le=100)
+    acceptance_drop_pts: float = Field(5.0, ge=0, le=100)
+    alpha: float = Field(0.05, gt=0, lt=1)
+
+
+@dataclass
+class ShareFigure:
+    """One share of one configuration and suite, candidate against baseline. ``what``: "slo" or "acceptance".
+    ``regression``: both conditions of the module docstring hold. ``message``: one line saying why."""
+
+    config: str
+    suite: str
+    what: str
+    threshold_pts: float
+    alpha: float
+    x_base: int = 0
+    n_base: int = 0
+    x_cand: int = 0
+    n_cand: int = 0
+    drop_pts: float = 0.0
+    p_value: float = 1.0
+    rate_per_s: float | None = None
+    regression: bool = False
+    message: str = ""
+
+
+@dataclass
+class ShareComparison:
+    """The share gates of one candidate against one baseline: the figures judged, what should have been
+    compared and could not (``unpaired``: not-checked), what was not by the run's own reach (``limited``)."""
+
+    candidate: str
+    baseline: str
+    figures: list[ShareFigure] = field(default_factory=list)
+    unpaired: list[str] = field(default_factory=list)
+    limited: list[str] = field(default_factory=list)
+
+
+def spec_of(rec: Record) -> ShareGateSpec | None:
+    """The share gate a record stores (None when it stores none or a malformed one)."""
+    try:
+        return ShareGateSpec.model_validate(rec.share_gate) if rec.share_gate is not None else None
+    except ValueError:
+        return None
+
+
+def rule(b: Record, checkout: ShareGateSpec | None) -> ShareGateSpec:
+    """The stricter of the baseline's stored share gate and the checkout's (its defaults where neither is set):
+    the smaller threshold of each figure, the larger alpha."""
+    specs = [s for s in (spec_of(b), checkout) if s is not None] or [ShareGateSpec()]
+    return ShareGateSpec(slo_share_drop_pts=min(s.slo_share_drop_pts for s in specs),
+                         acceptance_drop_pts=min(s.acceptance_drop_pts for s in specs),
+                         alpha=max(s.alpha for s in specs))
+
+
+def _differs(b: Record, c: Record, params: tuple[str, ...]) -> list[str]:
+    """Why ``b`` and ``c`` measure other things: a side that did not complete, other suite kinds, parameters,
+    server settings, model or hardware ([] when they measure the same)."""
+    bad = []
+    for label, r in (("baseline", b), ("candidate", c)):
+        if r.verdict.status not in ("pass", "fail"):
+            bad.append(f"the {label} did not complete ({r.verdict.status})")
+    if b.suite_kind != c.suite_kind:
+        bad.append(f"other suite kinds ({b.suite_kind} vs {c.suite_kind})")
+    diff = [k for k in params if b.params.get(k) != c.params.get(k)]
+    if diff:
+        bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}"
+                                                           for k in diff) + ")")
+    sb, sc = ((r.config_snapshot.get("server") if isinstance(r.config_snapshot, dict) else None) or {} for r in (b, c))
+    moved = [k for k in MEASURING_SERVER if isinstance(sb, dict) and isinstance(sc, dict) and sb.get(k) != sc.get(k)]
+    if moved:
+        bad.append("server settings differ (" + ", ".join(f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
+    if b.model != c.model:
+        bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
+    hb, hc = (r.hardware if isinstance(r.hardware, dict) else {} for r in (b, c))
+    if any(hb.get(k) != hc.get(k) for k in ("kind", "gpus")):
+        bad.append("the hardware differs")
+    return bad
+
+
+def _probe_at(rec: Record, rate: float) -> dict | None:
+    """The record's last valid probe at ``rate`` (to 1e-6 req/s), or None."""
+    probes = rec.metrics.get("probes") if isinstance(rec.metrics, dict) else None
+    hits = [p for p in probes or [] if isinstance(p, dict) and isinstance(p.get("rate_per_s"), (int, float))
+            and abs(p["rate_per_s"] - rate) <= 1e-6 and p.get("valid")]
+    return hits[-1] if hits else None
+
+
+def _slo(rec: Record) -> dict | None:
+    s = rec.metrics.get("slo") if isinstance(rec.metrics, dict) else None
+    return {k: v for k, v in s.items() if k != "from"} if isinstance(s, dict) else None
+
+
+def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple[ShareFigure | None, str | None]:
+    """The SLO share of arrivals record ``c`` against ``b`` (module docstring): (figure, None), or (None, why it
+    could not be judged). Never raises for a malformed record."""
+    where = f"{c.config}/{c.suite}"
+    f = ShareFigure(c.config, c.suite, "slo", spec.slo_share_drop_pts, spec.alpha)
+    rate = b.metrics.get("slo_rate_per_s") if isinstance(b.metrics, dict) else None
+    if not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0):
+        return None, f"{where}: the baseline {baseline} met the SLO at no rate: there is no rate to compare at"
+    f.rate_per_s = float(rate)
+    if _slo(b) != _slo(c):
+        return None, f"{where}: the SLOs differ ({_slo(b)} vs {_slo(c)}): shares meeting them measure other things"
+    search = c.metrics.get("search") if isinstance(c.metrics, dict) else None
+    if isinstance(search, dict) and search.get("status") == "none meets":
+        f.regression = True
+        f.message = (f"a regression: no rate met the SLO (down to the lowest probe), where the baseline {baseline} met "
+                     f"it up to {rate:.3g} req/s")
+        return f, None
+    pb, pc = _probe_at(b, rate), _probe_at(c, rate)
+    if pb is None:
+        return None, f"{where}: the baseline {baseline} holds no valid probe at its own SLO rate {rate:.3g} req/s"
+    if pc is None:
+        ref = c.metrics.get("reference") if isinstance(c.metrics, dict) else None
+        why = (f"its reference probe was at {ref.get('rate_per_s')} req/s of {ref.get('release')}" if isinstance(ref, dict)
+               else "it ran without the baseline's rate (run it in the release with this baseline)")
+        return None, f"{where}: the candidate holds no valid probe at the baseline's SLO rate {rate:.3g} req/s: {why}"
+    try:
+        t = two_proportion_drop(int(pb["good"]), int(pb["requests"]), int(pc["good"]), int(pc["requests"]))
+    except (KeyError, TypeError, ValueError) as e:
+        return None, f"{where}: the probes at {rate:.3g} req/s cannot be counted ({e})"
+    f.x_base, f.n_base, f.x_cand, f.n_cand, f.drop_pts, f.p_value = t.x_base, t.n_base, t.x_cand, t.n_cand, t.drop_pts, t.p_one_sided
+    f.regression = t.drop_pts > spec.slo_share_drop_pts and t.p_one_sided < spec.alpha
+    share = f"{100 * t.share_base:.1f}% -> {100 * t.share_cand:.1f}% of requests met the SLO at {rate:.3g} req/s"
+    f.message = (f"{'a regression: ' if f.regression else ''}{share} ({t.x_base}/{t.n_base} vs {t.x_cand}/{t.n_cand}), "
+                 f"a drop of {t.drop_pts:.1f} points (threshold {spec.slo_share_drop_pts:g}), one-sided p = {t.p_one_sided:.3g}"
+                 f" (alpha {spec.alpha:g})")
+    return f, None
+
+
+def spec_counts(rec: Record) -> tuple[int, int] | None:
+    """(accepted tokens, drafted tokens) of the server's speculative decoding over the suite, or None where the
+    record holds none (no speculation, no counters, or counters the record calls impossible)."""
+    sm = rec.server_metrics if isinstance(rec.server_metrics, dict) else {}
+    d = sm.get("delta") if isinstance(sm.get("delta"), dict) else {}
+    sd = d.get("spec_decode") if isinstance(d.get("spec_decode"), dict) else None
+    if sd is None or d.get("impossible"):
+        return None
+    a, n = sd.get("accepted_tokens"), sd.get("draft_tokens")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in (a, n)):
+        return None
+    return (int(round(a)), int(round(n))) if n >= 1 and a <= n else None
+
+
+def judge_acceptance(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple[ShareFigure | None, str | None]:
+    """The speculative-decoding acceptance of ``c`` against ``b`` (module docstring): (figure, None), (None, why
+    not judged), or (None, None) where neither side speculated."""
+    where = f"{c.config}/{c.suite}"
+    kb, kc = spec_counts(b), spec_counts(c)
+    if kb is None and kc is None:
+        return None, None
+    if kb is None:
+        return None, f"{where}: the candidate's server speculated and the baseline {baseline}'s record holds no counts"
+    if kc is None:
+        return None, (f"{where}: the baseline {baseline}'s server speculated ({kb[0]:,} of {kb[1]:,} draft tokens "
+                      "accepted) and the candidate's record holds no speculative-decoding counts")
+    t = two_proportion_drop(kb[0], kb[1], kc[0], kc[1])
+    f = ShareFigure(c.config, c.suite, "acceptance", spec.acceptance_drop_pts, spec.alpha, t.x_base, t.n_base,
+                    t.x_cand, t.n_cand, t.drop_pts, t.p_one_sided)
+    f.regression = t.drop_pts > spec.acceptance_drop_pts and t.p_one_sided < spec.alpha
+    f.message = (f"{'a regression: ' if f.regression else ''}draft acceptance {100 * t.share_base:.1f}% -> "
+                 f"{100 * t.share_cand:.1f}% ({t.x_base:,}/{t.n_base:,} vs {t.x_cand:,}/{t.n_cand:,} tokens), "
+                 f"a drop of {t.drop_pts:.1f} points (threshold {spec.acceptance_drop_pts:g}), one-sided p = "
+                 f"{t.p_one_sided:.3g} (alpha {spec.alpha:g})")
+    return f, None
+
+
+def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list[Record],
+                   checkout: dict[str, ShareGateSpec] | None = None) -> ShareComparison:
+    """Judge every share of the candidate's records against the baseline's record of the same configuration and
+    suite (``checkout``: the suite files' share gates by suite name). Never raises for a malformed record."""
+    out = ShareComparison(candidate, baseline)
+    by = {(r.config, r.suite): r for r in base}
+    for c in cand:
+        b = by.get((c.config, c.suite))
+        where = f"{c.config}/{c.suite}"
+        if b is None:
+            if c.suite_kind == ARRIVALS_KIND:
+                out.limited.append(f"{where}: the baseline {baseline} has no such record")
+            continue
+        spec = rule(b, (checkout or {}).get(c.suite))
+        params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(
+            sorted(set(b.params) | set(c.params)))
+        bad = _differs(b, c, params)
+        jobs = ([judge_slo] if c.suite_kind == ARRIVALS_KIND else []) + [judge_acceptance]
+        for job in jobs:
+            if bad:
+                if job is judge_slo or spec_counts(b) is not None or spec_counts(c) is not None:
+                    what = "the SLO share" if job is judge_slo else "the draft acceptance"
+                    (out.limited if c.profile != b.profile else out.unpaired).append(
+                        f"{where}: {what} cannot be compared: " + "; ".join(bad))
+                continue
+            try:
+                fig, why = job(b, c, spec, baseline)
+            except Exception as e:  # a record edited by hand: said, never a crash or a pass
+                fig, why = None, f"{where}: cannot judge: {type(e).__name__}: {e}"
+            if fig is not None:
+                out.figures.append(fig)
+            elif why:
+                (out.limited if "met the SLO at no rate" in why else out.unpaired).append(why)
+    return out

@@ -1,0 +1,343 @@
+"""Arrivals at a rate: open-loop load with seeded Poisson (or gamma-bursty) arrivals, goodput under the SLO, and
+the search for the highest rate that meets it.
+
+Every closed-loop load hides queueing: a client waits for its answer before it sends again, so a slower server
+is sent less. Here requests are sent when the schedule says (validate.arrivals), whatever is in flight, and a
+slower prefill shows as TTFT. Each *probe* runs one schedule at one rate: at least ``probe_min_duration_s`` of
+arrivals and at least ``probe_min_queries`` requests (MLPerf LoadGen's rule for a valid run, scaled down), each
+request a real-text prompt of ``prompt_tokens`` tokens answered with ``output_tokens`` tokens (ignore_eos).
+A probe's schedule and prompts are drawn from the suite's seed and the rate alone, so two runs of the suite probe
+any rate with the same arrivals and the same prompts.
+
+A probe is *valid* when the client sent on schedule (the p99 of send time minus scheduled time within
+``max_lag_ms``: beyond it the client, not the server, set the rate) and it met both minimums. It *meets the
+SLO* when every request was answered and the p-th TTFT and TPOT are within the limits
+(validate.metrics.probe_metrics); its goodput counts the requests that met the limits one by one.
+
+The SLO is the configuration's (``slo:`` in serve/*.yaml), or the suite's ``slo`` param where set.
+
+Profiles: ``rates_per_s`` probes those rates (the quick profile: one short probe); ``search`` runs the
+bracketing and bisection of validate.rate_search from ``start_rate_per_s``. Where the engine hands the runner
+the baseline's SLO rate (a release with a baseline), a *reference probe* at exactly that rate is run as well,
+with ``reference_queries`` requests at least: the gate compares the share of requests meeting the SLO there
+(validate.loadgate).
+
+Every request is kept in a JSON-lines attachment beside the record (``requests``: probe, index, scheduled,
+sent, first token, each token-bearing chunk's time and tokens, end, tokens, status; seconds from the probe's
+start), hashed into the record; :func:`audit` recounts the probes from it when the record is read.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from validate.arrivals import schedule
+from validate.client import RequestResult
+from validate.config import SloSpec
+from validate.data import needs_train_text
+from validate.metrics import meets_slo, probe_metrics, tpot_s
+from validate.rate_search import ProbeOutcome, search
+from validate.runners.base import RunContext, SuiteResult
+from validate.runners.text import TextPool
+from validate.suite import register_runner
+
+#: The attachment that holds every request of the suite.
+REQUESTS = "requests"
+
+
+class ArrivalsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_tokens: int = Field(256, ge=1)
+    output_tokens: int = Field(64, ge=2)
+    burstiness: float = Field(1.0, gt=0, le=100, description="gamma shape of the gaps: 1 Poisson, < 1 burstier")
+    search: bool = Field(True, description="search the highest rate meeting the SLO")
+    rates_per_s: list[float] = Field(default_factory=list, description="rates probed besides (or without) the search")
+    start_rate_per_s: float = Field(1.0, gt=0)
+    min_rate_per_s: float = Field(0.05, gt=0)
+    max_rate_per_s: float = Field(64.0, gt=0)
+    rel_tolerance: float = Field(0.15, gt=0, le=1, description="bisection stops at hi / lo <= 1 + this")
+    max_probes: int = Field(7, ge=1, le=30)
+    probe_min_duration_s: float = Field(40.0, gt=0, le=3600)
+    probe_min_queries: int = Field(40, ge=1)
+    probe_grace_s: float = Field(60.0, gt=0, description="after the last arrival, how long requests in flight may "
+                                 "take before they are cut (counted as failed)")
+    max_lag_ms: float = Field(100.0, gt=0, description="a probe whose p99 send lag exceeds this is not valid")
+    reference_queries: int = Field(80, ge=1, description="least requests of the reference probe at the baseline's rate")
+    max_in_flight: int = Field(256, ge=1)
+    slo: SloSpec | None = None
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _rates(self):
+        bad = [r for r in self.rates_per_s if not (math.isfinite(r) and r > 0)]
+        if bad:
+            raise ValueError(f"rates_per_s: every rate must be a positive finite number, not {bad[0]!r}")
+        if not self.search and not self.rates_per_s:
+            raise ValueError("with search false, rates_per_s must name at least one rate (else nothing is probed)")
+        if not self.min_rate_per_s <= self.start_rate_per_s <= self.max_rate_per_s:
+            raise ValueError(f"start_rate_per_s {self.start_rate_per_s:g} lies outside [min_rate_per_s "
+                             f"{self.min_rate_per_s:g}, max_rate_per_s {self.max_rate_per_s:g}]")
+        return self
+
+
+class ArrivalsMetrics(BaseModel):
+    """What an arrivals record's ``metrics`` hold (times in ms, rates per second)."""
+
+    model_config = ConfigDict(extra="forbid")
+    slo: dict[str, Any]
+    burstiness: float
+    probes: list[dict[str, Any]]
+    search: dict[str, Any] | None = None
+    slo_rate_per_s: float | None = None
+    goodput_at_slo_rate_per_s: float | None = None
+    reference: dict[str, Any] | None = None
+    requests_logged: int
+    invalid_probes: int
+
+
+def probe_seed(seed: int, rate_per_s: float) -> int:
+    """The seed of a probe's schedule and prompts: the suite's seed and the rate (to 1e-6 req/s), so any two runs
+    probe a rate with the same arrivals and prompts."""
+    h = hashlib.sha256(f"{seed}/{round(rate_per_s, 6):.6f}".encode()).digest()
+    return int.from_bytes(h[:8], "little") >> 1
+
+
+def request_row(probe: int, rate: float, k: int, due_s: float, r: RequestResult, t0: float,
+                slo: SloSpec) -> dict:
+    """One JSON line of the requests attachment: times in seconds from the probe's start ``t0`` (perf_counter)."""
+    sent = r.t_sent - t0 if r.t_sent else None
+    t = tpot_s(r)
+    return {
+        "probe": probe, "rate_per_s": rate, "i": k, "scheduled_s": round(due_s, 6),
+        "sent_s": None if sent is None else round(sent, 6),
+        "first_token_s": None if sent is None or r.ttft_s is None else round(sent + r.ttft_s, 6),
+        "chunk_s": [] if sent is None else [round(sent + c, 6) for c in r.chunk_times],
+        "chunk_tokens": list(r.chunk_tokens),
+        "end_s": round(r.t_done - t0, 6) if r.t_done else None,
+        "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+        "status": "ok" if r.ok else (r.error or "failed"),
+        "ttft_ms": None if r.ttft_s is None else round(r.ttft_s * 1e3, 3),
+        "tpot_ms": None if t is None else round(t * 1e3, 3),
+        "good": meets_slo(r, slo.ttft_ms, slo.tpot_ms),
+    }
+
+
+async def send_on_schedule(client, times_s, prompts, max_tokens: int, *, max_in_flight: int, grace_s: float
+                           ) -> tuple[list[RequestResult], list[float], float, float]:
+    """Send ``prompts[i]`` (token ids or text) at ``times_s[i]`` seconds after the start, whatever is in flight
+    (open loop; at most ``max_in_flight`` at once, past which a request waits and its send lags), each with
+    ``max_tokens`` output tokens (ignore_eos); wait for the answers at most ``grace_s`` after the last send,
+    then cut what is left (a failed request).
+
+    Returns:
+        (results in schedule order, per sent request its send time minus its scheduled time in seconds, the
+        duration in seconds from the start to the last answer's end, the start on ``time.perf_counter``).
+    """
+    sem = asyncio.Semaphore(max_in_flight)
+    tasks: list[asyncio.Task] = []
+    started: dict[int, float] = {}  # when each request left the bound (a cut request keeps its send time)
+    t0 = time.perf_counter()
+
+    async def one(i, ids):
+        async with sem:  # past the bound the request waits here: its send lags, and the probe is invalid
+            started[i] = time.perf_counter()
+            return await client.completion(ids, max_tokens=max_tokens, ignore_eos=True)
+
+    for i, (due, ids) in enumerate(zip(times_s, prompts)):
+        wait = t0 + due - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(one(i, ids)))
+    done, pending = await asyncio.wait(tasks, timeout=grace_s) if tasks else (set(), set())
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=5.0)
+    results: list[RequestResult] = []
+    for i, t in enumerate(tasks):
+        if t in done and t.exception() is None:
+            results.append(t.result())
+        else:
+            why = (f"cut: not answered within {grace_s:g} s of the last arrival" if t in pending
+                   else f"raised: {t.exception()!r}")
+            results.append(RequestResult(error=why, t_sent=started.get(i, 0.0)))
+    end = max([r.t_done for r in results if r.t_done] + [time.perf_counter() if pending else t0 + (times_s[-1] if times_s else 0)])
+    lags = [r.t_sent - (t0 + due) for r, due in zip(results, times_s) if r.t_sent]
+    return results, lags, max(end - t0, 1e-6), t0
+
+
+async def run_probe(ctx: RunContext, p: ArrivalsParams, pool: TextPool, rate: float, index: int, slo: SloSpec,
+                    min_queries: int, rows: list[dict]) -> dict:
+    """One probe at ``rate`` (requests/s): send on the seeded schedule (:func:`send_on_schedule`), append each
+    request's row to ``rows`` and return the probe's record entry (validate.metrics.ProbeMetrics and validity)."""
+    seed = probe_seed(p.seed, rate)
+    sch = schedule(rate, p.burstiness, min_duration_s=p.probe_min_duration_s, min_queries=min_queries, seed=seed)
+    rng = random.Random(seed)
+    prompts = [pool.window(p.prompt_tokens, rng) for _ in sch.times_s]
+    results, lags, duration, t0 = await send_on_schedule(ctx.client, sch.times_s, prompts, p.output_tokens,
+                                                         max_in_flight=p.max_in_flight, grace_s=p.probe_grace_s)
+    m = probe_metrics(rate, results, lags, duration, slo.ttft_ms, slo.tpot_ms, slo.percentile)
+    why = []
+    if m.lag_ms_p99 is not None and m.lag_ms_p99 > p.max_lag_ms:
+        why.append(f"the client sent late (p99 lag {m.lag_ms_p99:.0f} ms > max_lag_ms {p.max_lag_ms:g}): the rate "
+                   "was the client's, not the schedule's")
+    if m.requests < min_queries:
+        why.append(f"{m.requests} requests < {min_queries}")
+    unsent = sum(1 for r in results if not r.t_sent)
+    if unsent:
+        why.append(f"{unsent} requests were never sent")
+    for k, (r, due) in enumerate(zip(results, sch.times_s)):
+        rows.append(request_row(index, rate, k, due, r, t0, slo))
+    entry = {"index": index, "seed": seed, **m.as_dict(), "schedule_span_s": round(sch.span_s, 3),
+             "valid": not why, "why_invalid": "; ".join(why) or None}
+    ctx.log(f"arrivals probe {index}: {rate:.3g} req/s, {m.requests} requests, good {m.good}, p{slo.percentile:g} "
+            f"TTFT {m.ttft_ms_pslo} ms, TPOT {m.tpot_ms_pslo} ms: "
+            + ("meets the SLO" if m.meets and not why else "invalid" if why else "misses the SLO"))
+    return entry
+
+
+def slo_of(ctx: RunContext, p: ArrivalsParams) -> tuple[SloSpec, str]:
+    """The SLO the suite runs under and where it comes from. Raises InputError when neither sets one."""
+    from validate.errors import InputError
+
+    if p.slo is not None:
+        return p.slo, "the suite's params"
+    if ctx.config is not None and ctx.config.slo is not None:
+        return ctx.config.slo, f"serve/{ctx.config.name}.yaml"
+    raise InputError(f"no SLO: set slo: (ttft_ms, tpot_ms, percentile) in serve/"
+                     f"{ctx.config.name if ctx.config else '<config>'}.yaml or the suite's slo param")
+
+
+def reference_rate(rec) -> float | None:
+    """The SLO rate a baseline's arrivals record found (None when it found none): what the reference probe of a
+    candidate runs at."""
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    v = m.get("slo_rate_per_s")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 else None
+
+
+def figures(records: list) -> list:
+    from validate.figures import FigureSpec, metric
+
+    return [FigureSpec("arr_slo_rate", "highest rate meeting the SLO (arrivals)", "arrivals", "req/s", 3, True,
+                       metric("slo_rate_per_s")),
+            FigureSpec("arr_goodput", "goodput at that rate (arrivals)", "arrivals", "req/s", 3, True,
+                       metric("goodput_at_slo_rate_per_s"))]
+
+
+def headline(rec) -> str | None:
+    v = rec.metrics.get("slo_rate_per_s")
+    return f"{v:.2f} req/s within the SLO" if v else None
+
+
+def summary(rec) -> str:
+    m = rec.metrics
+    rate = m.get("slo_rate_per_s")
+    return (f"SLO rate {rate:.3g} req/s" if rate else "no rate met the SLO") + f", {len(m['probes'])} probes"
+
+
+def audit(rec, folder) -> list[str]:
+    """Why the record's probes do not stand on its requests attachment (empty when they do): the file is
+    missing or its hash differs from the record's, or a probe's request count, answered count or good count
+    differs from the rows. ``folder``: where the record lies."""
+    from pathlib import Path
+
+    att = (rec.attachments or {}).get(REQUESTS)
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    if att is None:
+        return ["the record holds no requests attachment"] if m.get("probes") else []
+    path = Path(folder) / str(att.get("file", ""))
+    if Path(str(att.get("file", ""))).name != att.get("file"):
+        return [f"its requests attachment names {att.get('file')!r}, not a file beside the record"]
+    try:
+        blob = path.read_bytes()
+    except OSError as e:
+        return [f"its requests attachment {path.name} cannot be read ({e.strerror or e})"]
+    if hashlib.sha256(blob).hexdigest() != att.get("sha256"):
+        return [f"its requests attachment {path.name} does not match the hash the record holds (edited)"]
+    counts: dict[int, list[int]] = {}
+    try:
+        for line in blob.decode().splitlines():
+            row = json.loads(line)
+            c = counts.setdefault(int(row["probe"]), [0, 0, 0])
+            c[0] += 1
+            c[1] += row["status"] == "ok"
+            c[2] += bool(row["good"])
+    except (ValueError, KeyError, TypeError) as e:
+        return [f"its requests attachment {path.name} is not what the runner writes ({type(e).__name__}: {e})"]
+    out = []
+    for pr in m.get("probes") or []:
+        got = counts.get(pr.get("index"), [0, 0, 0])
+        want = [pr.get("requests"), pr.get("ok"), pr.get("good")]
+        if got != want:
+            out.append(f"probe {pr.get('index')}: the record says {want[0]} requests, {want[1]} answered, {want[2]} "
+                       f"good; its attachment holds {got[0]}, {got[1]}, {got[2]}")
+    return out
+
+
+@register_runner("arrivals", ArrivalsParams, preflight=needs_train_text, sample_server_s=5.0,
+                 metrics_model=ArrivalsMetrics, figures=figures, headline=headline, summary=summary, order=25,
+                 baseline_hint=reference_rate, audit=audit)
+async def run(ctx: RunContext, p: ArrivalsParams) -> SuiteResult:
+    slo, slo_from = slo_of(ctx, p)
+    pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=max(p.prompt_tokens * 4, 8192))
+    out = SuiteResult()
+    rows: list[dict] = []
+    probes: list[dict] = []
+    ctx.progress(0, total=None, description="arrivals")
+
+    async def probe(rate: float, min_queries: int = p.probe_min_queries) -> dict:
+        entry = await run_probe(ctx, p, pool, rate, len(probes), slo, min_queries, rows)
+        probes.append(entry)
+        ctx.progress(1)
+        return entry
+
+    async def searched(rate: float) -> ProbeOutcome:
+        e = await probe(rate)
+        return ProbeOutcome(rate, e["meets"], e["valid"], e["why_invalid"] or "")
+
+    for rate in p.rates_per_s:
+        await probe(rate)
+    res = None
+    if p.search:
+        res = await search(searched, start=p.start_rate_per_s, rel_tolerance=p.rel_tolerance,
+                           max_probes=p.max_probes, min_rate=p.min_rate_per_s, max_rate=p.max_rate_per_s)
+    ref = None
+    hint = getattr(ctx, "baseline_hint", None)
+    if hint and hint.get("value"):
+        rate = float(hint["value"])
+        e = await probe(rate, max(p.reference_queries, p.probe_min_queries))
+        e["reference"] = True
+        ref = {"release": hint.get("release"), "rate_per_s": rate, "probe": e["index"]}
+    meeting = [e for e in probes if e["meets"] and e["valid"] and not e.get("reference")]
+    if res is not None:
+        rate = res.slo_rate_per_s
+        at = next((e for e in reversed(probes) if rate is not None and e["rate_per_s"] == rate), None)
+        search_rec = {"status": res.status, "slo_rate_per_s": rate, "lo": res.lo, "hi": res.hi,
+                      "narrowed": res.narrowed, "client_bound": res.client_bound, "budget_spent": res.budget_spent,
+                      "rel_tolerance": p.rel_tolerance, "probes": len(res.probes)}
+    else:  # fixed rates only: the highest that met the SLO (no search: a lower bound, said in the notes)
+        at = max(meeting, key=lambda e: e["rate_per_s"], default=None)
+        rate = at["rate_per_s"] if at else None
+        search_rec = None
+    blob = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
+    out.attachments[REQUESTS] = (blob, "jsonl")
+    out.metrics = {
+        "slo": {**slo.model_dump(), "from": slo_from}, "burstiness": p.burstiness, "probes": probes,
+        "search": search_rec, "slo_rate_per_s": rate,
+        "goodput_at_slo_rate_per_s": at["goodput_per_s"] if at else None, "reference": ref,
+        "requests_logged": len(rows), "invalid_probes": sum(1 for e in probes if not e["valid"]),
+    }
+    if res is not None and res.status == "none meets":
+        lowest = min(probes, key=lambda e: e["rate_per_s"])
+        search_rec["lowest_probe"] = lowest["index"]
+        ctx.log(f"arrivals: no rate down to {lowest['rate_per_s']:.3g} req/s met the SLO (p{slo.percentile:g} TTFT "
+                f"{lowest['ttft_ms_pslo']} ms, TPOT {lowest['tpot_ms_pslo']} ms there)")
+    return out
