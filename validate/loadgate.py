@@ -144,6 +144,11 @@ def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple
         return None, f"{where}: the SLOs differ ({_slo(b)} vs {_slo(c)}): shares meeting them measure other things"
     search = c.metrics.get("search") if isinstance(c.metrics, dict) else None
     if isinstance(search, dict) and search.get("status") == "none meets":
+        probes = c.metrics.get("probes") if isinstance(c.metrics, dict) else None
+        invalid = [p for p in probes or [] if isinstance(p, dict) and not p.get("valid")]
+        if invalid:  # the client, not the server, may have missed the schedule: no evidence of a slower server
+            return None, (f"{where}: no rate met the SLO, but {len(invalid)} of the candidate's probes were not valid "
+                          f"(first: {invalid[0].get('why_invalid')}): the search cannot stand")
         f.regression = True
         f.message = (f"a regression: no rate met the SLO (down to the lowest probe), where the baseline {baseline} met "
                      f"it up to {rate:.3g} req/s")

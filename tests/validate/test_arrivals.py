@@ -276,3 +276,51 @@ def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch):
     assert main(["release", "v1.2.0", "--baseline", "v1.0.0"]) == 1
     notes = (scratch.root / "reports" / "v1.2.0" / "RELEASE.md").read_text()
     assert "slo arr at 4 req/s" in notes and "100.0% -> 0.0% of requests met the SLO at 4 req/s" in notes
+
+
+@pytest.mark.timeout(120)
+def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
+    import json
+
+    from validate.record import record_path
+    from validate.runners.arrivals import audit
+    from validate.cli import main
+    from validate.record import read_record
+
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=2)
+    assert main(["suite", "arr", "--config", "fake-arr", "--release", "v1.0.0"]) == 0
+    path = record_path(scratch.root / "reports", "v1.0.0", "fake-arr", "arr")
+    rec = read_record(path)
+    assert audit(rec, path.parent) == []
+    rec.metrics["slo_rate_per_s"] = 8.0  # a baseline's rate raised by hand, the attachment untouched
+    assert audit(rec, path.parent) == ["its SLO rate 8.0 req/s is not the rate of a valid probe that met the SLO"]
+    rec = read_record(path)
+    rec.metrics["probes"][0]["meets"] = False
+    assert "the record says meets = False, its rows say True" in audit(rec, path.parent)[0]
+    rec = read_record(path)
+    rec.attachments["requests"]["file"] = "../../elsewhere.jsonl"
+    assert "not a file beside the record" in audit(rec, path.parent)[0]
+    # rows rewritten with a consistent hash but a TTFT past the limit still marked good
+    rec = read_record(path)
+    f = path.parent / rec.attachments["requests"]["file"]
+    rows = [json.loads(x) for x in f.read_text().splitlines()]
+    rows[0]["ttft_ms"] = 9000.0
+    blob = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    f.write_bytes(blob)
+    import hashlib
+
+    rec.attachments["requests"]["sha256"] = hashlib.sha256(blob).hexdigest()
+    why = audit(rec, path.parent)
+    assert why[0].startswith("line 1 of") and "good is True, but its status, TTFT and TPOT say False" in why[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_server_dying_mid_probe_is_an_error_not_a_rate(scratch):
+    from validate.cli import main
+
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=2,
+                      FAKE_VLLM_MODE="die-after", FAKE_VLLM_DIE_AFTER=5)
+    assert main(["suite", "arr", "--config", "fake-arr", "--release", "v1.0.0"]) == 2
+    rec = read(scratch, "v1.0.0")
+    assert rec["verdict"]["status"] == "error" and rec["verdict"]["cause"].startswith("server died during the suite")
+    assert rec["metrics"]["probes"][0]["errors"] > 0  # what was measured before the death is kept

@@ -243,42 +243,74 @@ def summary(rec) -> str:
     return (f"SLO rate {rate:.3g} req/s" if rate else "no rate met the SLO") + f", {len(m['probes'])} probes"
 
 
+def _pct(values: list[float], q: float) -> float | None:
+    import numpy as np
+
+    return round(float(np.percentile(np.asarray(values, dtype=float), q)), 3) if values else None
+
+
 def audit(rec, folder) -> list[str]:
     """Why the record's probes do not stand on its requests attachment (empty when they do): the file is
-    missing or its hash differs from the record's, or a probe's request count, answered count or good count
-    differs from the rows. ``folder``: where the record lies."""
+    missing or its hash differs from the record's; a row's ``good`` does not follow from its status, TTFT and TPOT
+    under the record's SLO; a probe's request, answered or good count, its SLO-percentile TTFT or TPOT, or its
+    ``meets`` differs from what the rows give; the SLO rate is not the rate of a valid probe that met the SLO.
+    ``folder``: where the record lies."""
     from pathlib import Path
 
     att = (rec.attachments or {}).get(REQUESTS)
     m = rec.metrics if isinstance(rec.metrics, dict) else {}
     if att is None:
         return ["the record holds no requests attachment"] if m.get("probes") else []
-    path = Path(folder) / str(att.get("file", ""))
-    if Path(str(att.get("file", ""))).name != att.get("file"):
-        return [f"its requests attachment names {att.get('file')!r}, not a file beside the record"]
+    name = str(att.get("file", ""))
+    if Path(name).name != name or not name:
+        return [f"its requests attachment names {name!r}, not a file beside the record"]
+    path = Path(folder) / name
     try:
         blob = path.read_bytes()
     except OSError as e:
         return [f"its requests attachment {path.name} cannot be read ({e.strerror or e})"]
     if hashlib.sha256(blob).hexdigest() != att.get("sha256"):
         return [f"its requests attachment {path.name} does not match the hash the record holds (edited)"]
-    counts: dict[int, list[int]] = {}
+    slo = m.get("slo") if isinstance(m.get("slo"), dict) else {}
+    lim_ttft, lim_tpot, q = slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("percentile", 99.0)
+    by: dict[int, list[dict]] = {}
+    out = []
     try:
-        for line in blob.decode().splitlines():
+        for n, line in enumerate(blob.decode().splitlines(), 1):
             row = json.loads(line)
-            c = counts.setdefault(int(row["probe"]), [0, 0, 0])
-            c[0] += 1
-            c[1] += row["status"] == "ok"
-            c[2] += bool(row["good"])
+            ok = row["status"] == "ok"
+            ttft, tpot = row["ttft_ms"], row["tpot_ms"]
+            good = ok and ttft is not None and (lim_ttft is None or ttft <= lim_ttft) and (
+                lim_tpot is None or tpot is None or tpot <= lim_tpot)
+            if bool(row["good"]) != good and len(out) < 3:
+                out.append(f"line {n} of {path.name}: good is {row['good']}, but its status, TTFT and TPOT say {good}")
+            by.setdefault(int(row["probe"]), []).append(row)
     except (ValueError, KeyError, TypeError) as e:
         return [f"its requests attachment {path.name} is not what the runner writes ({type(e).__name__}: {e})"]
-    out = []
     for pr in m.get("probes") or []:
-        got = counts.get(pr.get("index"), [0, 0, 0])
+        rows = by.get(pr.get("index"), [])
+        ok = [r for r in rows if r["status"] == "ok"]
+        got = [len(rows), len(ok), sum(bool(r["good"]) for r in rows)]
         want = [pr.get("requests"), pr.get("ok"), pr.get("good")]
         if got != want:
             out.append(f"probe {pr.get('index')}: the record says {want[0]} requests, {want[1]} answered, {want[2]} "
                        f"good; its attachment holds {got[0]}, {got[1]}, {got[2]}")
+            continue
+        ttft_p = _pct([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], q)
+        tpot_p = _pct([r["tpot_ms"] or 0.0 for r in ok if r["ttft_ms"] is not None], q)
+        # the rows keep 0.001 ms; the record's percentile came from unrounded times
+        close = lambda a, b: (a is None) == (b is None) and (a is None or abs(a - b) <= 0.01 + 1e-6 * abs(b))  # noqa: E731
+        if not (close(ttft_p, pr.get("ttft_ms_pslo")) and close(tpot_p, pr.get("tpot_ms_pslo"))):
+            out.append(f"probe {pr.get('index')}: the record's p{q:g} TTFT / TPOT {pr.get('ttft_ms_pslo')} / "
+                       f"{pr.get('tpot_ms_pslo')} ms differ from its rows' {ttft_p} / {tpot_p} ms")
+        meets = bool(rows) and len(ok) == len(rows) and ttft_p is not None and (
+            lim_ttft is None or ttft_p <= lim_ttft) and (lim_tpot is None or tpot_p <= lim_tpot)
+        if bool(pr.get("meets")) != meets:
+            out.append(f"probe {pr.get('index')}: the record says meets = {pr.get('meets')}, its rows say {meets}")
+    rate = m.get("slo_rate_per_s")
+    if rate is not None and not any(pr.get("rate_per_s") == rate and pr.get("meets") and pr.get("valid")
+                                    and not pr.get("reference") for pr in m.get("probes") or []):
+        out.append(f"its SLO rate {rate} req/s is not the rate of a valid probe that met the SLO")
     return out
 
 
@@ -293,29 +325,39 @@ async def run(ctx: RunContext, p: ArrivalsParams) -> SuiteResult:
     probes: list[dict] = []
     ctx.progress(0, total=None, description="arrivals")
 
+    class ServerGone(Exception):
+        pass
+
     async def probe(rate: float, min_queries: int = p.probe_min_queries) -> dict:
         entry = await run_probe(ctx, p, pool, rate, len(probes), slo, min_queries, rows)
         probes.append(entry)
         ctx.progress(1)
+        if entry["errors"]:  # failed requests: a dead server is no measurement of a rate (the search would read
+            gone = await ctx.server_gone()  # it as "no rate meets" and the gate as a regression)
+            if gone:
+                raise ServerGone(f"{gone}, during probe {entry['index']} at {rate:.3g} req/s")
         return entry
 
     async def searched(rate: float) -> ProbeOutcome:
         e = await probe(rate)
         return ProbeOutcome(rate, e["meets"], e["valid"], e["why_invalid"] or "")
 
-    for rate in p.rates_per_s:
-        await probe(rate)
-    res = None
-    if p.search:
-        res = await search(searched, start=p.start_rate_per_s, rel_tolerance=p.rel_tolerance,
-                           max_probes=p.max_probes, min_rate=p.min_rate_per_s, max_rate=p.max_rate_per_s)
-    ref = None
-    hint = getattr(ctx, "baseline_hint", None)
-    if hint and hint.get("value"):
-        rate = float(hint["value"])
-        e = await probe(rate, max(p.reference_queries, p.probe_min_queries))
-        e["reference"] = True
-        ref = {"release": hint.get("release"), "rate_per_s": rate, "probe": e["index"]}
+    res = ref = None
+    try:
+        for rate in p.rates_per_s:
+            await probe(rate)
+        if p.search:
+            res = await search(searched, start=p.start_rate_per_s, rel_tolerance=p.rel_tolerance,
+                               max_probes=p.max_probes, min_rate=p.min_rate_per_s, max_rate=p.max_rate_per_s)
+        hint = getattr(ctx, "baseline_hint", None)
+        if hint and hint.get("value"):
+            rate = float(hint["value"])
+            e = await probe(rate, max(p.reference_queries, p.probe_min_queries))
+            e["reference"] = True
+            ref = {"release": hint.get("release"), "rate_per_s": rate, "probe": e["index"]}
+    except ServerGone as e:
+        out.server_died = str(e)
+        out.errors.append(f"the server died: {e}; {len(probes)} probes kept")
     meeting = [e for e in probes if e["meets"] and e["valid"] and not e.get("reference")]
     if res is not None:
         rate = res.slo_rate_per_s
