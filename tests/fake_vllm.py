@@ -31,6 +31,15 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
 ``dispatch=`` / ``failed=`` fields, as the plugin prints them; it prints one line for itself and one for a
 notional engine core (``FAKE_VLLM_PROCESSES``, default 2, lines in all).
 
+With ``FAKE_VLLM_SPEC="drafts,accepted_pos0,accepted_pos1,..."`` (any mode) it also serves GET /metrics as a
+speculating vLLM 0.32 does (``SpecDecodingProm`` of ``vllm/v1/spec_decode/metrics.py``, written by
+prometheus_client as vLLM's is): ``vllm:spec_decode_num_drafts``, ``_num_draft_tokens``, ``_num_accepted_tokens``
+and ``_num_accepted_tokens_per_pos`` (label ``position``, one series per position), labels ``model_name`` (the
+served name) and ``engine="0"``. Each finished generation adds ``drafts`` drafts of k tokens (k the positions
+given), ``accepted_posI`` accepted tokens at position I and their sum to the accepted tokens, before its last
+event is sent (a scrape after the stream ends sees them). The numbers are served as given, possible or not. Without
+it GET /metrics answers 404, as before.
+
 With ``FAKE_VLLM_SETSID_CHILD=1`` it also starts a worker process in a session of its own (as some engines'
 workers do), which outlives the server unless the launcher finds it.
 """
@@ -51,6 +60,58 @@ ITL_S = float(os.environ.get("FAKE_VLLM_ITL_MS", "2")) / 1e3
 DIE_AFTER = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "3"))
 _count = 0
 _lock = threading.Lock()
+
+
+def spec_per_request() -> tuple[int, list[int]] | None:
+    """(drafts, accepted tokens by position) each generation adds, from ``FAKE_VLLM_SPEC``; None when unset.
+
+    Raises:
+        SystemExit: the variable is not comma-separated whole numbers >= 0, a drafts count and at least one position.
+    """
+    raw = os.environ.get("FAKE_VLLM_SPEC")
+    if raw is None:
+        return None
+    parts = [x.strip() for x in raw.split(",")]
+    if len(parts) < 2 or not all(x.isdigit() for x in parts):
+        raise SystemExit(f"FAKE_VLLM_SPEC={raw!r}: give drafts,accepted_pos0[,accepted_pos1,...] as whole numbers >= 0")
+    return int(parts[0]), [int(x) for x in parts[1:]]
+
+
+SPEC = spec_per_request()
+_spec_registry = None
+_spec_counters: dict = {}
+
+
+def spec_counters(served_name: str) -> None:
+    """Create vLLM's speculative-decoding counters (names, help texts and labels of ``SpecDecodingProm``) in a
+    registry of the fake's own, every position's series at 0, as vLLM does at start-up."""
+    global _spec_registry
+    import prometheus_client
+
+    _spec_registry = prometheus_client.CollectorRegistry()
+    labels = {"model_name": served_name, "engine": "0"}
+    for key, name, doc in (("drafts", "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+                           ("draft_tokens", "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+                           ("accepted", "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")):
+        c = prometheus_client.Counter(name, doc, labelnames=["model_name", "engine"], registry=_spec_registry)
+        _spec_counters[key] = c.labels(**labels)
+    per_pos = prometheus_client.Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted tokens per draft position.",
+                                        labelnames=["model_name", "engine", "position"], registry=_spec_registry)
+    _spec_counters["per_pos"] = [per_pos.labels(**labels, position=str(i)) for i in range(len(SPEC[1]))]
+
+
+def spec_observe() -> None:
+    """One generation's drafts (``FAKE_VLLM_SPEC``) added to the counters."""
+    if SPEC is None or _spec_registry is None:
+        return
+    drafts, per_pos = SPEC
+    with _lock:
+        _spec_counters["drafts"].inc(drafts)
+        _spec_counters["draft_tokens"].inc(drafts * len(per_pos))
+        _spec_counters["accepted"].inc(sum(per_pos))
+        for c, a in zip(_spec_counters["per_pos"], per_pos):
+            c.inc(a)
 
 
 def engine_dead() -> bool:
@@ -145,6 +206,16 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(200, {})
         elif self.path == "/version":
             self._json(200, {"version": "0.0.0-fake"})
+        elif self.path == "/metrics" and _spec_registry is not None:
+            import prometheus_client
+
+            with _lock:
+                body = prometheus_client.generate_latest(_spec_registry)
+            self.send_response(200)
+            self.send_header("content-type", prometheus_client.CONTENT_TYPE_LATEST)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         else:
             self._json(404, {"error": "not found"})
 
@@ -203,6 +274,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             send(choice(w, [100 + i], field=field if chat else "content"))
+        spec_observe()  # before the last events: a scrape once the client has [DONE] counts this generation
         send(choice("", [2], finish="length" if len(words) == req.get("max_tokens") else "stop"))
         send({"choices": [], "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
                                        "total_tokens": len(prompt.split()) + len(words)}})
@@ -255,6 +327,8 @@ def main() -> None:
         for _ in range(1, int(os.environ.get("FAKE_VLLM_PROCESSES", "2"))):
             child = subprocess.Popen([sys.executable, "-c", _CHILD])
             print(re.sub(r" pid=\d+", f" pid={child.pid}", line), flush=True)
+    if SPEC is not None:
+        spec_counters(args.served_model_name or args.model or "fake-model")
     print("INFO [kv_cache_utils.py] GPU KV cache size: 12,345 tokens", flush=True)
     srv = _Server((args.host, args.port), Handler)
     print(f"Starting fake vLLM server on http://{args.host}:{args.port}", flush=True)

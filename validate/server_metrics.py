@@ -9,14 +9,26 @@ What a record keeps (``Record.server_metrics``), all as deltas over the suite un
   ``histogram_quantile``; an estimate, bounded by the bucket edges);
 - counters: preemptions, prefix-cache queries and hits, prompt and generation tokens, finished requests by
   finish reason, speculative-decoding drafts, draft and accepted tokens (where the server has them);
+- speculative decoding (MTP, EAGLE, n-gram drafts), where drafts moved: ``delta["spec_decode"]`` holds the drafts,
+  draft tokens and accepted tokens over the suite, the accepted tokens at each draft position
+  (``accepted_per_position``, position 0 first, from vLLM's ``vllm:spec_decode_num_accepted_tokens_per_pos``,
+  label ``position``, summed over engines) and ``num_speculative_tokens`` (the positions seen), and the shares
+  derived from them with vLLM's own definitions (``SpecDecodingLogging`` / ``SpecDecodingProm`` in
+  ``vllm/v1/spec_decode/metrics.py``): ``acceptance_rate`` = accepted / draft tokens, ``mean_accepted_length`` =
+  1 + accepted / drafts (the bonus token counted, as vLLM does), ``per_position`` = accepted at a position /
+  drafts. A kernel that breaks the draft's numerics leaves accuracy as it was and lowers throughput through these
+  figures alone. ``spec_acceptance_rate`` (the same figure as ``acceptance_rate``) stays at the top of the delta;
 - gauges at the end: KV-cache usage, requests running and waiting; their series when sampled.
 
 A server without ``/metrics`` (or one that answers something else) is recorded as ``available: false`` with the
 reason, never as zeros. A lying counter costs that counter, never the suite: a histogram or counter that is NaN
 or infinite, or a bucket without ``le``, is left out and named under ``invalid``; a counter that went backwards
 (a server restarted mid-suite) is named under ``resets`` (evidence of a restart) and has no delta; values that
-cannot be (KV-cache usage above 1, prefix-cache hits above queries, accepted above drafted tokens) are named
-under ``impossible`` and no share is derived from them; a counter the server does not have is missing, never 0.
+cannot be (KV-cache usage above 1, prefix-cache hits above queries; accepted above drafted tokens, drafted tokens
+above drafts x positions, a position's accepted above the drafts, a later position accepting more than an earlier
+one, the positions' sum other than the accepted tokens) are named under ``impossible`` and no share is derived
+from them (none of the speculative-decoding shares where any of those counters lies); a counter the server does
+not have is missing, never 0.
 Metric names are vLLM 0.32's (``vllm/v1/metrics/loggers.py``).
 
 The text is parsed in a worker process (:func:`parse_elsewhere`), never on the event loop that stamps the
@@ -55,6 +67,10 @@ COUNTERS = {
     "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens",
     "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
+#: Counters with one series per draft position (label ``position``: "0", "1", ...), kept by position.
+PER_POSITION = {
+    "spec_accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
 GAUGES = {
     "kv_cache_usage": "vllm:kv_cache_usage_perc",
     "running": "vllm:num_requests_running",
@@ -80,13 +96,17 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     by_reason: dict[str, float] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
+    # per-position counter key -> {draft position (0 first): value summed over engines}
+    per_position: dict[str, dict[int, float]] = field(default_factory=dict)
     invalid: dict[str, str] = field(default_factory=dict)  # metric key -> why it was left out
 
 
 def parse(text: str, t: float | None = None) -> Snapshot:
     """A :class:`Snapshot` of the Prometheus text exposition ``text`` (only the metrics named in this module). A
     metric whose samples are not finite, or a histogram bucket without ``le``, is left out and named in
-    ``Snapshot.invalid``; the others are kept.
+    ``Snapshot.invalid``; the others are kept. A per-position counter (:data:`PER_POSITION`) with a sample whose
+    ``position`` label is missing or not a whole number >= 0, or whose positions are not 0 .. k - 1, is left out
+    the same way.
 
     Raises:
         ValueError: ``text`` is not in the exposition format (prometheus_client's parser raises it).
@@ -97,9 +117,10 @@ def parse(text: str, t: float | None = None) -> Snapshot:
     hist_names = {v: k for k, v in HISTOGRAMS.items()}
     counter_names = {v: k for k, v in COUNTERS.items()}
     gauge_names = {v: k for k, v in GAUGES.items()}
+    pos_names = {v: k for k, v in PER_POSITION.items()}
     for fam in text_string_to_metric_families(text):
         name = fam.name
-        key = hist_names.get(name) or counter_names.get(name) or gauge_names.get(name)
+        key = hist_names.get(name) or counter_names.get(name) or gauge_names.get(name) or pos_names.get(name)
         if key is None:
             continue
         samples = [x for x in fam.samples if not x.name.endswith("_created")]
@@ -125,6 +146,18 @@ def parse(text: str, t: float | None = None) -> Snapshot:
                 elif x.name.endswith("_count"):
                     h.count += x.value
             snap.histograms[key] = h
+        elif name in pos_names:
+            pos = [x.labels.get("position", "") for x in samples]
+            if not all(p.isdigit() for p in pos):
+                snap.invalid[key] = f"{name}: a sample whose position is {next(p for p in pos if not p.isdigit())!r}"
+                continue
+            by_pos: dict[int, float] = {}
+            for p, x in zip(pos, samples):  # one series per engine and position: summed over engines
+                by_pos[int(p)] = by_pos.get(int(p), 0.0) + x.value
+            if sorted(by_pos) != list(range(len(by_pos))):  # vLLM makes positions 0 .. k - 1, every one at start
+                snap.invalid[key] = f"{name}: positions {sorted(by_pos)} are not 0 .. {len(by_pos) - 1}"
+                continue
+            snap.per_position[key] = by_pos
         elif name in counter_names:
             for x in samples:
                 snap.counters[key] = snap.counters.get(key, 0.0) + x.value
@@ -160,8 +193,9 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
 def delta(start: Snapshot, end: Snapshot) -> dict[str, Any]:
     """What the server did between two scrapes: per histogram {count, mean_ms, p50_ms, p99_ms}; per counter the
     increase; requests by finish reason; the gauges at ``end``; derived shares (prefix-cache hit rate,
-    speculative-decoding acceptance rate) where their counters moved and are possible; and ``invalid``,
-    ``resets`` and ``impossible`` (see the module docstring). Values in milliseconds are rounded to 0.001.
+    speculative-decoding acceptance rate) where their counters moved and are possible; ``spec_decode`` where
+    speculative-decoding drafts moved (:func:`_spec_decode`); and ``invalid``, ``resets`` and ``impossible`` (see
+    the module docstring). Values in milliseconds are rounded to 0.001.
     """
     out: dict[str, Any] = {"interval_s": round(end.t - start.t, 3), "histograms": {}, "counters": {}}
     invalid = {**start.invalid, **end.invalid}
@@ -199,17 +233,87 @@ def delta(start: Snapshot, end: Snapshot) -> dict[str, Any]:
                           f"{c.get('prefix_cache_queries', 0.0):g}")
     elif c.get("prefix_cache_queries"):
         out["prefix_cache_hit_rate"] = round(c.get("prefix_cache_hits", 0.0) / c["prefix_cache_queries"], 6)
-    if c.get("spec_accepted_tokens", 0.0) > c.get("spec_draft_tokens", 0.0):
-        impossible.append(f"spec_accepted_tokens {c['spec_accepted_tokens']:g} > spec_draft_tokens "
-                          f"{c.get('spec_draft_tokens', 0.0):g}")
-    elif c.get("spec_draft_tokens"):
-        out["spec_acceptance_rate"] = round(c.get("spec_accepted_tokens", 0.0) / c["spec_draft_tokens"], 6)
+    per_pos, why_not = _position_deltas(start, end, "spec_accepted_per_pos")
+    if why_not == "reset":
+        resets.append("spec_accepted_per_pos")
+    spec_lies = _spec_impossible(c, per_pos)
+    impossible += spec_lies
+    if c.get("spec_drafts"):
+        out["spec_decode"] = _spec_decode(c, per_pos, derive=not spec_lies)
+    if not spec_lies and c.get("spec_draft_tokens") and "spec_accepted_tokens" in c:
+        out["spec_acceptance_rate"] = round(c["spec_accepted_tokens"] / c["spec_draft_tokens"], 6)
     if invalid:
         out["invalid"] = invalid
     if resets:
         out["resets"] = sorted(set(resets))
     if impossible:
         out["impossible"] = impossible
+    return out
+
+
+def _position_deltas(start: Snapshot, end: Snapshot, key: str) -> tuple[list[float] | None, str | None]:
+    """The increase of the per-position counter ``key`` between two scrapes, position 0 first: (deltas, None), or
+    (None, why): "absent" (the server has no such counter, or it was invalid in either scrape), "reset" (a
+    position went backwards), "appeared" (a position the start scrape lacked while it held other counters: no
+    start to count from)."""
+    e = end.per_position.get(key)
+    if e is None or key in start.invalid:
+        return None, "absent"
+    s = start.per_position.get(key, {})
+    if any(p not in s for p in e) and (start.counters or start.per_position):
+        return None, "appeared"
+    d = [e[p] - s.get(p, 0.0) for p in range(len(e))]
+    if any(x < 0 for x in d):
+        return None, "reset"
+    return d, None
+
+
+def _spec_impossible(c: dict[str, float], per_pos: list[float] | None) -> list[str]:
+    """What cannot be among the speculative-decoding deltas ``c`` (counters) and ``per_pos`` (accepted tokens by
+    draft position). vLLM counts a draft of d tokens with a accepted as one draft, d draft tokens, a accepted tokens
+    and one accepted token at each of positions 0 .. a - 1 (``SpecDecodingStats.observe_draft``), with d and a at
+    most ``num_speculative_tokens``: so accepted <= drafted <= drafts x positions, each position <= drafts, the
+    positions never increase, and they sum to the accepted tokens."""
+    out: list[str] = []
+    drafts, drafted, accepted = c.get("spec_drafts"), c.get("spec_draft_tokens"), c.get("spec_accepted_tokens")
+    if accepted is not None and accepted > (drafted or 0.0):
+        out.append(f"spec_accepted_tokens {accepted:g} > spec_draft_tokens {drafted or 0.0:g}")
+    if per_pos is None:
+        return out
+    k = len(per_pos)
+    if drafted is not None and drafts is not None and drafted > drafts * k:
+        out.append(f"spec_draft_tokens {drafted:g} > spec_drafts {drafts:g} x {k} positions")
+    for p, a in enumerate(per_pos):
+        if a > (drafts or 0.0):
+            out.append(f"spec_accepted_per_pos position {p}: {a:g} > spec_drafts {drafts or 0.0:g}")
+        if p and a > per_pos[p - 1]:
+            out.append(f"spec_accepted_per_pos position {p}: {a:g} > position {p - 1}: {per_pos[p - 1]:g}")
+    if accepted is not None and abs(sum(per_pos) - accepted) > 1e-6:
+        out.append(f"spec_accepted_per_pos sum {sum(per_pos):g} != spec_accepted_tokens {accepted:g}")
+    return out
+
+
+def _spec_decode(c: dict[str, float], per_pos: list[float] | None, derive: bool) -> dict[str, Any]:
+    """``delta["spec_decode"]`` (the module docstring): the counts over the suite (tokens; a counter the server
+    lacks or that reset is left out) and, where ``derive`` (nothing impossible) and their counters are there, the
+    shares. Rates rounded to 1e-6."""
+    out: dict[str, Any] = {}
+    for k, name in (("drafts", "spec_drafts"), ("draft_tokens", "spec_draft_tokens"),
+                    ("accepted_tokens", "spec_accepted_tokens")):
+        if name in c:
+            out[k] = int(round(c[name]))
+    if per_pos is not None:
+        out["num_speculative_tokens"] = len(per_pos)
+        out["accepted_per_position"] = [int(round(a)) for a in per_pos]
+    if not derive:
+        return out
+    drafts, accepted = c["spec_drafts"], c.get("spec_accepted_tokens")
+    if accepted is not None and c.get("spec_draft_tokens"):
+        out["acceptance_rate"] = round(accepted / c["spec_draft_tokens"], 6)
+    if accepted is not None:
+        out["mean_accepted_length"] = round(1.0 + accepted / drafts, 6)  # vLLM's: the bonus token counted
+    if per_pos is not None:
+        out["per_position"] = [round(a / drafts, 6) for a in per_pos]
     return out
 
 

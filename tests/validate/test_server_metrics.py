@@ -175,3 +175,146 @@ def test_the_scrape_parses_off_the_timing_loop(monkeypatch):
     snap, why, gaps = asyncio.run(go())
     assert why is None and snap.counters["preemptions"] == 1 and snap.gauges["kv_cache_usage"] == 0.1
     assert len(body) > 1_000_000 and max(gaps) < 0.25  # the same parse on the loop: about 0.33 s on the 2-core box
+
+
+class VllmSpecCounters:
+    """vLLM's own speculative-decoding counters (``SpecDecodingProm`` of ``vllm/v1/spec_decode/metrics.py``, the
+    class the Prometheus stat logger uses) in a registry of their own, fed ``SpecDecodingStats`` of known drafts,
+    so that the /metrics text, names and labels are vLLM's. ``engines`` data-parallel engines, ``k`` positions."""
+
+    def __init__(self, k: int = 3, engines: int = 1):
+        import functools
+
+        pytest.importorskip("vllm.v1.spec_decode.metrics")
+        import prometheus_client
+        from vllm.config import SpeculativeConfig
+        from vllm.v1.spec_decode.metrics import SpecDecodingLogging, SpecDecodingProm
+
+        self.k, self.registry = k, prometheus_client.CollectorRegistry()
+        registry = self.registry
+
+        class Prom(SpecDecodingProm):
+            _counter_cls = functools.partial(prometheus_client.Counter, registry=registry)
+
+        cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=4, prompt_lookup_min=2)
+        self.prom = Prom(cfg, ["model_name", "engine"], {i: ["smol", str(i)] for i in range(engines)})
+        self.logging = SpecDecodingLogging()  # what vLLM's log line says of the same drafts
+
+    def observe(self, drafts: list[tuple[int, int]], engine: int = 0, log: bool = True) -> None:
+        """One scheduler step's drafts on ``engine``: (draft tokens, accepted tokens) per draft."""
+        from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+        stats = SpecDecodingStats.new(self.k)
+        for d, a in drafts:
+            stats.observe_draft(d, a)
+        self.prom.observe(stats, engine)
+        if log:
+            self.logging.observe(stats)
+
+    def text(self) -> str:
+        import prometheus_client
+
+        return prometheus_client.generate_latest(self.registry).decode()
+
+    def log_line(self) -> str:
+        lines: list[str] = []
+        self.logging.log(log_fn=lambda fmt, *args: lines.append(fmt % args))
+        return lines[0]
+
+
+def with_spec(text: str) -> str:
+    """vLLM's spec-decode counters beside the rest of an exposition (a scrape holds both)."""
+    return exposition([0, 0, 0, 0], 0, 0, 0, 0, 0.1) + text
+
+
+def test_spec_decode_counters_of_real_vllm_text():
+    """Two engines' counters as vLLM writes them: 2 drafts before the suite, 5 on engine 0 and 2 on engine 1 during
+    it. Over the suite: 7 drafts, 19 draft tokens, 12 accepted (engine 0: 3+2+0+1+3, engine 1: 3+0); accepted at
+    position 0 by 5 drafts (a >= 1), 1 by 4 (a >= 2), 2 by 3 (a = 3)."""
+    v = VllmSpecCounters(k=3, engines=2)
+    v.observe([(3, 3), (3, 1)], log=False)
+    a = parse(with_spec(v.text()), t=0.0)
+    assert a.per_position == {"spec_accepted_per_pos": {0: 2.0, 1: 1.0, 2: 1.0}} and a.counters["spec_drafts"] == 2
+    v.observe([(3, 3), (3, 2), (3, 0), (2, 1), (3, 3)], engine=0)
+    v.observe([(3, 3), (2, 0)], engine=1)
+    d = delta(a, parse(with_spec(v.text()), t=5.0))
+    assert d["spec_decode"] == {
+        "drafts": 7, "draft_tokens": 19, "accepted_tokens": 12, "num_speculative_tokens": 3,
+        "accepted_per_position": [5, 4, 3], "acceptance_rate": round(12 / 19, 6),
+        "mean_accepted_length": round(1 + 12 / 7, 6), "per_position": [round(5 / 7, 6), round(4 / 7, 6), round(3 / 7, 6)]}
+    assert d["spec_acceptance_rate"] == round(12 / 19, 6) and "impossible" not in d and "resets" not in d
+    # vLLM's own log line of the same 7 drafts gives the same mean length and per-position rates
+    line = v.log_line()
+    assert "Mean acceptance length: 2.71," in line and "Per-position acceptance rate: 0.714, 0.571, 0.429," in line
+    assert "Accepted: 12 tokens, Drafted: 19 tokens" in line
+
+
+def test_a_server_without_speculation_has_no_spec_decode():
+    d = delta(parse(exposition([0, 2, 4, 4], 0.3, 1, 3, 1, 0.0)), parse(exposition([0, 2, 6, 6], 0.5, 1, 5, 1, 0.0)))
+    assert "spec_decode" not in d and "spec_acceptance_rate" not in d
+    v = VllmSpecCounters(k=2)
+    same = parse(with_spec(v.text()))
+    assert "spec_decode" not in delta(same, same)  # the counters are there, but no draft moved
+
+
+def test_a_restart_refuses_the_spec_decode_shares():
+    """A server restarted mid-suite: its counters start again from 0, below the start scrape's; no delta, no share.
+    A per-position counter alone gone backwards costs the per-position figures only."""
+    before = VllmSpecCounters(k=3)
+    before.observe([(3, 3)] * 6)
+    after = VllmSpecCounters(k=3)  # the restarted server's
+    after.observe([(3, 1)] * 2)
+    d = delta(parse(with_spec(before.text())), parse(with_spec(after.text())))
+    assert {"spec_drafts", "spec_draft_tokens", "spec_accepted_tokens", "spec_accepted_per_pos"} <= set(d["resets"])
+    assert "spec_decode" not in d and "spec_acceptance_rate" not in d
+    v = VllmSpecCounters(k=3)
+    v.observe([(3, 2)] * 4)
+    start = v.text()
+    v.observe([(3, 2)] * 4)
+    end = v.text().replace('position="1"} 8.0', 'position="1"} 3.0')  # went back from 4
+    d = delta(parse(with_spec(start)), parse(with_spec(end)))
+    assert d["resets"] == ["spec_accepted_per_pos"]
+    assert d["spec_decode"] == {"drafts": 4, "draft_tokens": 12, "accepted_tokens": 8, "acceptance_rate": round(8 / 12, 6),
+                                "mean_accepted_length": 3.0}
+
+
+@pytest.mark.parametrize("edit,lie", [
+    # a position accepting more tokens than there were drafts (4 drafts during the suite)
+    (('position="0"} 8.0', 'position="0"} 9.0'), "spec_accepted_per_pos position 0: 5 > spec_drafts 4"),
+    # the positions' sum (4 + 4 + 1) other than the accepted tokens (8)
+    (('position="2"} 0.0', 'position="2"} 1.0'), "spec_accepted_per_pos sum 9 != spec_accepted_tokens 8"),
+    # a later position accepting more than an earlier one (per position 2, 4, 2: the sum still 8)
+    ([('position="0"} 8.0', 'position="0"} 6.0'), ('position="2"} 0.0', 'position="2"} 2.0')],
+     "spec_accepted_per_pos position 1: 4 > position 0: 2"),
+    # accepted above drafted tokens
+    (('num_draft_tokens_total{engine="0",model_name="smol"} 24.0', 'num_draft_tokens_total{engine="0",model_name="smol"} 19.0'),
+     "spec_accepted_tokens 8 > spec_draft_tokens 7"),
+    # more draft tokens than drafts x positions (4 x 3)
+    (('num_draft_tokens_total{engine="0",model_name="smol"} 24.0', 'num_draft_tokens_total{engine="0",model_name="smol"} 25.0'),
+     "spec_draft_tokens 13 > spec_drafts 4 x 3 positions"),
+])
+def test_an_impossible_spec_counter_refuses_the_shares(edit, lie):
+    """vLLM's text of 4 drafts of 3 tokens with 2 accepted each (per position 4, 4, 0), one counter then edited to
+    a value no vLLM writes: the lie is named, the counts are kept, no share is derived from them."""
+    v = VllmSpecCounters(k=3)
+    v.observe([(3, 2)] * 4)
+    start = v.text()
+    v.observe([(3, 2)] * 4)
+    end = v.text()
+    for old, new in [edit] if isinstance(edit, tuple) else edit:
+        assert old in end
+        end = end.replace(old, new)
+    d = delta(parse(with_spec(start)), parse(with_spec(end)))
+    assert any(x.startswith(lie) for x in d["impossible"]), d["impossible"]
+    sd = d["spec_decode"]
+    assert sd["drafts"] == 4 and "accepted_per_position" in sd
+    assert not {"acceptance_rate", "mean_accepted_length", "per_position"} & set(sd) and "spec_acceptance_rate" not in d
+
+
+def test_a_position_label_that_is_not_a_position_is_invalid():
+    v = VllmSpecCounters(k=2)
+    v.observe([(2, 1)])
+    snap = parse(with_spec(v.text().replace('position="1"', 'position="one"')))
+    assert snap.invalid == {"spec_accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos: a sample whose "
+                                                     "position is 'one'"}
+    assert "spec_accepted_per_pos" not in snap.per_position and snap.counters["spec_drafts"] == 1
