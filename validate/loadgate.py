@@ -224,6 +224,10 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
             if c.suite_kind == ARRIVALS_KIND:
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
+        if b.audit_failed:  # an edited baseline must not decide the gate either way
+            out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on its attachments: "
+                                f"{b.audit_failed}")
+            continue
         spec = rule(b, (checkout or {}).get(c.suite))
         params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(
             sorted(set(b.params) | set(c.params)))

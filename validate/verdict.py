@@ -581,6 +581,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     if base is not None:
         bskipped: list[str] = []
         base_records = release_records(reports, base, skipped=bskipped)
+        audit_records(base_records, reports)
         if not base_records and not bskipped:
             if baseline:
                 extra.append(release_check("baseline", f"the baseline {base} named with --baseline has no records "

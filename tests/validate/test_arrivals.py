@@ -174,7 +174,7 @@ def test_the_search_finds_the_computable_slo_rate(monkeypatch):
     ttft, step, itl, tokens, limit, q = 2.0, 8.0, 2.5, 21, 22.0, 90.0
     want = expected_rate(ttft, step, itl, tokens, limit, q)  # 21.2 req/s
     p = arr.ArrivalsParams(prompt_tokens=8, output_tokens=tokens, start_rate_per_s=5.0, rel_tolerance=0.15,
-                           max_probes=8, probe_min_duration_s=5, probe_min_queries=40, probe_grace_s=10, max_lag_ms=50)
+                           max_probes=8, probe_min_duration_s=5, probe_min_queries=40, probe_grace_s=10, max_lag_ms=1000)
 
     async def go():
         async with SynthServer(Script(ttft_ms=ttft, itl_ms=itl, load_step_ms=step)) as srv:

@@ -350,7 +350,10 @@ async def run(ctx: RunContext, p: ArrivalsParams) -> SuiteResult:
             res = await search(searched, start=p.start_rate_per_s, rel_tolerance=p.rel_tolerance,
                                max_probes=p.max_probes, min_rate=p.min_rate_per_s, max_rate=p.max_rate_per_s)
         hint = getattr(ctx, "baseline_hint", None)
-        if hint and hint.get("value"):
+        if hint and hint.get("value") and not p.min_rate_per_s <= float(hint["value"]) <= p.max_rate_per_s:
+            ctx.log(f"arrivals: the baseline's SLO rate {hint['value']} req/s lies outside [{p.min_rate_per_s:g}, "
+                    f"{p.max_rate_per_s:g}]: no reference probe")
+        elif hint and hint.get("value"):
             rate = float(hint["value"])
             e = await probe(rate, max(p.reference_queries, p.probe_min_queries))
             e["reference"] = True
