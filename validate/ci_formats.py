@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from validate.record import Record
+from validate.util import atomic_write
 from validate.verdict import Check, ReleaseVerdict, paired_name
 
 # Text caps: a reason can be a server log tail; test-report tools and GitHub truncate or reject huge reports.
@@ -201,22 +201,6 @@ def junit_xml(verdict: ReleaseVerdict, name: str = "r9k-validate") -> str:
     return '<?xml version="1.0"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def _atomic_write(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_junit(path: str | os.PathLike, verdict: ReleaseVerdict, name: str = "r9k-validate") -> Path:
     """Write :func:`junit_xml` of the verdict to ``path`` atomically (a temp file in the same folder, fsynced,
     mode 0644, renamed over ``path``; missing folders are made), so a reader never sees a torn report.
@@ -226,7 +210,7 @@ def write_junit(path: str | os.PathLike, verdict: ReleaseVerdict, name: str = "r
     Raises:
         OSError: the folder cannot be made or written; a report already at ``path`` is then left as it was.
     """
-    return _atomic_write(Path(path), junit_xml(verdict, name).encode("utf-8"))
+    return atomic_write(Path(path), junit_xml(verdict, name).encode("utf-8"))
 
 
 # --- GitHub step summary ----------------------------------------------------------------------------------

@@ -151,25 +151,13 @@ def write_attachments(record: Path, files: dict[str, tuple[bytes, str]]) -> dict
     record in history/ names, in place) and return what the record keeps of each: ``{"file", "sha256", "bytes",
     "lines"}``. Raises OSError when the folder cannot be written."""
     import hashlib
-    import os
-    import tempfile
+
+    from validate.util import atomic_write
 
     out = {}
     for name, (blob, ext) in files.items():
         digest = hashlib.sha256(blob).hexdigest()
-        target = record.parent / f"{record.stem}.{name}.{digest[:12]}.{ext}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(blob)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        target = atomic_write(record.parent / f"{record.stem}.{name}.{digest[:12]}.{ext}", blob)
         out[name] = {"file": target.name, "sha256": digest, "bytes": len(blob), "lines": blob.count(b"\n")}
     return out
 

@@ -280,36 +280,28 @@ def suites_dir(root: Path) -> Path:
     return root / "suites"
 
 
-def perf_gate_specs(root: Path) -> dict[str, PerfGateSpec]:
-    """{suite name: its perf_gate} for the BetterBench suite files under ``root``/suites (default thresholds where a
-    file sets none); a file that does not load is left out (running it names its error)."""
-    out = {}
+def _loadable_specs(root: Path):
+    """The :class:`SuiteSpec` of every suite file under ``root``/suites that loads (the checklist left out; a
+    file that does not load is skipped: running it names its error)."""
     for p in sorted(suites_dir(root).glob("*.yaml")):
         if p.stem == "release":
             continue
         try:
-            spec = load_suite(p).spec
+            yield load_suite(p).spec
         except InputError:
             continue
-        if spec.kind == BENCH_KIND:
-            out[spec.name] = spec.perf_gate or PerfGateSpec()
-    return out
+
+
+def perf_gate_specs(root: Path) -> dict[str, PerfGateSpec]:
+    """{suite name: its perf_gate} for the BetterBench suite files under ``root``/suites (default thresholds where a
+    file sets none); a file that does not load is left out (running it names its error)."""
+    return {s.name: s.perf_gate or PerfGateSpec() for s in _loadable_specs(root) if s.kind == BENCH_KIND}
 
 
 def share_gate_specs(root: Path) -> dict[str, ShareGateSpec]:
     """{suite name: its share_gate} for the suite files under ``root``/suites that set one; a file that does not
     load is left out (running it names its error)."""
-    out = {}
-    for p in sorted(suites_dir(root).glob("*.yaml")):
-        if p.stem == "release":
-            continue
-        try:
-            spec = load_suite(p).spec
-        except InputError:
-            continue
-        if spec.share_gate is not None:
-            out[spec.name] = spec.share_gate
-    return out
+    return {s.name: s.share_gate for s in _loadable_specs(root) if s.share_gate is not None}
 
 
 def find_suite(root: Path, name: str, profile: Profile = "full") -> LoadedSuite:

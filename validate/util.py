@@ -51,3 +51,25 @@ async def within(aw, seconds: float):
     async with asyncio.timeout(seconds):
         return await aw
 
+
+
+def atomic_write(path: Path, data: bytes) -> Path:
+    """Write ``data`` at ``path`` atomically: a temp file in the same folder, written, flushed and fsynced, mode
+    0644, renamed over ``path`` (the folder is made first). A failure leaves the old file, never a torn one.
+    Raises OSError when the folder cannot be written."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

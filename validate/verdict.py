@@ -302,6 +302,18 @@ def paired_checks(cmp, strict: bool, records: list[Record] = ()) -> list[Check]:
     return out
 
 
+def not_compared(gate: str, unpaired: list[str], limited: list[str], strict: bool) -> list[Check]:
+    """A gate's lines for what it did not compare: each ``unpaired`` reason (should have been compared) is
+    not-checked, each ``limited`` one (the run's own reach) limited, or not-checked with ``strict``; named
+    ``<gate> <suite>`` after the configuration and suite the reason starts with."""
+    out = []
+    for reason, outcome in [(r, "not-checked") for r in unpaired] + [(r, "not-checked" if strict else "limited")
+                                                                      for r in limited]:
+        cfg, suite = _task_of(reason)
+        out.append(Check(cfg, f"{gate} {suite}", "perf", outcome, "not compared", reason, [reason]))
+    return out
+
+
 def perf_checks(perf, strict: bool) -> list[Check]:
     """Checks of the performance gate: one per figure; one per record it could not compare (not-checked) or did
     not by the run's choice (limited). A figure the pass counts cannot decide is not-checked with ``strict``
@@ -319,14 +331,7 @@ def perf_checks(perf, strict: bool) -> list[Check]:
         name = f"perf {f.figure}" if f.suite == "betterbench" else f"perf {f.suite}/{f.figure}"
         out.append(Check(f.config, name, "perf", outcome, "regression" if f.regression else f.mark,
                          f.message, detail, properties=props | {"suite": f.suite}))
-    for reason in perf.unpaired:
-        cfg, suite = _task_of(reason)
-        out.append(Check(cfg, f"perf {suite}", "perf", "not-checked", "not compared", reason, [reason]))
-    for reason in perf.limited:
-        cfg, suite = _task_of(reason)
-        out.append(Check(cfg, f"perf {suite}", "perf", "not-checked" if strict else "limited", "not compared",
-                         reason, [reason]))
-    return out
+    return out + not_compared("perf", perf.unpaired, perf.limited, strict)
 
 
 def share_checks(shares, strict: bool) -> list[Check]:
@@ -343,14 +348,7 @@ def share_checks(shares, strict: bool) -> list[Check]:
         out.append(Check(f.config, name, "perf", "finding" if f.regression else "pass",
                          "regression" if f.regression else "within the threshold", f.message, [f.message],
                          properties=props))
-    for reason in shares.unpaired:
-        cfg, suite = _task_of(reason)
-        out.append(Check(cfg, f"share gate {suite}", "perf", "not-checked", "not compared", reason, [reason]))
-    for reason in shares.limited:
-        cfg, suite = _task_of(reason)
-        out.append(Check(cfg, f"share gate {suite}", "perf", "not-checked" if strict else "limited", "not compared",
-                         reason, [reason]))
-    return out
+    return out + not_compared("share gate", shares.unpaired, shares.limited, strict)
 
 
 def audit_records(records: list[Record], reports: Path) -> None:
