@@ -35,6 +35,14 @@ and empty text. ``tokens_per_chunk`` >= ``max_tokens`` sends the whole answer in
 sends a chat answer's first N tokens as thinking apart from the content (``reasoning`` and ``reasoning_content``
 deltas, as vLLM's reasoning parser does).
 
+With ``prefix_cache_block`` B > 0, GET /metrics answers vLLM's prefix-cache counters
+(``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``) from a model of vLLM's prefix cache over
+the prompts received: a prompt's tokens are its token ids, or for a text prompt the consecutive 4-byte pieces of
+its JSON (as many as its ``prompt_tokens``); every request adds its L tokens to the queries and, to the hits, B
+times the number of its leading full blocks of B tokens, within its first L - 1 tokens (vLLM computes the last
+prompt token again), whose whole prefix an earlier request already had; then its own full blocks are cached (no
+eviction). ``prefix_cache_counts()`` gives the same (queries, hits) in the test's process.
+
 The HTTP/1.1 server is raw asyncio (a Protocol, keep-alive, chunked transfer encoding): no framework sits
 between the scheduled send and the socket. Run ``python -m tests.synth_server --port P [--ttft-ms X ...]``,
 or in tests ``async with SynthServer(Script(...)) as s: s.url``.
@@ -67,6 +75,7 @@ class Script:
     empty_text: bool = False     # token chunks carry their token ids with empty text (special tokens)
     reasoning: int = 0           # chat: the first this many tokens come as thinking, apart (a reasoning parser)
     metrics_bytes: int = 0       # > 0: GET /metrics answers vLLM-shaped Prometheus text of about this size
+    prefix_cache_block: int = 0  # > 0: GET /metrics answers prefix-cache counters of a cache of such blocks
     load_step_ms: float = 0.0    # > 0: TTFT grows this much per answer in flight at arrival; the answer still ends
                                  # ttft_ms + (max_tokens - 1) * itl_ms after arrival (a fixed service time)
     seed: int = 0
@@ -261,6 +270,9 @@ class SynthServer:
         self._server: asyncio.base_events.Server | None = None
         self._counter = 0
         self.in_flight = 0  # answers being streamed now
+        self._cached_blocks: set[int] = set()  # the prefix-cache model: chained hashes of the cached full blocks
+        self._prefix_queries = 0
+        self._prefix_hits = 0
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -289,10 +301,35 @@ class SynthServer:
     def ground_truth(self) -> dict[str, dict]:
         return {rid: r.summary() for rid, r in self.records.items()}
 
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        """(queries, hits) of the prefix-cache model so far, in tokens (the module docstring)."""
+        return self._prefix_queries, self._prefix_hits
+
+    def _prefix_cache(self, tokens: list) -> None:
+        """Count one prompt's ``tokens`` into the prefix-cache model and cache its full blocks."""
+        b = self.script.prefix_cache_block
+        chain, hashes = 0, []
+        for k in range(len(tokens) // b):
+            chain = hash((chain, tuple(tokens[k * b:(k + 1) * b])))  # a block's hash names its whole prefix
+            hashes.append(chain)
+        hit = 0
+        for h in hashes[:(len(tokens) - 1) // b]:
+            if h not in self._cached_blocks:
+                break
+            hit += 1
+        self._prefix_queries += len(tokens)
+        self._prefix_hits += hit * b
+        self._cached_blocks.update(hashes)
+
     def _handle(self, conn: _Conn, method: str, target: str, headers: dict, body: bytes, t_ns: int) -> None:
         url = urlsplit(target)
         if method == "GET" and url.path == "/health":
             return conn.reply(200, {})
+        if method == "GET" and url.path == "/metrics" and self.script.prefix_cache_block > 0:
+            text = prefix_cache_text(*self.prefix_cache_counts())
+            if self.script.metrics_bytes > 0:
+                text += metrics_text(self.script.metrics_bytes, len(self.records))
+            return conn.reply(200, text, "text/plain")
         if method == "GET" and url.path == "/metrics" and self.script.metrics_bytes > 0:
             return conn.reply(200, metrics_text(self.script.metrics_bytes, len(self.records)), "text/plain")
         if method == "GET" and url.path == "/v1/models":
@@ -323,9 +360,20 @@ class SynthServer:
         prompt = req.get("messages") if chat else req.get("prompt")
         prompt_tokens = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) \
             else max(1, len(json.dumps(prompt)) // 4)
+        if self.script.prefix_cache_block > 0:
+            text = json.dumps(prompt).encode()
+            self._prefix_cache(prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], int)
+                               else [text[i:i + 4] for i in range(0, 4 * prompt_tokens, 4)])
         rec = self.records[rid] = Record(path=url.path, arrival_ns=t_ns, max_tokens=max_tokens)
         usage = bool((req.get("stream_options") or {}).get("include_usage"))
         _Stream(self, conn, rec, script, chat, usage, prompt_tokens, rid)
+
+
+def prefix_cache_text(queries: int, hits: int) -> bytes:
+    """Prometheus text of vLLM 0.32's prefix-cache counters (tokens), one engine."""
+    labels = 'engine="0",model_name="synth"'
+    return (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{{{labels}}} {queries}\n"
+            f"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{{{labels}}} {hits}\n").encode()
 
 
 def metrics_text(size: int, requests: int) -> bytes:

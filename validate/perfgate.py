@@ -39,7 +39,9 @@ from validate.record import Record, release_records, same_run
 
 BENCH_KIND = "betterbench"
 # Suite parameters that decide what a figure measures; records that differ in one never compare.
-MEASURING_PARAMS = ("decode_tokens", "prefill_depths", "concurrency", "requests_per_client", "prompt_tokens", "agg_tokens")
+MEASURING_PARAMS = ("decode_tokens", "prefill_depths", "concurrency", "requests_per_client", "prompt_tokens", "agg_tokens",
+                    "shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",
+                    "prefix_output_tokens")
 
 
 class PerfGateSpec(BaseModel):

@@ -8,7 +8,25 @@ Each pass measures, on one launch:
   max_model_len - 8 is used): a unique real-text prompt of exactly D tokens, max_tokens 1: D / TTFT;
 - aggregate output tok/s at concurrency 1 / 2 / 4 / 8 / 16: N clients in a closed loop, each sending
   ``requests_per_client`` requests of a random 256-token real-text prompt and ``agg_tokens`` output tokens
-  (ignore_eos); TTFT p50 / p99 and TPOT p50 at each level.
+  (ignore_eos); TTFT p50 / p99 and TPOT p50 at each level;
+- a shared-prompt row per prompt type (:data:`SHARED_PROMPTS`: a code prompt and a JSON prompt):
+  ``shared_copies`` copies of ONE chat prompt sent at once (not capped by max_num_seqs), each answering
+  ``shared_tokens`` tokens (default ``agg_tokens``; ignore_eos): aggregate output tok/s, TTFT p50, TPOT p50
+  (``shared_<type>_tok_s``, ``shared_<type>_ttft_ms_p50``, ``shared_<type>_tpot_ms_p50``). Near-identical requests
+  are the serving best case: they share their prefix and, on a mixture-of-experts model, their routed experts;
+- a prefix-repetition row: ``prefix_concurrency`` clients in a closed loop, ``requests_per_client`` requests each,
+  every prompt one common real-text prefix of ``prefix_tokens`` tokens (a fresh window each pass, capped so that
+  prefix + suffix + answer fit max_model_len) followed by a distinct real-text suffix of ``prefix_suffix_tokens``
+  tokens, each answering ``prefix_output_tokens`` tokens (default ``agg_tokens``; ignore_eos): aggregate output
+  tok/s, TTFT p50, TPOT p50 (``prefix_tok_s``, ``prefix_ttft_ms_p50``, ``prefix_tpot_ms_p50``) and, beside them,
+  the server's prefix-cache hit rate over the row (``server_prefix_cache_hit_rate``: the increase of vLLM's
+  ``vllm:prefix_cache_hits`` over that of ``vllm:prefix_cache_queries``, both in tokens, between a scrape of
+  ``/metrics`` just before the row and one just after it). Where it cannot be read (no ``/metrics``, no such
+  counters, counters that did not move because prefix caching is off, or that lie) the rate is None and
+  ``metrics["server_prefix_cache_hit_rate_why"]`` says why, never 0. With a cold prefix each pass, ``n`` requests
+  of ``P + S`` tokens and a cache that keeps whole blocks, the best rate is ``(n - 1) * P / (n * (P + S))`` for a
+  block-aligned ``P`` (vLLM counts every prompt token as queried and the cached full blocks as hits). The hit rate
+  is a share, neither a time nor a rate: the performance gate records it and never judges it.
 
 **Combined decode** (tok/s) is the geometric mean, over the concurrency levels up to max_num_seqs, of the
 per-stream decode rate 1 / TPOT-p50 at that level: the decode speed one user sees, averaged from a lone
@@ -28,11 +46,13 @@ those measured before subsampling.
 """
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 
 from typing import Any
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import OpenAIClient, RequestResult, gather_limited
@@ -41,11 +61,25 @@ from validate.runners.base import RunContext, SuiteResult
 from validate.runners.text import ESSAY
 from validate.runners.text import TextPool
 from validate.data import needs_train_text
+from validate.server_metrics import Snapshot, delta, scrape
 from validate.suite import register_runner
 
 #: Most latency samples kept per concurrency level and kind (TTFT, ITL): at most 11 KB of record per 1,000 kept
 #: (indented JSON); the full profile keeps about 11,000 (+125 KB), the quick one about 5,900 (+64 KB).
 LATENCY_SAMPLES_MAX = 2000
+
+#: The shared-prompt rows' prompts, one per prompt type: fixed text here rather than a file under suites/data,
+#: as :data:`validate.runners.text.ESSAY` is, because each defines what its figure measures and is sent as is (no
+#: file to load, validate or hash into the record: the engine hash over validate/ already names the text), and
+#: the record keeps them (``metrics["shared_prompts"]``). Short user messages, as a chat user sends them.
+SHARED_PROMPTS: dict[str, str] = {
+    "code": ("Write a Python function that reads a CSV file of orders with the columns id, customer, amount and "
+             "date, and returns the total amount per customer per month. Use type hints, write a docstring, and "
+             "add unit tests with pytest."),
+    "json": ("Return a JSON object with the fields name, age, email, an address with street, city and postcode, "
+             "and a list of three orders, each with an id, an item and a price, for a fictional customer. Answer "
+             "with the JSON object only."),
+}
 
 
 class BetterBenchParams(BaseModel):
@@ -57,6 +91,12 @@ class BetterBenchParams(BaseModel):
     requests_per_client: int = Field(2, ge=1)
     prompt_tokens: int = Field(256, ge=1)
     agg_tokens: int = Field(128, ge=2)
+    shared_copies: int = Field(8, ge=1, description="copies of one prompt sent at once per shared-prompt row")
+    shared_tokens: int | None = Field(None, ge=2, description="output tokens per copy; None: agg_tokens")
+    prefix_tokens: int = Field(1024, ge=1, description="the prefix-repetition row's common prefix, tokens")
+    prefix_suffix_tokens: int = Field(32, ge=1, description="each request's distinct suffix, tokens")
+    prefix_concurrency: int = Field(8, ge=1, description="clients of the prefix-repetition row")
+    prefix_output_tokens: int | None = Field(None, ge=2, description="output tokens per request; None: agg_tokens")
     seed: int = 0
 
 
@@ -76,6 +116,91 @@ async def concurrency_step(client: OpenAIClient, streams: int, requests_per_clie
     wall = time.perf_counter() - t0
     results = [r for lst in lists for r in lst]
     return summarize(results, wall), results
+
+
+async def shared_prompt_step(client: OpenAIClient, prompt: str, copies: int, max_tokens: int
+                             ) -> tuple[LoadMetrics, list[RequestResult]]:
+    """``copies`` chat completions of the one user message ``prompt``, all sent at once (none waits for another,
+    however many the server batches), each answering ``max_tokens`` tokens (ignore_eos). Returns the metrics over
+    the step's wall time (first send to last end) and the raw results, in send order."""
+    t0 = time.perf_counter()
+    res = list(await asyncio.gather(*(client.chat([{"role": "user", "content": prompt}], max_tokens=max_tokens,
+                                                  ignore_eos=True) for _ in range(copies))))
+    return summarize(res, time.perf_counter() - t0), res
+
+
+async def scrape_url(url: str | None) -> tuple[Snapshot | None, str | None]:
+    """:func:`validate.server_metrics.scrape` of ``url``/metrics on a client of its own (one per scrape: two a
+    pass); (None, why) without a URL."""
+    if not url:
+        return None, "no server URL"
+    async with httpx.AsyncClient() as http:
+        return await scrape(http, url)
+
+
+def prefix_hit_rate(before: tuple[Snapshot | None, str | None], after: tuple[Snapshot | None, str | None]
+                    ) -> tuple[float | None, str | None]:
+    """The server's prefix-cache hit rate between two scrapes (each ``(snapshot, why)`` as
+    :func:`validate.server_metrics.scrape` returns it): the increase of ``vllm:prefix_cache_hits`` over that of
+    ``vllm:prefix_cache_queries`` (tokens; :func:`validate.server_metrics.delta`), as ``(rate, None)``; or
+    ``(None, why)`` where a scrape failed, the server has no such counter, a counter is not finite, went backwards
+    or appeared between the scrapes, no query was counted (prefix caching off), or hits exceed queries. Never 0 for
+    a rate that could not be read."""
+    (s0, w0), (s1, w1) = before, after
+    if s0 is None:
+        return None, f"before the row: {w0}"
+    if s1 is None:
+        return None, f"after the row: {w1}"
+    d = delta(s0, s1)
+    if d.get("prefix_cache_hit_rate") is not None:
+        return d["prefix_cache_hit_rate"], None
+    keys = ("prefix_cache_queries", "prefix_cache_hits")
+    back = [k for k in d.get("resets", []) if k in keys]  # first: a reset counter is missing from the comparison
+    if back:
+        return None, f"vllm:{back[0]} went backwards between the scrapes (the server restarted during the row)"
+    bad = {k: v for k, v in {**s0.invalid, **s1.invalid}.items() if k in keys}
+    if bad:
+        return None, "counters that are not numbers: " + "; ".join(bad.values())
+    lies = [x for x in d.get("impossible", []) if x.startswith("prefix_cache")]
+    if lies:
+        return None, "impossible counters: " + "; ".join(lies)
+    if "prefix_cache_queries" not in s1.counters:
+        return None, "the server's /metrics has no vllm:prefix_cache_queries counter"
+    if "prefix_cache_queries" not in d["counters"]:
+        return None, "vllm:prefix_cache_queries appeared between the scrapes (no count before the row)"
+    return None, "vllm:prefix_cache_queries did not move during the row (prefix caching is off)"
+
+
+async def shared_row(client: OpenAIClient, kind: str, copies: int, max_tokens: int
+                     ) -> tuple[dict[str, float | None], list[RequestResult]]:
+    """The shared-prompt row of prompt type ``kind`` (a key of :data:`SHARED_PROMPTS`): its figures
+    ``shared_<kind>_tok_s`` (None when no copy succeeded, never 0), ``shared_<kind>_ttft_ms_p50`` and
+    ``shared_<kind>_tpot_ms_p50`` (None where undefined), and the raw results."""
+    m, res = await shared_prompt_step(client, SHARED_PROMPTS[kind], copies, max_tokens)
+    return {f"shared_{kind}_tok_s": m.output_tok_s if m.ok else None, f"shared_{kind}_ttft_ms_p50": m.ttft_ms_p50,
+            f"shared_{kind}_tpot_ms_p50": m.tpot_ms_p50}, res
+
+
+async def prefix_row(client: OpenAIClient, pool: TextPool, rng: random.Random, prefix_tokens: int, suffix_tokens: int,
+                     streams: int, requests_per_client: int, max_tokens: int, metrics_url: str | None
+                     ) -> tuple[dict[str, float | None], str | None, list[RequestResult]]:
+    """The prefix-repetition row: one ``prefix_tokens``-token window of ``pool`` drawn with ``rng`` as the common
+    prefix, ``streams`` x ``requests_per_client`` suffixes of ``suffix_tokens`` tokens from distinct offsets of the
+    pool, sent by :func:`concurrency_step`, ``/metrics`` of ``metrics_url`` scraped just before and just after.
+    Returns the figures (``prefix_tok_s``: None when no request succeeded; ``prefix_ttft_ms_p50``,
+    ``prefix_tpot_ms_p50``, ``server_prefix_cache_hit_rate``), why the hit rate is None (else None) and the raw
+    results. Raises ValueError when the pool is shorter than the prefix or holds fewer offsets than requests."""
+    prefix = pool.window(prefix_tokens, rng)
+    n = streams * requests_per_client
+    offsets = rng.sample(range(len(pool.ids)), n)
+    suffixes = {(k, j): pool.window_at(suffix_tokens, offsets[k * requests_per_client + j])
+                for k in range(streams) for j in range(requests_per_client)}
+    before = await scrape_url(metrics_url)
+    m, res = await concurrency_step(client, streams, requests_per_client, lambda k, j: prefix + suffixes[(k, j)],
+                                    max_tokens)
+    rate, why = prefix_hit_rate(before, await scrape_url(metrics_url))
+    return {"prefix_tok_s": m.output_tok_s if m.ok else None, "prefix_ttft_ms_p50": m.ttft_ms_p50,
+            "prefix_tpot_ms_p50": m.tpot_ms_p50, "server_prefix_cache_hit_rate": rate}, why, res
 
 
 def latency_values(results: list[RequestResult]) -> tuple[list[float], list[float]]:
@@ -131,12 +256,18 @@ class BetterBenchMetrics(BaseModel):
     combined_decode_tok_s: float | None = None
     decode_tok_s: float | None = None
     decode_step_ms: float | None = None
+    shared_prompts: dict[str, str] = Field(default_factory=dict, description="the shared-prompt rows' prompts")
+    prefix_tokens: int | None = Field(None, description="the prefix row's common prefix as sent (tokens)")
+    server_prefix_cache_hit_rate_why: str | None = Field(
+        None, description="why the server's prefix-cache hit rate is None in a pass (the first such pass)")
 
 
 def figures(records: list) -> list:
     """The notes' BetterBench figures: decode step, single-stream decode, combined decode, aggregate tok/s at each
-    concurrency level, prefill tok/s at each depth, each with its band across passes."""
-    from validate.figures import FigureSpec, banded
+    concurrency level, prefill tok/s at each depth, the shared-prompt rows' aggregate tok/s and TTFT p50 per prompt
+    type, the prefix row's aggregate tok/s and TTFT p50, each with its band across passes, and the server's
+    prefix-cache hit rate over the prefix row (percent, its band; no per-pass figure: the gate never judges it)."""
+    from validate.figures import FigureSpec, banded, metric
 
     depths = sorted({d for r in records for d in r.metrics.get("prefill_depths", [])})
     levels = sorted({c for r in records for c in r.metrics.get("concurrency", [])})
@@ -148,6 +279,24 @@ def figures(records: list) -> list:
             for c in levels]
     out += [FigureSpec(f"bb_prefill_{d}", f"prefill {d:,} tokens", "betterbench", "tok/s", 0, True,
                        *banded(f"prefill_{d}_tok_s")) for d in depths]
+    for kind in SHARED_PROMPTS:
+        out += [FigureSpec(f"bb_shared_{kind}", f"copies of one prompt, {kind} (aggregate)", "betterbench", "tok/s", 1,
+                           True, *banded(f"shared_{kind}_tok_s")),
+                FigureSpec(f"bb_shared_{kind}_ttft", f"copies of one prompt, {kind}: TTFT p50", "betterbench", "ms", 0,
+                           False, *banded(f"shared_{kind}_ttft_ms_p50"))]
+    out += [FigureSpec("bb_prefix", "shared prefix (aggregate)", "betterbench", "tok/s", 1, True,
+                       *banded("prefix_tok_s")),
+            FigureSpec("bb_prefix_ttft", "shared prefix: TTFT p50", "betterbench", "ms", 0, False,
+                       *banded("prefix_ttft_ms_p50"))]
+
+    def pct(*path: str):  # a share in the record, percent in the notes
+        return lambda r: None if (v := metric(*path)(r)) is None else 100.0 * v
+
+    def pct_band(r):
+        lo, hi = (pct("summary", "server_prefix_cache_hit_rate", k)(r) for k in ("min", "max"))
+        return None if lo is None or hi is None else (lo, hi)
+    out.append(FigureSpec("bb_prefix_hit", "shared prefix: server prefix-cache hit rate", "betterbench", "%", 1, True,
+                          pct("summary", "server_prefix_cache_hit_rate", "median"), pct_band))
     return out
 
 
@@ -168,12 +317,23 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     limit = s.max_model_len - 8
     depths = [d for d in p.prefill_depths if d <= limit] or [limit]
     levels = list(p.concurrency)
-    pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=max(max(depths) * 2, 8192))
-    per_pass_requests = 1 + len(depths) + sum(c * p.requests_per_client for c in levels)
+    shared_out = p.shared_tokens or p.agg_tokens
+    prefix_out = p.prefix_output_tokens or p.agg_tokens
+    # the prefix row's prompt and answer fit the context, as the prefill depths do
+    prefix_len = min(p.prefix_tokens, s.max_model_len - 8 - p.prefix_suffix_tokens - prefix_out)
+    pool = await TextPool.build(ctx.client, ctx.data_dir,
+                                min_tokens=max(max(depths) * 2, 8192, 2 * max(prefix_len, 0)))
+    prefix_n = p.prefix_concurrency * p.requests_per_client
+    per_pass_requests = (1 + len(depths) + sum(c * p.requests_per_client for c in levels)
+                         + len(SHARED_PROMPTS) * p.shared_copies + prefix_n * (prefix_len >= 1))
     ctx.progress(0, total=p.passes * per_pass_requests, description="betterbench")
     rng = random.Random(p.seed)
     passes, failed = [], []
     latency: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in levels}
+    no_hit_rate: list[str] = []  # per pass without a hit rate: why
+    if prefix_len < 1:
+        failed.append(f"prefix row: max_model_len {s.max_model_len} leaves no room for a prefix before "
+                      f"{p.prefix_suffix_tokens} suffix and {prefix_out} answer tokens")
     for n in range(p.passes):
         row: dict = {"pass": n}
         r = await ctx.client.chat([{"role": "user", "content": ESSAY}], max_tokens=p.decode_tokens, ignore_eos=True)
@@ -211,6 +371,22 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
             row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
             row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
             row[f"c{c}_tpot_ms_p50"] = m.tpot_ms_p50
+        for kind in SHARED_PROMPTS:  # after the levels: the figures above are measured as they were without these rows
+            figs, res = await shared_row(ctx.client, kind, p.shared_copies, shared_out)
+            ctx.progress(len(res))
+            if bad := [x for x in res if not x.ok]:
+                failed.append(f"pass {n} shared prompt {kind}: {len(bad)} errors; first: {bad[0].error}")
+            row.update(figs)
+        if prefix_len >= 1:
+            figs, why, res = await prefix_row(ctx.client, pool, rng, prefix_len, p.prefix_suffix_tokens,
+                                              p.prefix_concurrency, p.requests_per_client, prefix_out,
+                                              ctx.client.base_url)
+            ctx.progress(len(res))
+            if bad := [x for x in res if not x.ok]:
+                failed.append(f"pass {n} prefix row: {len(bad)} errors; first: {bad[0].error}")
+            if why:
+                no_hit_rate.append(f"pass {n}: {why}")
+            row.update(figs)
         undefined = [c for c in levels if c <= s.max_num_seqs and row.get(f"c{c}_tpot_ms_p50") is None]
         if undefined:  # leaving a level out would make combined decode read as another figure (and faster)
             failed.append(f"pass {n}: no TPOT at concurrency {', '.join(map(str, undefined))} (every token of an answer "
@@ -230,6 +406,10 @@ async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
         "per_pass": passes,
         "latency_samples": latency_samples(latency, p.seed),
         "formula": "combined_decode = geometric mean over concurrency <= max_num_seqs of 1/TPOT-p50",
+        "shared_prompts": dict(SHARED_PROMPTS),
+        "prefix_tokens": prefix_len if prefix_len >= 1 else None,
+        "server_prefix_cache_hit_rate_why": (f"no hit rate in {len(no_hit_rate)} of {p.passes} passes; first: "
+                                             f"{no_hit_rate[0]}") if no_hit_rate else None,
     }
     if passes:
         sm = out.metrics["summary"]
