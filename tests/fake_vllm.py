@@ -18,6 +18,10 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
   and the API server lives on, as vLLM's does when its engine core dies: it logs the engine's death once, answers
   /health with 503 and every generation at once with HTTP 500 (EngineDeadError).
 - ``garbage``: like ok, but every answer is replacement characters (U+FFFD), alone and under load.
+- ``busy-wrong``: like ok, but a generation that starts while another one is streaming answers the prompt's last
+  number plus one (right alone, wrong under load).
+- ``busy-diverge``: like ok, but a generation that starts while another one is streaming says "The answer is
+  indeed N." (other tokens than alone, the same number: divergent, still right).
 - ``think-separate``, ``think-inline``, ``think-recite``, ``think-unclosed``: a reasoning model that thinks out
   loud, then answers right: a GSM8K question (found in ``FAKE_VLLM_GSM8K``, a test.jsonl) with ``#### <gold>``,
   a HumanEval prompt with its canonical solution in a python block, anything else with "The answer is N."
@@ -59,6 +63,7 @@ TOKENS = int(os.environ.get("FAKE_VLLM_TOKENS", "6"))
 ITL_S = float(os.environ.get("FAKE_VLLM_ITL_MS", "2")) / 1e3
 DIE_AFTER = int(os.environ.get("FAKE_VLLM_DIE_AFTER", "3"))
 _count = 0
+_busy = 0  # generations streaming now
 _lock = threading.Lock()
 
 
@@ -174,11 +179,15 @@ def thinking_pieces(prompt: str, max_tokens: int) -> list[tuple[str, str]]:
     return [("content", w) for w in split(f"<think>\n{thought}\n</think>\n\n{answer}")]
 
 
-def answer_words(prompt: str) -> list[str]:
+def answer_words(prompt: str, busy: bool = False) -> list[str]:
+    """The answer's words; ``busy``: another generation was streaming when this one started."""
     if MODE == "garbage":
         return ["\ufffd\ufffd"] * TOKENS
     nums = re.findall(r"\d+", prompt)
-    words = ["The", " answer", " is", f" {nums[-1] if nums else 'unknown'}", "."]
+    said = nums[-1] if nums else "unknown"
+    if busy and MODE == "busy-wrong" and nums:
+        said = str(int(said) + 1)
+    words = ["The", " answer", " is"] + ([" indeed"] if busy and MODE == "busy-diverge" else []) + [f" {said}", "."]
     while len(words) < TOKENS:
         words.append(" more")
     return words[:TOKENS]
@@ -220,7 +229,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
 
     def do_POST(self):
-        global _count
+        global _busy, _death_logged
         n = int(self.headers.get("content-length", 0))
         req = json.loads(self.rfile.read(n) or b"{}")
         if self.path == "/tokenize":
@@ -231,7 +240,6 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
             return
         if engine_dead():
-            global _death_logged
             with _lock:
                 if not _death_logged:
                     _death_logged = True
@@ -240,12 +248,23 @@ class Handler(BaseHTTPRequestHandler):
             print("ERROR [serving.py] EngineDeadError: EngineCore encountered an issue.", flush=True)
             self._json(500, {"error": {"message": "EngineCore encountered an issue.", "type": "EngineDeadError"}})
             return
+        with _lock:
+            busy = _busy > 0
+            _busy += 1
+        try:
+            self._generate(req, busy)
+        finally:
+            with _lock:
+                _busy -= 1
+
+    def _generate(self, req: dict, busy: bool) -> None:
+        global _count
         chat = self.path == "/v1/chat/completions"
         prompt = req["messages"][-1]["content"] if chat else str(req.get("prompt"))
         if MODE in THINK_MODES:
             pieces = thinking_pieces(prompt, req.get("max_tokens", TOKENS))[: req.get("max_tokens", TOKENS)]
         else:
-            pieces = [("content", w) for w in answer_words(prompt)[: req.get("max_tokens", TOKENS)]]
+            pieces = [("content", w) for w in answer_words(prompt, busy)[: req.get("max_tokens", TOKENS)]]
         words = [w for _, w in pieces]
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")

@@ -151,7 +151,7 @@ class Record(BaseModel):
     rechecked: str | None = Field(None, exclude=True)
     #: set by the verdict (never stored): the stored gate differs from the suite file's of the same tree
     gate_mismatch: str | None = Field(None, exclude=True)
-    #: set by the verdict (never stored): why the record does not stand on its attachments (Runner.audit)
+    #: set by the verdict (never stored): why the record does not stand on its items and attachments (Runner.audit)
     audit_failed: str | None = Field(None, exclude=True)
 
     @property

@@ -92,7 +92,7 @@ class Runner:
         baseline_hint: ``baseline_hint(baseline_record) -> value | None``: what a run of it in a release with a
             baseline takes from the baseline's record of the same configuration and suite (the engine passes it as
             ``RunContext.baseline_hint``; the arrivals kind: the baseline's SLO rate, to probe it again).
-        audit: ``audit(record, folder) -> [reason]``: why a record read from ``folder`` does not stand on its
+        audit: ``audit(record, folder) -> [reason]``: why a record read from ``folder`` does not stand on its items or
             attachments (empty when it does); the verdict makes such a record not-checked.
     """
 

@@ -226,8 +226,8 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
     if limit and chk.outcome == "pass":
         chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
     if rec.audit_failed and chk.outcome == "pass":
-        chk.outcome, chk.status = "not-checked", "attachment-mismatch"
-        chk.message = f"the record does not stand on its attachments: {rec.audit_failed}"
+        chk.outcome, chk.status = "not-checked", "audit-failed"
+        chk.message = f"the record does not stand on what it holds: {rec.audit_failed}"
     stale = other_tree(rec, tree)
     if rec.gate_mismatch and not stale and chk.outcome == "pass":
         chk.outcome, chk.status = "not-checked", "gate-mismatch"

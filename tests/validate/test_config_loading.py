@@ -27,7 +27,7 @@ def test_repository_files_load():
     assert moe.model.source_name() == "random Qwen3-MoE 2 layers x 16 experts top-4 (seed 0)"
     assert "cpu-moe" not in load_checklist(REPO).configs  # not a release configuration: out of `make demo`'s path
     cl = load_checklist(REPO)
-    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["unit-gates", "allreduce", "sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench", "arrivals"])]
+    assert cl.plan(["cpu-smol"]) == [("cpu-smol", ["unit-gates", "allreduce", "sanity", "long-answers", "gsm8k", "humaneval", "probe", "soak", "betterbench", "arrivals"])]
     quick = find_suite(REPO, "sanity", "quick")
     full = find_suite(REPO, "sanity", "full")
     assert quick.params.overload == [2.0] and full.params.overload == [1.0625, 1.5, 2.0]
@@ -64,7 +64,7 @@ def test_unknown_profile_key(tmp_path):
 
 def test_unknown_kind_lists_known(tmp_path):
     p = write(tmp_path, "x.yaml", "name: x\nkind: soakk\n")
-    with pytest.raises(InputError, match=r"kind: unknown suite kind 'soakk' \(known: arrivals, betterbench, gsm8k, humaneval, probe, pytest, soak, strict-sanity\)"):
+    with pytest.raises(InputError, match=r"kind: unknown suite kind 'soakk' \(known: arrivals, betterbench, gsm8k, humaneval, long-answers, probe, pytest, soak, strict-sanity\)"):
         load_suite(p)
 
 
@@ -95,7 +95,7 @@ def test_config_hash_follows_content(tmp_path):
 
 
 def test_missing_suite_lists_known():
-    with pytest.raises(InputError, match=r"no suite 'soap'.*known: allreduce, arrivals, betterbench, gsm8k, humaneval, probe, sanity, soak, unit-gates"):
+    with pytest.raises(InputError, match=r"no suite 'soap'.*known: allreduce, arrivals, betterbench, gsm8k, humaneval, long-answers, probe, sanity, soak, unit-gates"):
         find_suite(REPO, "soap")
 
 

@@ -44,6 +44,6 @@ def test_sanity_and_probe_quick(smol_server, tmp_path):
     assert san.versions["vllm"] == "0.32.0"
     md = render_release(REPO, tmp_path, "vtest", load_checklist(REPO)).read_text()
     assert f"{san.metrics['bad']} bad of 32" in md and f"{m['decode_tok_s']:.1f} tok/s" in md
-    assert "- cpu-smol / unit-gates, allreduce, gsm8k, humaneval, soak, betterbench, arrivals: did not run (no record)." in md
-    assert ("- fn-tp4 / unit-gates, allreduce, sanity, gsm8k, humaneval, probe, soak, betterbench, arrivals: did not run (no "
+    assert "- cpu-smol / unit-gates, allreduce, long-answers, gsm8k, humaneval, soak, betterbench, arrivals: did not run (no record)." in md
+    assert ("- fn-tp4 / unit-gates, allreduce, sanity, long-answers, gsm8k, humaneval, probe, soak, betterbench, arrivals: did not run (no "
             "record).") in md

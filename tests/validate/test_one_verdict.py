@@ -803,7 +803,7 @@ def test_a_run_of_one_suite_is_never_a_full_pass_of_the_release(tmp_path, monkey
     assert _release(tmp_path) == 0
     notes = (tmp_path / "v0.2.0" / "RELEASE.md").read_text()
     assert not notes.split("\n")[2].startswith("Every check passed")
-    assert "- fn-tp4 / unit-gates, allreduce, sanity, gsm8k, humaneval, probe, soak, betterbench, arrivals: did not run" in notes
+    assert "- fn-tp4 / unit-gates, allreduce, sanity, long-answers, gsm8k, humaneval, probe, soak, betterbench, arrivals: did not run" in notes
 
 
 def test_the_automatic_baseline_says_what_another_release_holds(tmp_path, monkeypatch):

@@ -108,9 +108,9 @@ def test_metrics_that_break_the_kinds_model_are_an_error(scratch, toy_kind):
 
 def test_the_registry_knows_every_kind_without_a_list():
     kinds = suite_mod.discover()
-    assert {"strict-sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench", "pytest", "arrivals"} <= set(kinds)
+    assert {"strict-sanity", "gsm8k", "humaneval", "probe", "soak", "betterbench", "pytest", "arrivals", "long-answers"} <= set(kinds)
     assert suite_mod.paired_eval_kinds() == {"gsm8k", "humaneval"}
-    assert [r.kind for r in suite_mod.ordered_kinds()][:4] == ["strict-sanity", "betterbench", "arrivals", "gsm8k"]
+    assert [r.kind for r in suite_mod.ordered_kinds()][:5] == ["strict-sanity", "long-answers", "betterbench", "arrivals", "gsm8k"]
     with pytest.raises(ValueError, match="unknown field"):
         suite_mod.register_runner("x", object, colour="red")
 
