@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -118,12 +119,26 @@ def _differs(b: Record, c: Record, params: tuple[str, ...]) -> list[str]:
     return bad
 
 
-def _probe_at(rec: Record, rate: float) -> dict | None:
-    """The record's last valid probe at ``rate`` (to 1e-6 req/s), or None."""
+def _probe_at(rec: Record, rate: float, baseline: str | None = None) -> dict | None:
+    """The record's valid probe at ``rate`` (to 1e-6 req/s): its reference probe where it ran one against
+    ``baseline`` (the most requests, run for this comparison), else its last valid probe there; None when none."""
     probes = rec.metrics.get("probes") if isinstance(rec.metrics, dict) else None
     hits = [p for p in probes or [] if isinstance(p, dict) and isinstance(p.get("rate_per_s"), (int, float))
-            and abs(p["rate_per_s"] - rate) <= 1e-6 and p.get("valid")]
+            and not isinstance(p.get("rate_per_s"), bool) and abs(p["rate_per_s"] - rate) <= 1e-6 and p.get("valid")]
+    ref = rec.metrics.get("reference") if isinstance(rec.metrics, dict) else None
+    if baseline is not None and isinstance(ref, dict) and ref.get("release") == baseline:
+        mine = [p for p in hits if p.get("reference") is True and p.get("index") == ref.get("probe")]
+        if mine:
+            return mine[-1]
     return hits[-1] if hits else None
+
+
+def _count(v: Any) -> int:
+    """A count of requests as the record holds it: a whole number >= 0 (not a bool, a float or a string).
+    Raises ValueError otherwise."""
+    if type(v) is not int or v < 0:
+        raise ValueError(f"{v!r} is not a count")
+    return v
 
 
 def _slo(rec: Record) -> dict | None:
@@ -153,7 +168,7 @@ def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple
         f.message = (f"a regression: no rate met the SLO (down to the lowest probe), where the baseline {baseline} met "
                      f"it up to {rate:.3g} req/s")
         return f, None
-    pb, pc = _probe_at(b, rate), _probe_at(c, rate)
+    pb, pc = _probe_at(b, rate), _probe_at(c, rate, baseline)
     if pb is None:
         return None, f"{where}: the baseline {baseline} holds no valid probe at its own SLO rate {rate:.3g} req/s"
     if pc is None:
@@ -162,7 +177,7 @@ def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple
                else "it ran without the baseline's rate (run it in the release with this baseline)")
         return None, f"{where}: the candidate holds no valid probe at the baseline's SLO rate {rate:.3g} req/s: {why}"
     try:
-        t = two_proportion_drop(int(pb["good"]), int(pb["requests"]), int(pc["good"]), int(pc["requests"]))
+        t = two_proportion_drop(_count(pb["good"]), _count(pb["requests"]), _count(pc["good"]), _count(pc["requests"]))
     except (KeyError, TypeError, ValueError) as e:
         return None, f"{where}: the probes at {rate:.3g} req/s cannot be counted ({e})"
     f.x_base, f.n_base, f.x_cand, f.n_cand, f.drop_pts, f.p_value = t.x_base, t.n_base, t.x_cand, t.n_cand, t.drop_pts, t.p_one_sided
@@ -225,7 +240,7 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
         if b.audit_failed:  # an edited baseline must not decide the gate either way
-            out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on its attachments: "
+            out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on what it holds: "
                                 f"{b.audit_failed}")
             continue
         spec = rule(b, (checkout or {}).get(c.suite))

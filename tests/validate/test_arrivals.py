@@ -252,11 +252,11 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     v = assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root)
     chk = next(c for c in v.checks if c.area == "suite")
-    assert chk.outcome == "not-checked" and chk.status == "attachment-mismatch" and "edited" in chk.message
+    assert chk.outcome == "not-checked" and chk.status == "audit-failed" and "edited" in chk.message
     f.unlink()
     chk = next(c for c in assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root).checks
                if c.area == "suite")
-    assert chk.status == "attachment-mismatch" and "cannot be read" in chk.message
+    assert chk.status == "audit-failed" and "cannot be read" in chk.message
 
 
 @pytest.mark.timeout(180)
@@ -303,6 +303,7 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
     # rows rewritten with a consistent hash but a TTFT past the limit still marked good
     rec = read_record(path)
     f = path.parent / rec.attachments["requests"]["file"]
+    blob_ok = f.read_bytes()
     rows = [json.loads(x) for x in f.read_text().splitlines()]
     rows[0]["ttft_ms"] = 9000.0
     blob = "".join(json.dumps(r) + "\n" for r in rows).encode()
@@ -312,6 +313,39 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
     rec.attachments["requests"]["sha256"] = hashlib.sha256(blob).hexdigest()
     why = audit(rec, path.parent)
     assert why[0].startswith("line 1 of") and "good is True, but its status, TTFT and TPOT say False" in why[0]
+    assert "TTFT 9000.0 ms, but its send and first-token times give" in why[1]
+
+    def rewritten(edit) -> list[str]:
+        """The audit of the record with its rows edited by ``edit`` and the hash made to match."""
+        r = read_record(path)
+        rows = [json.loads(x) for x in orig.splitlines()]
+        edit(rows)
+        blob = "".join(json.dumps(x) + "\n" for x in rows).encode()
+        f.write_bytes(blob)
+        r.attachments["requests"]["sha256"] = hashlib.sha256(blob).hexdigest()
+        return audit(r, path.parent)
+
+    orig = blob_ok.decode()
+
+    def late(rows):  # every time of the first request a second later, its latencies unchanged: a client that lagged
+        r = rows[0]
+        r["sent_s"], r["first_token_s"] = r["sent_s"] + 1.0, r["first_token_s"] + 1.0
+        r["end_s"], r["chunk_s"] = r["end_s"] + 1.0, [t + 1.0 for t in r["chunk_s"]]
+
+    assert any("marked valid, but its rows say the client sent late" in w for w in rewritten(late))
+
+    def moved(rows):  # an arrival moved in the schedule
+        rows[2]["scheduled_s"] += 0.5
+    assert rewritten(moved) == ["probe 0: its rows' scheduled times are not the schedule its seed gives"]
+
+    def orphan(rows):  # a request of a probe the record does not list
+        rows.append({**rows[0], "probe": 7})
+    assert "rows of probes [7] that the record does not list" in " ".join(rewritten(orphan))
+
+    r = read_record(path)
+    f.write_bytes(blob_ok)
+    r.metrics["probes"].append(dict(r.metrics["probes"][0]))  # a probe listed twice
+    assert "its probes' indices [0, 0] repeat" in audit(r, path.parent)
 
 
 @pytest.mark.timeout(120)

@@ -77,6 +77,27 @@ def test_the_slo_share_is_not_compared_without_a_probe_at_the_rate_or_under_anot
     assert v.exit_code() == 2  # should have been compared and was not: never a pass
 
 
+def test_the_reference_probe_is_judged_and_counts_must_be_whole_numbers():
+    base = arrivals("v1", 2.0, 78, 80)
+    # a search probe at the same rate that met the SLO, then the reference probe run for this baseline, which did not
+    ref_probe = {"index": 1, "rate_per_s": 2.0, "requests": 80, "good": 60, "valid": True, "meets": False,
+                 "reference": True}
+    cand = arrivals("v2", 2.0, 80, 80, ref={"release": "v1", "rate_per_s": 2.0, "probe": 1}, extra_probes=[ref_probe])
+    f = compare_shares("v2", [cand], "v1", [base]).figures[0]
+    assert (f.x_cand, f.n_cand) == (60, 80) and f.regression
+    # the reference probe first, a search probe at the rate after it: the reference is judged against its baseline,
+    # the last valid probe at the rate against another
+    later = {"index": 1, "rate_per_s": 2.0, "requests": 80, "good": 80, "valid": True, "meets": True}
+    cand2 = arrivals("v2", 2.0, 60, 80, ref={"release": "v1", "rate_per_s": 2.0, "probe": 0}, extra_probes=[later])
+    cand2.metrics["probes"][0]["reference"] = True
+    assert compare_shares("v2", [cand2], "v1", [base]).figures[0].x_cand == 60
+    assert compare_shares("v2", [cand2], "v0", [arrivals("v0", 2.0, 78, 80)]).figures[0].x_cand == 80
+    for forged in ("78", 78.0, True):
+        b = arrivals("v1", 2.0, forged, 80)
+        cmp = compare_shares("v2", [cand], "v1", [b])
+        assert not cmp.figures and f"cannot be counted ({forged!r} is not a count)" in cmp.unpaired[0], forged
+
+
 def test_draft_acceptance_fails_a_drop_and_a_lost_counter():
     base = with_spec("v1", 7_000, 10_000)
     same = with_spec("v2", 6_950, 10_000)

@@ -249,12 +249,66 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(np.asarray(values, dtype=float), q)), 3) if values else None
 
 
+def _close(a: float | None, b: float | None, tol: float) -> bool:
+    return (a is None) == (b is None) and (a is None or abs(a - b) <= tol)
+
+
+def _row_times_reason(row: dict) -> str | None:
+    """Why a request row's TTFT or TPOT is not what its own send and chunk times give (None when it is): the
+    times are kept to 1 us, the latencies to 1 us, so they agree within 0.01 ms."""
+    if row["status"] != "ok" or row["sent_s"] is None:
+        return None
+    chunks, toks, n = row["chunk_s"], row["chunk_tokens"], row["output_tokens"]
+    if not chunks:
+        return None if row["ttft_ms"] is None else f"TTFT {row['ttft_ms']} ms without a token-bearing chunk"
+    ttft = (chunks[0] - row["sent_s"]) * 1e3
+    later = (n - (toks[0] if toks else 1)) if n is not None else 0
+    span = chunks[-1] - chunks[0]
+    tpot = span / later * 1e3 if later >= 1 and span > 0 else None
+    if not _close(row["ttft_ms"], ttft, 0.01):
+        return f"TTFT {row['ttft_ms']} ms, but its send and first-token times give {ttft:.3f} ms"
+    if not _close(row["tpot_ms"], tpot, 0.01 + (2e-3 / later if later >= 1 else 0)):
+        return f"TPOT {row['tpot_ms']} ms, but its chunk times and tokens give {tpot}"
+    return None
+
+
+def _schedule_reason(pr: dict, rows: list[dict], params: dict) -> str | None:
+    """Why a probe's rows are not its seeded schedule (None when they are): its seed is not the suite's for its
+    rate (:func:`probe_seed`), a row of another rate, rows out of order, scheduled times that the seed does not
+    give (:func:`validate.arrivals.schedule` again, with the record's params), or a probe marked valid whose send
+    lag (its rows' send minus scheduled times) exceeds ``max_lag_ms``."""
+    rate = pr.get("rate_per_s")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
+        return f"its rate {rate!r} is not a positive number"
+    defaults = {k: f.default for k, f in ArrivalsParams.model_fields.items()}
+    get = lambda k: params.get(k, defaults[k])  # noqa: E731
+    if pr.get("seed") != probe_seed(get("seed"), rate):
+        return f"its seed {pr.get('seed')!r} is not the suite's seed for {rate:g} req/s"
+    if [r["i"] for r in rows] != list(range(len(rows))) or any(r["rate_per_s"] != rate for r in rows):
+        return "its rows are not one request each of its schedule at its rate, in order"
+    if rows:
+        min_q = max(get("reference_queries"), get("probe_min_queries")) if pr.get("reference") else get(
+            "probe_min_queries")
+        sch = schedule(rate, get("burstiness"), min_duration_s=get("probe_min_duration_s"), min_queries=min_q,
+                       seed=pr["seed"])
+        if len(sch.times_s) != len(rows) or any(abs(r["scheduled_s"] - t) > 2e-6 for r, t in zip(rows, sch.times_s)):
+            return "its rows' scheduled times are not the schedule its seed gives"
+    lags = [(r["sent_s"] - r["scheduled_s"]) * 1e3 for r in rows if r["sent_s"] is not None]
+    lag = _pct(lags, 99)
+    if pr.get("valid") and (lag is not None and lag > get("max_lag_ms") + 0.01 or len(lags) < len(rows)):
+        return (f"it is marked valid, but its rows say the client sent late (p99 lag {lag} ms > max_lag_ms "
+                f"{get('max_lag_ms'):g}) or not at all")
+    return None
+
+
 def audit(rec, folder) -> list[str]:
     """Why the record's probes do not stand on its requests attachment (empty when they do): the file is
     missing or its hash differs from the record's; a row's ``good`` does not follow from its status, TTFT and TPOT
     under the record's SLO; a probe's request, answered or good count, its SLO-percentile TTFT or TPOT, or its
-    ``meets`` differs from what the rows give; the SLO rate is not the rate of a valid probe that met the SLO.
-    ``folder``: where the record lies."""
+    ``meets`` differs from what the rows give; a row's TTFT or TPOT is not what its own times give
+    (:func:`_row_times_reason`); a probe's rows are not its seeded schedule or its validity is not what their send
+    lag says (:func:`_schedule_reason`); probe indices repeat, or rows belong to no probe of the record; the SLO
+    rate is not the rate of a valid probe that met the SLO. ``folder``: where the record lies."""
     from pathlib import Path
 
     att = (rec.attachments or {}).get(REQUESTS)
@@ -284,11 +338,26 @@ def audit(rec, folder) -> list[str]:
                 lim_tpot is None or tpot is None or tpot <= lim_tpot)
             if bool(row["good"]) != good and len(out) < 3:
                 out.append(f"line {n} of {path.name}: good is {row['good']}, but its status, TTFT and TPOT say {good}")
+            why = _row_times_reason(row)
+            if why and len(out) < 3:
+                out.append(f"line {n} of {path.name}: {why}")
             by.setdefault(int(row["probe"]), []).append(row)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, IndexError) as e:
         return [f"its requests attachment {path.name} is not what the runner writes ({type(e).__name__}: {e})"]
-    for pr in m.get("probes") or []:
+    probes = [pr for pr in m.get("probes") or [] if isinstance(pr, dict)]
+    indices = [pr.get("index") for pr in probes]
+    if len(set(map(repr, indices))) != len(indices):
+        out.append(f"its probes' indices {indices} repeat")
+    orphans = sorted(set(by) - {i for i in indices if isinstance(i, int)})
+    if orphans:
+        out.append(f"its requests attachment holds rows of probes {orphans} that the record does not list")
+    params = rec.params if isinstance(rec.params, dict) else {}
+    for pr in probes:
         rows = by.get(pr.get("index"), [])
+        why = _schedule_reason(pr, rows, params)
+        if why:
+            out.append(f"probe {pr.get('index')}: {why}")
+            continue
         ok = [r for r in rows if r["status"] == "ok"]
         got = [len(rows), len(ok), sum(bool(r["good"]) for r in rows)]
         want = [pr.get("requests"), pr.get("ok"), pr.get("good")]
