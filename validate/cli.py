@@ -516,13 +516,15 @@ def _gate_tree(args, kinds: set[str]):
     """Checks that the candidate's records of ``kinds`` were made by this checkout's tree (verdict.tree_checks)."""
     from validate.provenance_checks import current_tree
     from validate.record import release_records
-    from validate.verdict import reapply_gates, tree_checks
+    from validate.verdict import audit_records, reapply_gates, tree_checks
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
     recs = [r for r in release_records(reports, args.release, skipped=[])
             if r.suite_kind in kinds and (not args.config or r.config in args.config)]
     what = "performance gate" if args.perf else "paired gate"
-    return tree_checks(reapply_gates(recs, _root()), current_tree(_root()), args.accept_other_tree, what)
+    recs = reapply_gates(recs, _root())
+    audit_records(recs, reports)
+    return tree_checks(recs, current_tree(_root()), args.accept_other_tree, what)
 
 
 def cmd_gate(args) -> int:
@@ -548,19 +550,38 @@ def cmd_gate(args) -> int:
 
 
 def _perf_gate(args) -> int:
+    """``gate --perf``: the performance gate on BetterBench records and the share gates (the SLO share at the
+    baseline's rate, draft acceptance) on audited records of both releases (``--baseline-reports`` for the
+    baseline's folder). Raises InputError when the candidate is its own baseline or has neither BetterBench nor
+    arrivals records."""
+    from validate.errors import InputError
+    from validate.loadgate import ARRIVALS_KIND, compare_shares
     from validate.perfgate import BENCH_KIND, compare_perf
-    from validate.suite import perf_gate_specs
-    from validate.verdict import assess, release_check
+    from validate.record import release_records
+    from validate.suite import perf_gate_specs, share_gate_specs
+    from validate.verdict import assess, audit_records, release_check
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
-    perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
-                        reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
-    print_perf(perf)
-    extra = _gate_tree(args, {BENCH_KIND})
-    if not perf.figures and not perf.unpaired and not perf.limited:
+    base_reports = Path(args.baseline_reports) if args.baseline_reports else reports
+    cand = [r for r in release_records(reports, args.release, skipped=[]) if not args.config or r.config in args.config]
+    kinds = {r.suite_kind for r in cand}
+    perf = None
+    if BENCH_KIND in kinds or ARRIVALS_KIND not in kinds:  # neither: compare_perf says there is nothing to gate
+        perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
+                            reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+        print_perf(perf)
+    elif args.release == args.against and base_reports.resolve() == reports.resolve():
+        raise InputError(f"{args.release} against itself: a release is never its own baseline")
+    base = release_records(base_reports, args.against, skipped=[])
+    audit_records(cand, reports)
+    audit_records(base, base_reports)
+    shares = compare_shares(args.release, cand, args.against, base, share_gate_specs(_root()))
+    extra = _gate_tree(args, {BENCH_KIND, ARRIVALS_KIND})
+    if not shares.figures and not shares.unpaired and (perf is None or not (perf.figures or perf.unpaired
+                                                                            or perf.limited)):
         extra.append(release_check("performance gate", "no figure to compare"))
-    verdict = assess(args.release, [], perf=perf, baseline=args.against, baseline_why="named with --against",
-                     extra=extra, strict=True, what="gate --perf")
+    verdict = assess(args.release, [], perf=perf, shares=shares, baseline=args.against,
+                     baseline_why="named with --against", extra=extra, strict=True, what="gate --perf")
     return _finish(args, verdict)
 
 
@@ -676,8 +697,8 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--pair-across-thinking", action="store_true", help="pair a thinking model's evals with "
                        "those of one that does not think, or across end-of-thinking markers (refused otherwise)")
         if name == "gate":
-            p.add_argument("--perf", action="store_true", help="the performance gate on BetterBench records instead "
-                           "of the paired eval gate")
+            p.add_argument("--perf", action="store_true", help="the performance gate on BetterBench records and the "
+                           "share gates (SLO share, draft acceptance) instead of the paired eval gate")
             p.add_argument("--junit-xml", metavar="FILE", help="also write the gate's result as JUnit XML")
             p.add_argument("--accept-other-tree", action="store_true", help="gate candidate records another tree "
                            "made (named as such) instead of exiting 2")

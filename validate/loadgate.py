@@ -25,14 +25,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from validate.record import Record
+from validate.record import Record, measures_apart
 from validate.stats import two_proportion_drop
 
 ARRIVALS_KIND = "arrivals"
 #: Parameters of an arrivals suite that decide what its shares measure; records that differ in one never compare.
 ARRIVALS_MEASURING = ("prompt_tokens", "output_tokens", "burstiness", "probe_min_duration_s", "seed")
-#: Server settings that change what a share means.
-MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
 
 
 class ShareGateSpec(BaseModel):
@@ -94,31 +92,6 @@ def rule(b: Record, checkout: ShareGateSpec | None) -> ShareGateSpec:
                          alpha=max(s.alpha for s in specs))
 
 
-def _differs(b: Record, c: Record, params: tuple[str, ...]) -> list[str]:
-    """Why ``b`` and ``c`` measure other things: a side that did not complete, other suite kinds, parameters,
-    server settings, model or hardware ([] when they measure the same)."""
-    bad = []
-    for label, r in (("baseline", b), ("candidate", c)):
-        if r.verdict.status not in ("pass", "fail"):
-            bad.append(f"the {label} did not complete ({r.verdict.status})")
-    if b.suite_kind != c.suite_kind:
-        bad.append(f"other suite kinds ({b.suite_kind} vs {c.suite_kind})")
-    diff = [k for k in params if b.params.get(k) != c.params.get(k)]
-    if diff:
-        bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}"
-                                                           for k in diff) + ")")
-    sb, sc = ((r.config_snapshot.get("server") if isinstance(r.config_snapshot, dict) else None) or {} for r in (b, c))
-    moved = [k for k in MEASURING_SERVER if isinstance(sb, dict) and isinstance(sc, dict) and sb.get(k) != sc.get(k)]
-    if moved:
-        bad.append("server settings differ (" + ", ".join(f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
-    if b.model != c.model:
-        bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
-    hb, hc = (r.hardware if isinstance(r.hardware, dict) else {} for r in (b, c))
-    if any(hb.get(k) != hc.get(k) for k in ("kind", "gpus")):
-        bad.append("the hardware differs")
-    return bad
-
-
 def _probe_at(rec: Record, rate: float, baseline: str | None = None) -> dict | None:
     """The record's valid probe at ``rate`` (to 1e-6 req/s): its reference probe where it ran one against
     ``baseline`` (the most requests, run for this comparison), else its last valid probe there; None when none."""
@@ -168,6 +141,13 @@ def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple
         f.message = (f"a regression: no rate met the SLO (down to the lowest probe), where the baseline {baseline} met "
                      f"it up to {rate:.3g} req/s")
         return f, None
+    ref = c.metrics.get("reference") if isinstance(c.metrics, dict) else None
+    if isinstance(ref, dict) and ref.get("release") == baseline:
+        mine = [p for p in c.metrics.get("probes") or [] if isinstance(p, dict) and p.get("index") == ref.get("probe")]
+        if not mine or not mine[0].get("valid"):  # never judged on another probe in its place
+            why = mine[0].get("why_invalid") if mine else "it is missing from the probes"
+            return None, (f"{where}: the candidate's reference probe at the baseline's SLO rate {rate:.3g} req/s is not "
+                          f"valid ({why})")
     pb, pc = _probe_at(b, rate), _probe_at(c, rate, baseline)
     if pb is None:
         return None, f"{where}: the baseline {baseline} holds no valid probe at its own SLO rate {rate:.3g} req/s"
@@ -239,6 +219,9 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
             if c.suite_kind == ARRIVALS_KIND:
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
+        if c.audit_failed:  # a candidate that does not stand on what it holds is judged on nothing
+            out.unpaired.append(f"{where}: the candidate's record does not stand on what it holds: {c.audit_failed}")
+            continue
         if b.audit_failed:  # an edited baseline must not decide the gate either way
             out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on what it holds: "
                                 f"{b.audit_failed}")
@@ -246,7 +229,7 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
         spec = rule(b, (checkout or {}).get(c.suite))
         params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(
             sorted(set(b.params) | set(c.params)))
-        bad = _differs(b, c, params)
+        bad = measures_apart(b, c, params)
         jobs = ([judge_slo] if c.suite_kind == ARRIVALS_KIND else []) + [judge_acceptance]
         for job in jobs:
             if bad:

@@ -35,13 +35,31 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.errors import InputError
-from validate.record import Record, release_records, same_run
+from validate.record import Record, measures_apart, release_records, same_run
 
 BENCH_KIND = "betterbench"
 # Suite parameters that decide what a figure measures; records that differ in one never compare.
 MEASURING_PARAMS = ("decode_tokens", "prefill_depths", "concurrency", "requests_per_client", "prompt_tokens", "agg_tokens",
                     "shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",
                     "prefix_output_tokens")
+#: The shared-prompt and prefix rows' parameters: a baseline recorded before the rows existed holds none of them;
+#: its other figures still compare, and the rows' figures are "not measured by the baseline" (limited).
+ROW_PARAMS = ("shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",
+              "prefix_output_tokens")
+#: Row parameters whose None means another parameter's value (the rows' answers default to agg_tokens).
+_DEFAULTS_TO = {"shared_tokens": "agg_tokens", "prefix_output_tokens": "agg_tokens"}
+
+
+def measuring_params(r: Record) -> dict:
+    """A BetterBench record's measuring parameters as they were run: None resolved to what it stands for
+    (:data:`_DEFAULTS_TO`), the row parameters left out where the record holds none of them (it predates them)."""
+    p = r.params if isinstance(r.params, dict) else {}
+    rows = any(k in p for k in ROW_PARAMS)
+    out = {k: p.get(k) for k in MEASURING_PARAMS if rows or k not in ROW_PARAMS}
+    for k, other in _DEFAULTS_TO.items():
+        if k in out and out[k] is None:
+            out[k] = p.get(other)
+    return out
 
 
 class PerfGateSpec(BaseModel):
@@ -260,44 +278,18 @@ class PerfComparison:
 
 def comparable(b: Record, c: Record) -> list[str]:
     """Why the figures of record ``b`` (baseline) and ``c`` (candidate) of one suite measure different things, or
-    [] when they measure the same: both completed, the same suite kind, the same measuring parameters
-    (:data:`MEASURING_PARAMS`), server settings (:data:`MEASURING_SERVER`), model, hardware and metrics formula.
-    The performance gate, the notes' Numbers table, their title and the pictures pair by this one rule."""
-    bad = []
-    for label, r in (("baseline", b), ("candidate", c)):
-        if r.verdict.status not in ("pass", "fail"):
-            bad.append(f"the {label} did not complete ({r.verdict.status})")
-    if b.suite_kind != c.suite_kind:
-        bad.append(f"other suite kinds ({b.suite_kind} vs {c.suite_kind})")
-    diff = [k for k in MEASURING_PARAMS if b.params.get(k) != c.params.get(k)]
+    [] when they measure the same: the measuring parameters as run (:func:`measuring_params`; a row parameter
+    compares only where both records hold the rows), :func:`validate.record.measures_apart` (completion, kind,
+    server settings, model, hardware), and the same metrics formula. The performance gate, the notes' Numbers table,
+    their title and the pictures pair by this one rule."""
+    pb, pc = measuring_params(b), measuring_params(c)
+    bad = measures_apart(b, c, ())
+    diff = [k for k in MEASURING_PARAMS if k in pb and k in pc and pb[k] != pc[k]]
     if diff:
-        bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}" for k in diff) + ")")
-    def server(label: str, r: Record) -> dict:  # a record edited by hand may hold anything here
-        got = r.config_snapshot.get("server", {})
-        if not isinstance(got, dict):
-            bad.append(f"the {label}'s configuration snapshot holds no server settings (server = {got!r:.40})")
-            return {}
-        return got
-
-    sb, sc = server("baseline", b), server("candidate", c)
-    moved = [k for k in MEASURING_SERVER if sb.get(k) != sc.get(k)]
-    if moved:
-        bad.append("the server settings that define the figures differ (" + ", ".join(
-            f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
-    if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
-        bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
-    hb, hc = (r.hardware if isinstance(r.hardware, dict) else {} for r in (b, c))
-    moved = [k for k in ("kind", "gpus") if hb.get(k) != hc.get(k)]
-    if moved:
-        bad.append("the hardware differs (" + ", ".join(f"{k}: {hb.get(k)!r} vs {hc.get(k)!r}" for k in moved) + ")")
+        bad.insert(0, "suite parameters differ (" + ", ".join(f"{k}: {pb[k]!r} vs {pc[k]!r}" for k in diff) + ")")
     if b.metrics_formula_version != c.metrics_formula_version:
         bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
     return bad
-
-
-#: Server settings that change what a BetterBench figure means (combined decode averages up to max_num_seqs;
-#: another dtype is another model's speed).
-MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
 
 
 def noise_floor(b: Record, c: Record | None = None) -> tuple[float, str]:

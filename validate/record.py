@@ -417,3 +417,45 @@ def release_records(reports: Path, release: str, skipped: list[str] | None = Non
             continue
         out.append(rec)
     return out
+
+
+#: Server settings that change what a load figure means (combined decode averages up to max_num_seqs; another
+#: dtype is another model's speed; max_model_len caps the prefill depths and the long prompts).
+MEASURING_SERVER = ("max_num_seqs", "max_model_len", "tensor_parallel_size", "dtype")
+
+
+def measures_apart(b: Record, c: Record, params: tuple[str, ...] | list[str]) -> list[str]:
+    """Why the load figures of record ``b`` (baseline) and ``c`` (candidate) measure other things, or [] when they
+    measure the same: both completed, the same suite kind, the same suite parameters ``params``, server settings
+    (:data:`MEASURING_SERVER`), model and hardware. The performance gate (validate.perfgate.comparable, which adds
+    the metrics formula) and the share gates (validate.loadgate) pair by this one rule."""
+    bad = []
+    for label, r in (("baseline", b), ("candidate", c)):
+        if r.verdict.status not in ("pass", "fail"):
+            bad.append(f"the {label} did not complete ({r.verdict.status})")
+    if b.suite_kind != c.suite_kind:
+        bad.append(f"other suite kinds ({b.suite_kind} vs {c.suite_kind})")
+    diff = [k for k in params if b.params.get(k) != c.params.get(k)]
+    if diff:
+        bad.append("suite parameters differ (" + ", ".join(f"{k}: {b.params.get(k)!r} vs {c.params.get(k)!r}"
+                                                           for k in diff) + ")")
+
+    def server(label: str, r: Record) -> dict:  # a record edited by hand may hold anything here
+        got = r.config_snapshot.get("server", {}) if isinstance(r.config_snapshot, dict) else None
+        if not isinstance(got, dict):
+            bad.append(f"the {label}'s configuration snapshot holds no server settings (server = {got!r:.40})")
+            return {}
+        return got
+
+    sb, sc = server("baseline", b), server("candidate", c)
+    moved = [k for k in MEASURING_SERVER if sb.get(k) != sc.get(k)]
+    if moved:
+        bad.append("the server settings that define the figures differ (" + ", ".join(
+            f"{k}: {sb.get(k)!r} vs {sc.get(k)!r}" for k in moved) + ")")
+    if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
+        bad.append(f"the model differs ({b.model!r} vs {c.model!r})")
+    hb, hc = (r.hardware if isinstance(r.hardware, dict) else {} for r in (b, c))
+    moved = [k for k in ("kind", "gpus") if hb.get(k) != hc.get(k)]
+    if moved:
+        bad.append("the hardware differs (" + ", ".join(f"{k}: {hb.get(k)!r} vs {hc.get(k)!r}" for k in moved) + ")")
+    return bad

@@ -49,6 +49,25 @@ def fmt_pct(value: float | None, digits: int = 2) -> str:
     return f"{100 * value:.{digits}f}%"
 
 
+def by_number(items: Any, attribute: str) -> list:
+    """The dicts of ``items`` sorted by their numeric ``attribute``; those without a finite number there after the
+    others, in their order (an edited record must not stop the notes from rendering). Not a list: []."""
+    if not isinstance(items, list):
+        return []
+    rows = [x for x in items if isinstance(x, dict)]
+
+    def key(x: dict):
+        v = x.get(attribute)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
+        return (0, v) if ok else (1, 0)
+    return sorted(rows, key=key)
+
+
+def as_list(value: Any) -> list:
+    """``value`` if it is a list, else [] (a record's list field edited into something else)."""
+    return value if isinstance(value, list) else []
+
+
 @dataclass
 class Gap:
     config: str
@@ -428,6 +447,8 @@ def render_release(root: Path, reports: Path, release: str, checklist: Checklist
         env.filters["num"] = fmt_num
         env.filters["pct"] = fmt_pct
         env.filters["change"] = fmt_change
+        env.filters["by_number"] = by_number
+        env.filters["as_list"] = as_list
         env.globals["fig"] = fmt_fig
         text = env.get_template("release.md.j2").render(v=view)
     except Exception as e:  # a record no part of the notes foresaw (a template's arithmetic on a metric a record

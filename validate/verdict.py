@@ -367,7 +367,7 @@ def audit_records(records: list[Record], reports: Path) -> None:
         try:
             why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
         except Exception as e:
-            why = [f"its attachments could not be checked ({type(e).__name__}: {e})"]
+            why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
         if why:
             r.audit_failed = "; ".join(why)
 
@@ -393,7 +393,7 @@ def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: boo
         except Exception as e:  # as in assess: never a crash or a pass
             chk = Check(r.config, r.suite, "suite", "not-checked", "unreadable",
                         f"the record could not be checked: {type(e).__name__}: {e}")
-        if chk.status in ("wrong-tree", "server-restarted", "gate-mismatch", "unreadable"):
+        if chk.status in ("wrong-tree", "server-restarted", "gate-mismatch", "unreadable", "audit-failed"):
             msg = f"the {what} would judge a record that cannot stand: {chk.message}"
             out.append(Check(r.config, f"{r.suite} (record)", "release", chk.outcome, chk.status, msg, [msg], record=r))
         elif chk.outcome == "pass" and chk.limits and not why:

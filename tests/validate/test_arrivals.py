@@ -271,11 +271,21 @@ def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch):
     ref = m["probes"][m["reference"]["probe"]]
     assert m["reference"] == {"release": "v1.0.0", "rate_per_s": 4.0, "probe": 1} and ref["reference"] is True
     assert ref["requests"] >= 12 and ref["seed"] == read(scratch, "v1.0.0")["metrics"]["probes"][0]["seed"]
+    assert main(["gate", "v1.1.0", "--against", "v1.0.0", "--perf"]) == 0
+    # the candidate's requests edited (a line dropped): the gate on its own does not judge it, never a pass
+    folder = scratch.root / "reports" / "v1.1.0" / "fake-arr"
+    att = folder / read(scratch, "v1.1.0")["attachments"]["requests"]["file"]
+    kept = att.read_bytes()
+    att.write_bytes(b"".join(kept.splitlines(keepends=True)[1:]))
+    assert main(["gate", "v1.1.0", "--against", "v1.0.0", "--perf"]) == 2
+    att.write_bytes(kept)
     # a slower decode (TPOT 80 ms against the 50 ms limit): no request meets the SLO at the baseline's rate
     arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=80)
     assert main(["release", "v1.2.0", "--baseline", "v1.0.0"]) == 1
     notes = (scratch.root / "reports" / "v1.2.0" / "RELEASE.md").read_text()
     assert "slo arr at 4 req/s" in notes and "100.0% -> 0.0% of requests met the SLO at 4 req/s" in notes
+    # the gate on its own judges the same share
+    assert main(["gate", "v1.2.0", "--against", "v1.0.0", "--perf"]) == 1
 
 
 @pytest.mark.timeout(120)
@@ -332,7 +342,20 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
         r["sent_s"], r["first_token_s"] = r["sent_s"] + 1.0, r["first_token_s"] + 1.0
         r["end_s"], r["chunk_s"] = r["end_s"] + 1.0, [t + 1.0 for t in r["chunk_s"]]
 
-    assert any("marked valid, but its rows say the client sent late" in w for w in rewritten(late))
+    assert any("it is marked valid = True, but its rows say False (p99 send lag" in w for w in rewritten(late))
+
+    r = read_record(path)  # rows untouched; the probe said invalid (the gate would judge another in its place)
+    f.write_bytes(blob_ok)
+    r.metrics["probes"][0]["valid"] = False
+    assert any("it is marked valid = False, but its rows say True" in w for w in audit(r, path.parent))
+
+    def backwards(rows):  # a chunk before the first token: the TPOT would be undefined and the row judged on TTFT
+        rows[0]["chunk_s"] = rows[0]["chunk_s"][::-1]
+    assert "its times do not run forward" in " ".join(rewritten(backwards))
+
+    def more_tokens(rows):  # output tokens inflated past what was asked for: a smaller TPOT
+        rows[0]["output_tokens"] = 7
+    assert "its 7 output tokens are not a count of at most the 6 each request asks for" in " ".join(rewritten(more_tokens))
 
     def moved(rows):  # an arrival moved in the schedule
         rows[2]["scheduled_s"] += 0.5
@@ -358,3 +381,12 @@ def test_a_server_dying_mid_probe_is_an_error_not_a_rate(scratch):
     rec = read(scratch, "v1.0.0")
     assert rec["verdict"]["status"] == "error" and rec["verdict"]["cause"].startswith("server died during the suite")
     assert rec["metrics"]["probes"][0]["errors"] > 0  # what was measured before the death is kept
+
+
+def test_the_notes_sort_probes_around_edited_rates():
+    from validate.render import as_list, by_number
+
+    probes = [{"index": 0, "rate_per_s": 2.0}, {"index": 1, "rate_per_s": "fast"}, "not a probe",
+              {"index": 2, "rate_per_s": 0.5}, {"index": 3, "rate_per_s": float("nan")}, {"index": 4, "rate_per_s": True}]
+    assert [p["index"] for p in by_number(probes, "rate_per_s")] == [2, 0, 1, 3, 4]
+    assert by_number("probes", "rate_per_s") == [] and as_list(3) == [] and as_list([0.9, 0.8]) == [0.9, 0.8]

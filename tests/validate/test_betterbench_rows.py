@@ -166,6 +166,17 @@ def test_hit_rate_from_counters_and_every_reason_it_cannot_be_read():
         None, "after the row: GET /metrics failed: ConnectError")
     rate, why = prefix_hit_rate(snap(100, 40), snap(float("nan"), 90))
     assert rate is None and why.startswith("counters that are not numbers: ")
+    # the hits counter alone lies, is lost or appears: never a rate of 0 or one from absolute values
+    assert prefix_hit_rate(snap(100, 40), snap(200, 30)) == (
+        None, "vllm:prefix_cache_hits went backwards between the scrapes (the server restarted during the row)")
+    assert prefix_hit_rate(snap(100, 40), snap(200, None)) == (
+        None, "the server's /metrics has no vllm:prefix_cache_hits counter")
+    assert prefix_hit_rate(snap(100, None), snap(200, 90)) == (
+        None, "vllm:prefix_cache_hits appeared between the scrapes (no count before the row)")
+    rate, why = prefix_hit_rate(snap(float("nan"), float("nan")), snap(1100, 900))
+    assert rate is None and why.startswith("counters that are not numbers: ")
+    rate, why = prefix_hit_rate(snap(-100, -90), snap(100, 90))
+    assert rate is None and why.startswith("impossible counters: a negative count")
 
 
 def suite_gate() -> PerfGateSpec:
@@ -277,3 +288,29 @@ def test_the_rows_reach_the_record_through_the_engine(scratch):
     assert [row["server_prefix_cache_hit_rate"] for row in m["per_pass"]] == [None, None]
     assert m["server_prefix_cache_hit_rate_why"] == (
         "no hit rate in 2 of 2 passes; first: pass 0: before the row: GET /metrics answered HTTP 404")
+
+
+def test_a_baseline_from_before_the_rows_still_gates_the_other_figures(tmp_path):
+    from validate.perfgate import ROW_PARAMS, comparable
+
+    specs = {"betterbench": suite_gate()}
+    old = _bench("v1", 1.0, 1)
+    old.params = {k: v for k, v in old.params.items() if k not in ROW_PARAMS}
+    for row in old.metrics["per_pass"]:
+        for key in ("shared_code_tok_s", "shared_json_tok_s", "prefix_ttft_ms_p50"):
+            row.pop(key)
+    write_record(record_path(tmp_path, "v1", "cpu-smol", "betterbench"), old)
+    slow = _bench("v2", 1.0, 11)
+    for i, row in enumerate(slow.metrics["per_pass"]):
+        row["decode_step_ms"] = 57.0 + 0.01 * i  # 50 % slower than the baseline's 38 ms
+    write_record(record_path(tmp_path, "v2", "cpu-smol", "betterbench"), slow)
+    cmp = compare_perf(tmp_path, "v2", "v1", specs)
+    assert not cmp.unpaired and [(f.figure, f.regression) for f in cmp.figures] == [("decode_step_ms", True)]
+    assert sorted(cmp.limited) == [f"cpu-smol/betterbench: {k} is gated but the baseline v1 did not measure it"
+                                   for k in ("prefix_ttft_ms_p50", "shared_code_tok_s", "shared_json_tok_s")]
+    # a row's answer length left to agg_tokens is the same as agg_tokens named
+    a, b = _bench("v1", 1.0, 1), _bench("v2", 1.0, 2)
+    a.params["shared_tokens"], b.params["shared_tokens"] = None, b.params["agg_tokens"]
+    assert comparable(a, b) == []
+    b.params["shared_tokens"] = b.params["agg_tokens"] + 1
+    assert comparable(a, b) == ["suite parameters differ (shared_tokens: 4 vs 5)"]

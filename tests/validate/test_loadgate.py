@@ -128,3 +128,14 @@ def test_the_stricter_threshold_of_baseline_and_checkout_is_used():
     assert (r.slo_share_drop_pts, r.acceptance_drop_pts, r.alpha) == (5, 2, 0.05)
     base.share_gate = {"slo_share_drop_pts": "lots"}  # malformed: the checkout's alone
     assert rule(base, ShareGateSpec(slo_share_drop_pts=7)).slo_share_drop_pts == 7
+
+
+def test_an_invalid_reference_probe_is_not_replaced_by_another():
+    base = arrivals("v1", 2.0, 78, 80)
+    ref_probe = {"index": 1, "rate_per_s": 2.0, "requests": 80, "good": 40, "valid": False, "meets": False,
+                 "reference": True, "why_invalid": "the client sent late"}
+    cand = arrivals("v2", 2.0, 21, 21, ref={"release": "v1", "rate_per_s": 2.0, "probe": 1}, extra_probes=[ref_probe])
+    cmp = compare_shares("v2", [cand], "v1", [base])
+    assert not cmp.figures and cmp.unpaired == [
+        "cpu-smol/arrivals: the candidate's reference probe at the baseline's SLO rate 2 req/s is not valid (the "
+        "client sent late)"]

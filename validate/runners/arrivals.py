@@ -253,14 +253,23 @@ def _close(a: float | None, b: float | None, tol: float) -> bool:
     return (a is None) == (b is None) and (a is None or abs(a - b) <= tol)
 
 
-def _row_times_reason(row: dict) -> str | None:
-    """Why a request row's TTFT or TPOT is not what its own send and chunk times give (None when it is): the
-    times are kept to 1 us, the latencies to 1 us, so they agree within 0.01 ms."""
+def _row_times_reason(row: dict, max_tokens: int | None = None) -> str | None:
+    """Why a request row's times, tokens, TTFT or TPOT do not hold together (None when they do): an answered row's
+    times run forward (sent, first token = first chunk, each chunk, end), each chunk carries a whole number of
+    tokens, its output tokens (usage: what TPOT divides by) are at most ``max_tokens``, and its TTFT and TPOT are what its send and chunk times give (the times are
+    kept to 1 us, the latencies to 1 us, so they agree within 0.01 ms)."""
     if row["status"] != "ok" or row["sent_s"] is None:
         return None
     chunks, toks, n = row["chunk_s"], row["chunk_tokens"], row["output_tokens"]
     if not chunks:
         return None if row["ttft_ms"] is None else f"TTFT {row['ttft_ms']} ms without a token-bearing chunk"
+    times = [row["sent_s"], *chunks, row["end_s"]]
+    if any(b < a for a, b in zip(times, times[1:])) or row["first_token_s"] != chunks[0]:
+        return "its times do not run forward from its send through its first token and chunks to its end"
+    if len(toks) != len(chunks) or any(type(t) is not int or t < 1 for t in toks):
+        return "its chunks' token counts are not one whole number >= 1 per chunk"
+    if type(n) is not int or n < 1 or (max_tokens is not None and n > max_tokens):
+        return f"its {n!r} output tokens are not a count of at most the {max_tokens} each request asks for"
     ttft = (chunks[0] - row["sent_s"]) * 1e3
     later = (n - (toks[0] if toks else 1)) if n is not None else 0
     span = chunks[-1] - chunks[0]
@@ -275,8 +284,9 @@ def _row_times_reason(row: dict) -> str | None:
 def _schedule_reason(pr: dict, rows: list[dict], params: dict) -> str | None:
     """Why a probe's rows are not its seeded schedule (None when they are): its seed is not the suite's for its
     rate (:func:`probe_seed`), a row of another rate, rows out of order, scheduled times that the seed does not
-    give (:func:`validate.arrivals.schedule` again, with the record's params), or a probe marked valid whose send
-    lag (its rows' send minus scheduled times) exceeds ``max_lag_ms``."""
+    give (:func:`validate.arrivals.schedule` again, with the record's params), or a ``valid`` that its rows do not
+    give (valid: p99 send lag, its rows' send minus scheduled times, within ``max_lag_ms``, every request sent,
+    and at least the requests the probe needs), either way."""
     rate = pr.get("rate_per_s")
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate <= 0:
         return f"its rate {rate!r} is not a positive number"
@@ -286,18 +296,20 @@ def _schedule_reason(pr: dict, rows: list[dict], params: dict) -> str | None:
         return f"its seed {pr.get('seed')!r} is not the suite's seed for {rate:g} req/s"
     if [r["i"] for r in rows] != list(range(len(rows))) or any(r["rate_per_s"] != rate for r in rows):
         return "its rows are not one request each of its schedule at its rate, in order"
+    min_q = max(get("reference_queries"), get("probe_min_queries")) if pr.get("reference") else get(
+        "probe_min_queries")
     if rows:
-        min_q = max(get("reference_queries"), get("probe_min_queries")) if pr.get("reference") else get(
-            "probe_min_queries")
         sch = schedule(rate, get("burstiness"), min_duration_s=get("probe_min_duration_s"), min_queries=min_q,
                        seed=pr["seed"])
         if len(sch.times_s) != len(rows) or any(abs(r["scheduled_s"] - t) > 2e-6 for r, t in zip(rows, sch.times_s)):
             return "its rows' scheduled times are not the schedule its seed gives"
     lags = [(r["sent_s"] - r["scheduled_s"]) * 1e3 for r in rows if r["sent_s"] is not None]
     lag = _pct(lags, 99)
-    if pr.get("valid") and (lag is not None and lag > get("max_lag_ms") + 0.01 or len(lags) < len(rows)):
-        return (f"it is marked valid, but its rows say the client sent late (p99 lag {lag} ms > max_lag_ms "
-                f"{get('max_lag_ms'):g}) or not at all")
+    valid = (lag is None or lag <= get("max_lag_ms")) and len(lags) == len(rows) and len(rows) >= min_q
+    if bool(pr.get("valid")) != valid:
+        return (f"it is marked valid = {pr.get('valid')!r}, but its rows say {valid} (p99 send lag {lag} ms against "
+                f"max_lag_ms {get('max_lag_ms'):g}, {len(rows) - len(lags)} never sent, {len(rows)} requests of "
+                f"the {min_q} it needs)")
     return None
 
 
@@ -325,6 +337,7 @@ def audit(rec, folder) -> list[str]:
         return [f"its requests attachment {path.name} cannot be read ({e.strerror or e})"]
     if hashlib.sha256(blob).hexdigest() != att.get("sha256"):
         return [f"its requests attachment {path.name} does not match the hash the record holds (edited)"]
+    params = rec.params if isinstance(rec.params, dict) else {}
     slo = m.get("slo") if isinstance(m.get("slo"), dict) else {}
     lim_ttft, lim_tpot, q = slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("percentile", 99.0)
     by: dict[int, list[dict]] = {}
@@ -338,7 +351,7 @@ def audit(rec, folder) -> list[str]:
                 lim_tpot is None or tpot is None or tpot <= lim_tpot)
             if bool(row["good"]) != good and len(out) < 3:
                 out.append(f"line {n} of {path.name}: good is {row['good']}, but its status, TTFT and TPOT say {good}")
-            why = _row_times_reason(row)
+            why = _row_times_reason(row, params.get("output_tokens", ArrivalsParams.model_fields["output_tokens"].default))
             if why and len(out) < 3:
                 out.append(f"line {n} of {path.name}: {why}")
             by.setdefault(int(row["probe"]), []).append(row)
@@ -351,7 +364,6 @@ def audit(rec, folder) -> list[str]:
     orphans = sorted(set(by) - {i for i in indices if isinstance(i, int)})
     if orphans:
         out.append(f"its requests attachment holds rows of probes {orphans} that the record does not list")
-    params = rec.params if isinstance(rec.params, dict) else {}
     for pr in probes:
         rows = by.get(pr.get("index"), [])
         why = _schedule_reason(pr, rows, params)

@@ -61,7 +61,7 @@ from validate.runners.base import RunContext, SuiteResult
 from validate.runners.text import ESSAY
 from validate.runners.text import TextPool
 from validate.data import needs_train_text
-from validate.server_metrics import Snapshot, delta, scrape
+from validate.server_metrics import Snapshot, scrape
 from validate.suite import register_runner
 
 #: Most latency samples kept per concurrency level and kind (TTFT, ITL): at most 11 KB of record per 1,000 kept
@@ -142,33 +142,36 @@ def prefix_hit_rate(before: tuple[Snapshot | None, str | None], after: tuple[Sna
                     ) -> tuple[float | None, str | None]:
     """The server's prefix-cache hit rate between two scrapes (each ``(snapshot, why)`` as
     :func:`validate.server_metrics.scrape` returns it): the increase of ``vllm:prefix_cache_hits`` over that of
-    ``vllm:prefix_cache_queries`` (tokens; :func:`validate.server_metrics.delta`), as ``(rate, None)``; or
-    ``(None, why)`` where a scrape failed, the server has no such counter, a counter is not finite, went backwards
-    or appeared between the scrapes, no query was counted (prefix caching off), or hits exceed queries. Never 0 for
+    ``vllm:prefix_cache_queries`` (tokens, to 1e-6), as ``(rate, None)``; or ``(None, why)`` where a scrape failed,
+    a counter is not finite in either scrape, is missing from either (both counters are needed in both scrapes), is
+    negative, went backwards, no query was counted (prefix caching off), or hits rose more than queries. Never 0 for
     a rate that could not be read."""
     (s0, w0), (s1, w1) = before, after
     if s0 is None:
         return None, f"before the row: {w0}"
     if s1 is None:
         return None, f"after the row: {w1}"
-    d = delta(s0, s1)
-    if d.get("prefix_cache_hit_rate") is not None:
-        return d["prefix_cache_hit_rate"], None
     keys = ("prefix_cache_queries", "prefix_cache_hits")
-    back = [k for k in d.get("resets", []) if k in keys]  # first: a reset counter is missing from the comparison
-    if back:
-        return None, f"vllm:{back[0]} went backwards between the scrapes (the server restarted during the row)"
     bad = {k: v for k, v in {**s0.invalid, **s1.invalid}.items() if k in keys}
     if bad:
         return None, "counters that are not numbers: " + "; ".join(bad.values())
-    lies = [x for x in d.get("impossible", []) if x.startswith("prefix_cache")]
-    if lies:
-        return None, "impossible counters: " + "; ".join(lies)
-    if "prefix_cache_queries" not in s1.counters:
-        return None, "the server's /metrics has no vllm:prefix_cache_queries counter"
-    if "prefix_cache_queries" not in d["counters"]:
-        return None, "vllm:prefix_cache_queries appeared between the scrapes (no count before the row)"
-    return None, "vllm:prefix_cache_queries did not move during the row (prefix caching is off)"
+    for k in keys:
+        if k not in s1.counters:
+            return None, f"the server's /metrics has no vllm:{k} counter"
+        if k not in s0.counters:
+            return None, f"vllm:{k} appeared between the scrapes (no count before the row)"
+    q0, h0, q1, h1 = (snap.counters[k] for snap in (s0, s1) for k in keys)
+    if min(q0, h0, q1, h1) < 0:
+        return None, f"impossible counters: a negative count (queries {q0} -> {q1}, hits {h0} -> {h1})"
+    for k, a, b in (("prefix_cache_queries", q0, q1), ("prefix_cache_hits", h0, h1)):
+        if b < a:
+            return None, f"vllm:{k} went backwards between the scrapes (the server restarted during the row)"
+    dq, dh = q1 - q0, h1 - h0
+    if dq == 0:
+        return None, "vllm:prefix_cache_queries did not move during the row (prefix caching is off)"
+    if dh > dq:
+        return None, f"impossible counters: prefix_cache_hits {dh:g} > prefix_cache_queries {dq:g}"
+    return round(dh / dq, 6), None
 
 
 async def shared_row(client: OpenAIClient, kind: str, copies: int, max_tokens: int

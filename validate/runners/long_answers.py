@@ -44,7 +44,7 @@ from validate.client import OpenAIClient, RequestResult
 from validate.data import needs_train_text, require_file
 from validate.evals import gsm8k as g
 from validate.metrics import summarize
-from validate.reasoning import Reply, item_fields, split_reply, tally
+from validate.reasoning import DEFAULT_THINK_END, Reply, item_fields, split_reply, tally
 from validate.record import Item
 from validate.runners.base import RunContext, SuiteResult
 from validate.runners.sanity import first_divergence, garbage_reason, is_right
@@ -188,48 +188,91 @@ def _draw_code(rng: random.Random, context: str, taken: set[str]) -> str:
 
 
 def audit(rec, folder) -> list[str]:
-    """Why a long-answers record's counts do not stand on its items (empty when they do): ``n``, ``bad``,
-    ``divergent``, ``errors`` and ``solo_right`` recounted from the items; each answer without thinking judged again
-    by strict sanity's rule from its text and token ids (its ``garbage`` and ``correct``); an answer under load
-    right alone and wrong now, or garbage, that is not ``bad``, and a ``bad`` one that is neither. ``folder`` is unused (no attachment: the
-    items are in the record)."""
+    """Why a long-answers record does not stand on its items (empty when it does). ``folder`` is unused (no
+    attachment: the items are in the record).
+
+    - its items are exactly ``prompts`` solo answers ``long<k>/solo`` and ``prompts x rounds`` answers under load
+      ``long<k>/load/r<j>`` (params), each under load expecting its solo answer's code;
+    - each answered item judged again by strict sanity's rule from its text, kept thinking and token ids (its
+      ``garbage`` and ``correct``); ``bad`` exactly where it is garbage, or under load right alone and wrong now;
+    - ``n``, ``bad``, ``divergent``, ``errors``, ``solo_right`` and ``prompts`` are whole numbers its items give;
+    - a record that says pass holds no error (its own or the decode load's), had load in flight at every send
+      under load, and as many right alone as ``min_solo_right_share`` (params) asks.
+    """
     m = rec.metrics if isinstance(rec.metrics, dict) else {}
-    if "n" not in m:
-        return []
-    items = list(rec.items)
-    solo = {i.id.split("/")[0]: i for i in items if i.condition == "solo"}
-    load = [i for i in items if i.condition == "under load"]
-    codes = {k: i.expected for k, i in solo.items()}
     params = rec.params if isinstance(rec.params, dict) else {}
-    repeat = params.get("garbage_repeat", LongAnswersParams.model_fields["garbage_repeat"].default)
+    get = lambda k: params.get(k, LongAnswersParams.model_fields[k].default)  # noqa: E731
+    items = list(rec.items)
     out = []
+    prompts, rounds = get("prompts"), get("rounds")
+    if type(prompts) is not int or type(rounds) is not int or prompts < 1 or rounds < 1:
+        return [f"its params prompts = {prompts!r}, rounds = {rounds!r} are not counts"]
+    want = [f"long{k}/solo" for k in range(prompts)] + [f"long{k}/load/r{j}" for j in range(rounds)
+                                                         for k in range(prompts)]
+    have = [i.id for i in items]
+    if sorted(have) != sorted(want) or len(set(have)) != len(have):
+        return [f"its items are not its {prompts} solo answers and {prompts * rounds} answers under load "
+                f"(ids {have[:4]}{' ...' if len(have) > 4 else ''})"]
+    solo = {i.id.split("/")[0]: i for i in items if i.id.endswith("/solo")}
+    load = [i for i in items if "/load/" in i.id]
+    for i in items:
+        cond = "solo" if i.id.endswith("/solo") else "under load"
+        if i.condition != cond:
+            out.append(f"item {i.id} says condition {i.condition!r}, its id says {cond!r}")
+    codes = {k: i.expected for k, i in solo.items()}
+    if any(not isinstance(c, str) or not c for c in codes.values()):
+        return out + ["a solo item holds no code it expected"]
+    for i in load:
+        if i.expected != codes[i.id.split("/")[0]]:
+            out.append(f"item {i.id} expects {i.expected!r}, its solo answer {codes[i.id.split('/')[0]]!r}")
+    think_end = m.get("think_end") if isinstance(m.get("think_end"), str) and m.get("think_end") else None
+    repeat = get("garbage_repeat")
     for i in items:
         extra = i.model_extra or {}
-        if i.error is not None or extra.get("thinking") or i.expected is None:
+        if i.error is not None:
             continue
+        if extra.get("thinking") and think_end is None:
+            out.append(f"item {i.id} says it thought, but the record names no end-of-thinking marker")
+            continue
+        reply = split_reply(i.output or "", extra.get("reasoning") or "", think_end or DEFAULT_THINK_END)
         res = SimpleNamespace(text=i.output or "", token_ids=i.token_ids, finish_reason=extra.get("finish_reason"))
-        garbage = garbage_reason(res, repeat)
+        garbage = garbage_reason(res, repeat, reply)
         if bool(garbage) != bool(extra.get("garbage")):
             out.append(f"item {i.id} says garbage={extra.get('garbage')!r}, its text and tokens say {garbage!r}")
-        others = frozenset(c for k, c in codes.items() if k != i.id.split("/")[0] and c)
-        right = is_right(i.output or "", i.expected, others) and not garbage
-        if bool(i.correct) != right:
+        k = i.id.split("/")[0]
+        others = frozenset(c for j, c in codes.items() if j != k)
+        right = reply.answer is not None and is_right(reply.answer, i.expected, others) and not garbage
+        if i.correct is not right:
             out.append(f"item {i.id} says correct={i.correct}, its text says {right}")
-    for i in load:
+    for i in items:
         extra = i.model_extra or {}
-        ref = solo.get(i.id.split("/")[0])
-        should = i.error is None and bool(extra.get("garbage") or (ref is not None and ref.correct and not i.correct))
+        ref = solo[i.id.split("/")[0]]
+        should = i.error is None and bool(extra.get("garbage") or (
+            i in load and ref.error is None and ref.correct is True and i.correct is not True))
         if bool(extra.get("bad")) != should:
-            out.append(f"item {i.id} under load is {'bad' if extra.get('bad') else 'not bad'}, its answers say "
+            out.append(f"item {i.id} is {'bad' if extra.get('bad') else 'not bad'}, its answers say "
                        f"{'bad' if should else 'not bad'}")
-    counts = {"n": len(load), "bad": sum(bool((i.model_extra or {}).get("bad")) for i in load),
+    counts = {"n": len(load), "bad": sum(bool((i.model_extra or {}).get("bad")) for i in items),
               "divergent": sum((i.model_extra or {}).get("identical_to_solo") is False for i in load),
               "errors": sum(i.error is not None for i in items),
-              "solo_right": sum(bool(i.correct) for i in solo.values()), "prompts": len(solo)}
+              "solo_right": sum(i.correct is True for i in solo.values()), "prompts": len(solo)}
     said = [f"{k} = {m.get(k)!r}, its items give {v}" for k, v in counts.items()
             if type(m.get(k)) is not int or m.get(k) != v]
     if said:
         out.append("its counts are not its items': " + "; ".join(said))
+    if rec.verdict.status == "pass":
+        load_m = m.get("load") if isinstance(m.get("load"), dict) else {}
+        if counts["errors"] or load_m.get("errors") != 0:
+            out.append(f"it says pass with {counts['errors']} failed long answers and {load_m.get('errors')!r} "
+                       "failed decode-load requests")
+        at_send = [(i.model_extra or {}).get("load_in_flight_at_send") for i in load]
+        if any(type(x) is not int or x < 1 for x in at_send):
+            out.append("it says pass, but not every answer under load was sent while a load request was in flight")
+        share = get("min_solo_right_share")
+        need = math.ceil(share * prompts - 1e-9) if isinstance(share, (int, float)) else prompts
+        if counts["solo_right"] < need:
+            out.append(f"it says pass with {counts['solo_right']} of {prompts} right alone, fewer than the {need} "
+                       f"min_solo_right_share={share!r} asks")
     return out
 
 
@@ -314,7 +357,9 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
             errors += 1
             out.errors.append(f"solo {q.id}: {r.error}")
         elif getattr(it, "garbage", None):
-            solo_garbage += 1  # not right alone: the solo share gates it, as it gates a wrong answer
+            solo_garbage += 1  # garbage alone is bad, as strict sanity counts it (and not right: the solo share)
+            it.bad = it.garbage
+            out.findings.append(f"bad answer {it.id} alone: {it.bad}")
         out.items.append(it)
     wrong_solo = [q.id for q in prompts if not solo_right[q.id]]
     need = math.ceil(p.min_solo_right_share * len(prompts) - 1e-9)
@@ -399,7 +444,7 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
                 and i.output_tokens is not None]
     ptoks = [solo[q.id].prompt_tokens if solo[q.id].ok else None for q in prompts]
     out.metrics = {
-        "n": n_load, "bad": bad, "divergent": divergent, "errors": errors,
+        "n": n_load, "bad": bad + solo_garbage, "divergent": divergent, "errors": errors,
         "solo_right": sum(solo_right.values()), "prompts": len(prompts), "solo_wrong": wrong_solo,
         "solo_garbage": solo_garbage, "solo_right_share": round(sum(solo_right.values()) / len(prompts), 6),
         "min_solo_right_share": p.min_solo_right_share,
