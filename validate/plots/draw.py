@@ -303,8 +303,8 @@ def plot_rate_latency(path: Path, title: str, curves: list[RateCurve], ttft_limi
         handles = [Line2D([], [], color=CANDIDATE_COLOR if i == len(curves) - 1 else BASELINE_COLOR,
                           marker="s" if i == len(curves) - 1 else "o",
                           linestyle="-" if i == len(curves) - 1 else "--", label=c.label) for i, c in enumerate(curves)]
-        handles += [Line2D([], [], color="#555555", marker="o", linestyle="", markerfacecolor="white",
-                           label="probe missed the SLO"),
+        handles += [Line2D([], [], color="#555555", marker="s" if len(curves) == 1 else "o", linestyle="",
+                           markerfacecolor="white", label="probe missed the SLO"),
                     Line2D([], [], color="#b22222", label="SLO limit"),
                     Line2D([], [], color="#555555", linestyle="-.", label="SLO rate")]
         fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False)
