@@ -310,16 +310,15 @@ def choose_baseline(reports: Path, release: str, baseline: str | None,
         return baseline, "named with --baseline"
     name = previous_release(reports, release, want)
     by_version = _version(release) is not None
-    rule = ("The baseline is the released version holding eval and BetterBench records of the most configurations "
-            "and suites the candidate has, the newest among equals; pre-releases, dev releases and local versions "
-            "are never taken: name one with --baseline")
+    # the whole rule (most configurations and suites, newest among equals) is in the README; this is said often
+    rule = "pre-releases, dev and local versions are never taken; name one with --baseline"
     if name is None:
         return None, (f"no {'older ' if by_version else ''}released version under reports/ holds a record to compare "
-                      f"with. {rule}")
+                      f"with ({rule})")
     if by_version:
-        return name, f"the newest released version older than {release} that can be compared with. {rule}"
+        return name, f"the newest released version older than {release} that can be compared with ({rule})"
     return name, (f"{release!r} is not a version: the newest released version under reports/ that can be compared "
-                  f"with. {rule}")
+                  f"with ({rule})")
 
 
 def _version(name: str):

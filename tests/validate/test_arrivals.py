@@ -246,7 +246,7 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
     assert att["lines"] == len(rows) == m["probes"][0]["requests"] >= 8 and all(r["good"] for r in rows)
     assert rec["share_gate"] == {"slo_share_drop_pts": 5.0, "acceptance_drop_pts": 5.0, "alpha": 0.05}
     v = assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root)
-    assert [c.outcome for c in v.checks if c.area == "suite"] == ["pass"]
+    assert [c.outcome for c in v.checks if c.area == "suite"] == ["pass"], [c.message for c in v.checks]
     # a request turned bad in the attachment: the record no longer stands on it
     rows[0]["good"] = False
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -364,6 +364,20 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
     def orphan(rows):  # a request of a probe the record does not list
         rows.append({**rows[0], "probe": 7})
     assert "rows of probes [7] that the record does not list" in " ".join(rewritten(orphan))
+
+    f.write_bytes(blob_ok)
+    for key, says in (("goodput_per_s", "its goodput_per_s"), ("schedule_span_s", "its schedule span"),
+                      ("duration_s", "its duration")):
+        r = read_record(path)  # the figures the notes show, raised by hand over untouched rows
+        pr = r.metrics["probes"][0]
+        pr[key] = pr[key] * 0.5 if key == "duration_s" else pr[key] * 2
+        why = " ".join(audit(r, path.parent))
+        assert f"probe 0: {says}" in why, (key, why)
+
+    def cut_short(rows):  # the last answer ended earlier than the record's duration says
+        rows[-1]["end_s"] -= 0.5
+        rows[-1]["chunk_s"][-1] -= 0.5
+    assert "its duration" in " ".join(rewritten(cut_short))
 
     r = read_record(path)
     f.write_bytes(blob_ok)

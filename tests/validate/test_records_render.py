@@ -96,3 +96,25 @@ def test_notes_say_whether_humaneval_programs_were_sandboxed(tmp_path, sandbox, 
     write_record(record_path(tmp_path, "v9", "cpu-smol", "humaneval"), rec("cpu-smol", "humaneval", metrics=he))
     md = render_release(REPO, tmp_path, "v9", None).read_text()
     assert f"| 3 / 20 passed, 0 timeouts, {text} |" in md
+
+
+def test_the_provenance_row_is_a_served_suites_and_a_mismatch_wins(tmp_path):
+    """The suites that start no server (unit gates, all-reduce) come first in the checklist: the row must not
+    read "none" for a configuration whose server logged the plugin, and a suite whose log did not match the tree
+    is the one shown."""
+    gates = rec("cpu-smol", "allreduce")
+    gates.server = ServerInfo(launched=False)
+    served = rec("cpu-smol", "probe", metrics=PROBE)
+    served.server.dispatch = {"1": []}
+    for r in (gates, served):
+        write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
+    cl = Checklist(configs=["cpu-smol"], suites=[ChecklistEntry(suite=s) for s in ("allreduce", "probe", "sanity")])
+    md = render_release(REPO, tmp_path, "v9", cl).read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| cpu-smol | 0123456789ab |"))
+    assert "`R9K-PROVENANCE version=0.1.0 source_hash=aaaa files=5` (matches the tree) | none (1 process(es)) |" in row
+    bad = rec("cpu-smol", "sanity", metrics=SANITY, tree="bbbb")
+    bad.server.provenance_ok = False
+    write_record(record_path(tmp_path, "v9", bad.config, bad.suite), bad)
+    md = render_release(REPO, tmp_path, "v9", cl).read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| cpu-smol | 0123456789ab |"))
+    assert "source_hash=bbbb files=5` (**does not match** the tree bbbb)" in row

@@ -240,7 +240,8 @@ def headline(rec) -> str | None:
 def summary(rec) -> str:
     m = rec.metrics
     rate = m.get("slo_rate_per_s")
-    return (f"SLO rate {rate:.3g} req/s" if rate else "no rate met the SLO") + f", {len(m['probes'])} probes"
+    n = len(m["probes"])
+    return (f"SLO rate {rate:.3g} req/s" if rate else "no rate met the SLO") + f", {n} probe{'' if n == 1 else 's'}"
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -310,6 +311,31 @@ def _schedule_reason(pr: dict, rows: list[dict], params: dict) -> str | None:
         return (f"it is marked valid = {pr.get('valid')!r}, but its rows say {valid} (p99 send lag {lag} ms against "
                 f"max_lag_ms {get('max_lag_ms'):g}, {len(rows) - len(lags)} never sent, {len(rows)} requests of "
                 f"the {min_q} it needs)")
+    return None
+
+
+def _duration_reason(pr: dict, rows: list[dict]) -> str | None:
+    """Why a probe's span, duration or per-second figures are not what its rows give (None when they are): the
+    schedule's span is its last row's scheduled time; the duration (probe start to the last answer, or to the cut
+    of requests still pending) is the last row's end when every row ended, and never before any row's end or
+    scheduled time; goodput and the achieved rate are its good and all requests over that duration (the record
+    rounds them to 4 decimals)."""
+    if not rows:
+        return None
+    span, dur = pr.get("schedule_span_s"), pr.get("duration_s")
+    num = lambda x: not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)  # noqa: E731
+    if span is not None and not (num(span) and abs(span - rows[-1]["scheduled_s"]) <= 1e-3):
+        return f"its schedule span {span!r} s is not its last row's scheduled time {rows[-1]['scheduled_s']} s"
+    if not (num(dur) and dur > 0):
+        return f"its duration {dur!r} s is not a positive number"
+    ends = [r["end_s"] for r in rows if r["end_s"] is not None]
+    latest = max(ends + [rows[-1]["scheduled_s"]])
+    if dur < latest - 1e-3 or (len(ends) == len(rows) and abs(dur - max(ends)) > 1e-3):
+        return f"its duration {dur} s is not what its rows' end times give (last end {max(ends, default=None)} s)"
+    for key, count in (("goodput_per_s", sum(bool(r["good"]) for r in rows)), ("achieved_rate_per_s", len(rows))):
+        # the record divides by the unrounded duration: allow its rounding (0.5 ms) and the figure's (1e-4)
+        if not (num(pr.get(key)) and abs(pr[key] - count / dur) <= 1e-4 + count / dur * 6e-4 / dur):
+            return f"its {key} {pr.get(key)!r} is not {count} over its duration {dur} s ({count / dur:.4f})"
     return None
 
 
@@ -384,6 +410,9 @@ def audit(rec, folder) -> list[str]:
         if not (close(ttft_p, pr.get("ttft_ms_pslo")) and close(tpot_p, pr.get("tpot_ms_pslo"))):
             out.append(f"probe {pr.get('index')}: the record's p{q:g} TTFT / TPOT {pr.get('ttft_ms_pslo')} / "
                        f"{pr.get('tpot_ms_pslo')} ms differ from its rows' {ttft_p} / {tpot_p} ms")
+        why = _duration_reason(pr, rows)
+        if why:
+            out.append(f"probe {pr.get('index')}: {why}")
         meets = bool(rows) and len(ok) == len(rows) and ttft_p is not None and (
             lim_ttft is None or ttft_p <= lim_ttft) and (lim_tpot is None or tpot_p <= lim_tpot)
         if bool(pr.get("meets")) != meets:
