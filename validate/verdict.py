@@ -351,6 +351,18 @@ def share_checks(shares, strict: bool) -> list[Check]:
     return out + not_compared("share gate", shares.unpaired, shares.limited, strict)
 
 
+def params_digest(params) -> str:
+    """The hash a record's ``params_hash`` holds: sha256 of the params as sorted JSON, 16 hex digits
+    (validate.suite.LoadedSuite.params_hash's). A value JSON cannot hold hashes as unhashable ('-')."""
+    import hashlib
+    import json
+
+    try:
+        return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    except (TypeError, ValueError):
+        return "-"
+
+
 def audit_records(records: list[Record], reports: Path) -> None:
     """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
     does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
@@ -368,6 +380,8 @@ def audit_records(records: list[Record], reports: Path) -> None:
             why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
         except Exception as e:
             why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
+        if params_digest(r.params) != r.params_hash:  # the audits read their params: an edit there moves them
+            why = [f"its params do not match the params_hash {r.params_hash!r} it holds (edited)"] + list(why)
         if why:
             r.audit_failed = "; ".join(why)
 

@@ -161,7 +161,7 @@ class _Ctx:
 
 
 @pytest.mark.timeout(120)
-def test_the_search_finds_the_computable_slo_rate(monkeypatch):
+def test_the_search_finds_the_computable_slo_rate(monkeypatch, tmp_path):
     from validate.runners import arrivals as arr
     from validate.runners.text import TextPool
 
@@ -201,6 +201,33 @@ def test_the_search_finds_the_computable_slo_rate(monkeypatch):
         assert sum(r["good"] for r in mine) == pr["good"] and all(r["status"] == "ok" for r in mine)
         assert all(len(r["chunk_s"]) == tokens and r["sent_s"] >= r["scheduled_s"] for r in mine)
         assert pr["goodput_per_s"] == pytest.approx(pr["good"] / pr["duration_s"], rel=1e-3)
+    # the record's outcome stands on its probes: the search replayed over their outcomes gives it back, and
+    # the edits that would move the rate a baseline is judged at (or what the notes show) do not stand
+    import copy
+    import hashlib
+    from types import SimpleNamespace
+
+    (tmp_path / "requests.jsonl").write_bytes(blob)
+    rec = SimpleNamespace(metrics=m, params=p.model_dump(), config="synth", config_snapshot={"slo": {"ttft_ms": limit, "percentile": q}},
+                          attachments={"requests": {"file": "requests.jsonl", "sha256": hashlib.sha256(blob).hexdigest()}})
+    assert arr.audit(rec, tmp_path) == []
+
+    def forged(edit) -> str:
+        r = SimpleNamespace(**{**vars(rec), "metrics": copy.deepcopy(m)})
+        edit(r.metrics)
+        return " ".join(arr.audit(r, tmp_path))
+
+    lower = next(pr["rate_per_s"] for pr in m["probes"] if pr["meets"] and pr["rate_per_s"] < lo)
+    assert "its SLO rate" in forged(lambda x: x.update(slo_rate_per_s=lower))  # a lower met probe's rate
+    assert "its SLO rate None is not what its probes give" in forged(lambda x: x.update(slo_rate_per_s=None))
+    assert "its search" in forged(lambda x: x["search"].update(hi=x["search"]["hi"] * 2))
+    assert "not indexed 0 to" in forged(lambda x: x["probes"].reverse())
+    assert "goodput at the SLO rate" in forged(lambda x: x.update(goodput_at_slo_rate_per_s=99.0))
+    assert "burstiness" in forged(lambda x: x.update(burstiness=0.25))
+    assert "its SLO" in forged(lambda x: x["slo"].update(ttft_ms=limit * 10))
+    assert "is not the search's next probe" in forged(lambda x: x["probes"][1].update(meets=not x["probes"][1]["meets"]))
+    assert "its lag_ms_p99" in forged(lambda x: x["probes"][0].update(lag_ms_p99=0.0))
+    assert "its good_share" in forged(lambda x: x["probes"][0].update(good_share=0.5))
 
 
 # ---- through the engine: the record, its attachment, the SLO share gate ----------------------------------
@@ -247,6 +274,16 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
     assert rec["share_gate"] == {"slo_share_drop_pts": 5.0, "acceptance_drop_pts": 5.0, "alpha": 0.05}
     v = assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root)
     assert [c.outcome for c in v.checks if c.area == "suite"] == ["pass"], [c.message for c in v.checks]
+    # the params the audit recounts by, loosened by hand (the lag a probe may have): the record does not stand
+    recf = folder / "arr.json"
+    kept = recf.read_text()
+    d = json.loads(kept)
+    d["params"]["max_lag_ms"] = 1000.0
+    recf.write_text(json.dumps(d))
+    chk = next(c for c in assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root).checks
+               if c.area == "suite")
+    assert chk.status == "audit-failed" and "its params do not match the params_hash" in chk.message
+    recf.write_text(kept)
     # a request turned bad in the attachment: the record no longer stands on it
     rows[0]["good"] = False
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -272,6 +309,19 @@ def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch):
     assert m["reference"] == {"release": "v1.0.0", "rate_per_s": 4.0, "probe": 1} and ref["reference"] is True
     assert ref["requests"] >= 12 and ref["seed"] == read(scratch, "v1.0.0")["metrics"]["probes"][0]["seed"]
     assert main(["gate", "v1.1.0", "--against", "v1.0.0", "--perf"]) == 0
+    # the candidate cannot choose the probe it is judged on: the reference probe is the one after its rates
+    from validate.record import read_record, record_path
+    from validate.runners.arrivals import audit
+
+    path = record_path(scratch.root / "reports", "v1.1.0", "fake-arr", "arr")
+    assert audit(read_record(path), path.parent) == []
+    r = read_record(path)
+    r.metrics["reference"], r.metrics["probes"][1]["reference"] = None, False  # the reference probe disowned
+    assert "its probes after the search are not one reference probe" in audit(r, path.parent)
+    r = read_record(path)
+    r.metrics["reference"]["probe"] = 0  # the fixed-rate probe named instead
+    assert audit(r, path.parent) == ["its reference {'release': 'v1.0.0', 'rate_per_s': 4.0, 'probe': 0} does not "
+                                     "name its reference probe 1"]
     # the candidate's requests edited (a line dropped): the gate on its own does not judge it, never a pass
     folder = scratch.root / "reports" / "v1.1.0" / "fake-arr"
     att = folder / read(scratch, "v1.1.0")["attachments"]["requests"]["file"]
@@ -303,7 +353,8 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
     rec = read_record(path)
     assert audit(rec, path.parent) == []
     rec.metrics["slo_rate_per_s"] = 8.0  # a baseline's rate raised by hand, the attachment untouched
-    assert audit(rec, path.parent) == ["its SLO rate 8.0 req/s is not the rate of a valid probe that met the SLO"]
+    assert audit(rec, path.parent) == ["its SLO rate 8.0 req/s is not the rate of a valid probe that met the SLO",
+                                       "its SLO rate 8.0 is not what its probes give (4.0)"]
     rec = read_record(path)
     rec.metrics["probes"][0]["meets"] = False
     assert "the record says meets = False, its rows say True" in audit(rec, path.parent)[0]
@@ -378,6 +429,14 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
         rows[-1]["end_s"] -= 0.5
         rows[-1]["chunk_s"][-1] -= 0.5
     assert "its duration" in " ".join(rewritten(cut_short))
+
+    def nan_end(rows):  # JSON's NaN: every comparison with it is false, so no check could fail on it
+        rows[0]["end_s"] = float("nan")
+    assert "NaN is not a number the runner writes" in " ".join(rewritten(nan_end))
+
+    def text_good(rows):
+        rows[0]["good"] = "no"
+    assert "its good 'no' is not a bool" in " ".join(rewritten(text_good))
 
     r = read_record(path)
     f.write_bytes(blob_ok)

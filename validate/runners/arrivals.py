@@ -370,7 +370,10 @@ def audit(rec, folder) -> list[str]:
     out = []
     try:
         for n, line in enumerate(blob.decode().splitlines(), 1):
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_no_constant)
+            why = _row_types_reason(row)
+            if why:
+                return [f"line {n} of {path.name}: {why}"]
             ok = row["status"] == "ok"
             ttft, tpot = row["ttft_ms"], row["tpot_ms"]
             good = ok and ttft is not None and (lim_ttft is None or ttft <= lim_ttft) and (
@@ -410,7 +413,7 @@ def audit(rec, folder) -> list[str]:
         if not (close(ttft_p, pr.get("ttft_ms_pslo")) and close(tpot_p, pr.get("tpot_ms_pslo"))):
             out.append(f"probe {pr.get('index')}: the record's p{q:g} TTFT / TPOT {pr.get('ttft_ms_pslo')} / "
                        f"{pr.get('tpot_ms_pslo')} ms differ from its rows' {ttft_p} / {tpot_p} ms")
-        why = _duration_reason(pr, rows)
+        why = _duration_reason(pr, rows) or _shown_reason(pr, rows, ok)
         if why:
             out.append(f"probe {pr.get('index')}: {why}")
         meets = bool(rows) and len(ok) == len(rows) and ttft_p is not None and (
@@ -421,6 +424,128 @@ def audit(rec, folder) -> list[str]:
     if rate is not None and not any(pr.get("rate_per_s") == rate and pr.get("meets") and pr.get("valid")
                                     and not pr.get("reference") for pr in m.get("probes") or []):
         out.append(f"its SLO rate {rate} req/s is not the rate of a valid probe that met the SLO")
+    return out + _outcome_reasons(rec, probes, params)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number the runner writes")
+
+
+def _row_types_reason(row) -> str | None:
+    """Why a row's keys that the audit counts by are not of the runner's types (None when they are)."""
+    if not isinstance(row, dict):
+        return f"a row is a {type(row).__name__}, not an object"
+    for key, types in (("probe", (int,)), ("i", (int,)), ("good", (bool,)), ("status", (str,))):
+        if type(row.get(key)) not in types:
+            return f"its {key} {row.get(key)!r} is not a {types[0].__name__}"
+    return None
+
+
+def _shown_reason(pr: dict, rows: list[dict], ok: list[dict]) -> str | None:
+    """Why a figure the notes show of a probe is not what its rows give (None when they all are): its share of
+    good requests, p99 send lag, TTFT p50 and TPOT p50 (validate.metrics.probe_metrics over the rows' times)."""
+    lags = [(r["sent_s"] - r["scheduled_s"]) * 1e3 for r in rows if r["sent_s"] is not None]
+    want = {"good_share": round(sum(r["good"] for r in rows) / len(rows), 6) if rows else None,
+            "lag_ms_p99": _pct(lags, 99),
+            "ttft_ms_p50": _pct([r["ttft_ms"] for r in ok if r["ttft_ms"] is not None], 50),
+            "tpot_ms_p50": _pct([r["tpot_ms"] for r in ok if r["tpot_ms"] is not None], 50)}
+    for key, v in want.items():  # rows keep 1 us and 1 us of each time: 0.01 ms covers their rounding
+        got = pr.get(key)
+        if (v is None) != (got is None) or (v is not None and not (
+                isinstance(got, (int, float)) and not isinstance(got, bool) and abs(got - v) <= 0.01 + 1e-6 * abs(v))):
+            return f"its {key} {got!r} is not its rows' {v}"
+    return None
+
+
+def _outcome_reasons(rec, probes: list[dict], params: dict) -> list[str]:
+    """Why the record's outcome is not what its probes give, in the order they ran: the probes are indexed 0, 1,
+    ... in order; the fixed rates come first, then the search, replayed over the recorded outcomes
+    (validate.rate_search.search: each rate it asks for must be the next probe's, and its status, bracket, SLO
+    rate, narrowing, client bound and budget are the record's), then at most the one reference probe that
+    ``metrics.reference`` names; the SLO rate's goodput is its probe's; the burstiness is the params' and the SLO
+    the params' or the configuration's."""
+    m = rec.metrics
+    defaults = {k: f.default for k, f in ArrivalsParams.model_fields.items()}
+    try:
+        p = ArrivalsParams.model_validate({**defaults, **params})
+    except Exception as e:  # noqa: BLE001 - any malformed params say so
+        return [f"its params are not the suite's ({type(e).__name__}: {e})"]
+    out = []
+    if [pr.get("index") for pr in probes] != list(range(len(probes))):
+        return [f"its probes are not indexed 0 to {len(probes) - 1} in the order they ran"]
+    if m.get("burstiness") != p.burstiness:
+        out.append(f"its burstiness {m.get('burstiness')!r} is not its params' {p.burstiness:g}")
+    slo = m.get("slo") if isinstance(m.get("slo"), dict) else {}
+    src = p.slo if p.slo is not None else (rec.config_snapshot or {}).get("slo")
+    frm = "the suite's params" if p.slo is not None else f"serve/{rec.config}.yaml"
+    try:
+        same = SloSpec.model_validate(src) == SloSpec.model_validate({k: v for k, v in slo.items() if k != "from"})
+    except Exception:  # noqa: BLE001 - a malformed SLO on either side is not the same SLO
+        same = False
+    if not same or slo.get("from") != frm:
+        out.append(f"its SLO {slo} is not the one its {frm} sets ({src})")
+    fixed = len(p.rates_per_s)
+    if [pr.get("rate_per_s") for pr in probes[:fixed]] != list(p.rates_per_s) or any(
+            pr.get("reference") for pr in probes[:fixed]):
+        return out + [f"its first probes are not its fixed rates {list(p.rates_per_s)}"]
+    rest = probes[fixed:]
+    s = m.get("search")
+    if p.search:
+        asked: list[float] = []
+
+        async def replay(rate: float) -> ProbeOutcome:
+            if len(asked) >= len(rest) or rest[len(asked)].get("reference"):
+                raise LookupError(rate)
+            pr = rest[len(asked)]
+            asked.append(rate)
+            if pr.get("rate_per_s") != rate:
+                raise LookupError(rate)
+            return ProbeOutcome(rate, bool(pr.get("meets")), bool(pr.get("valid")))
+
+        coro = search(replay, start=p.start_rate_per_s, rel_tolerance=p.rel_tolerance, max_probes=p.max_probes,
+                      min_rate=p.min_rate_per_s, max_rate=p.max_rate_per_s)
+        try:  # replay awaits nothing: the coroutine ends on its first step (no event loop, also inside one)
+            coro.send(None)
+            coro.close()
+            return out + ["its search could not be replayed"]
+        except StopIteration as done:
+            res = done.value
+        except LookupError as e:
+            at = fixed + len(asked)
+            return out + [f"its probe {at} is not the search's next probe at {e.args[0]:.6g} req/s"]
+        want = {"status": res.status, "slo_rate_per_s": res.slo_rate_per_s, "lo": res.lo, "hi": res.hi,
+                "narrowed": res.narrowed, "client_bound": res.client_bound, "budget_spent": res.budget_spent,
+                "probes": len(res.probes)}
+        got = {k: s.get(k) for k in want} if isinstance(s, dict) else None
+        if got != want:
+            return out + [f"its search {got} is not what its probes give ({want})"]
+        if res.status == "none meets" and s.get("lowest_probe") != min(
+                probes, key=lambda e: e["rate_per_s"])["index"]:
+            out.append(f"its lowest probe {s.get('lowest_probe')!r} is not its lowest rate's")
+        rate, tail = res.slo_rate_per_s, rest[len(res.probes):]
+    else:
+        if s is not None:
+            return out + ["it holds a search its params did not run"]
+        meeting = [e for e in probes[:fixed] if e.get("meets") and e.get("valid")]
+        rate = max((e["rate_per_s"] for e in meeting), default=None)
+        tail = rest
+    ref = m.get("reference")
+    if len(tail) > 1 or any(pr.get("reference") for pr in probes if pr not in tail) or (
+            [bool(pr.get("reference")) for pr in tail] != [True] * len(tail)):
+        return out + ["its probes after the search are not one reference probe"]
+    if tail and not (isinstance(ref, dict) and ref.get("probe") == tail[0]["index"]
+                     and ref.get("rate_per_s") == tail[0]["rate_per_s"] and isinstance(ref.get("release"), str)):
+        return out + [f"its reference {ref!r} does not name its reference probe {tail[0]['index']}"]
+    if not tail and ref is not None:
+        return out + [f"its reference {ref!r} names no probe it ran"]
+    if m.get("slo_rate_per_s") != rate:
+        return out + [f"its SLO rate {m.get('slo_rate_per_s')!r} is not what its probes give ({rate})"]
+    at = next((e for e in reversed(probes) if rate is not None and e["rate_per_s"] == rate), None) if p.search else (
+        max((e for e in probes[:fixed] if e.get("meets") and e.get("valid")), key=lambda e: e["rate_per_s"],
+            default=None))
+    g = at["goodput_per_s"] if at else None
+    if m.get("goodput_at_slo_rate_per_s") != g:
+        out.append(f"its goodput at the SLO rate {m.get('goodput_at_slo_rate_per_s')!r} is not its probe's ({g})")
     return out
 
 
