@@ -142,12 +142,17 @@ def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple
                      f"it up to {rate:.3g} req/s")
         return f, None
     ref = c.metrics.get("reference") if isinstance(c.metrics, dict) else None
-    if isinstance(ref, dict) and ref.get("release") == baseline:
-        mine = [p for p in c.metrics.get("probes") or [] if isinstance(p, dict) and p.get("index") == ref.get("probe")]
-        if not mine or not mine[0].get("valid"):  # never judged on another probe in its place
-            why = mine[0].get("why_invalid") if mine else "it is missing from the probes"
-            return None, (f"{where}: the candidate's reference probe at the baseline's SLO rate {rate:.3g} req/s is not "
-                          f"valid ({why})")
+    if not (isinstance(ref, dict) and ref.get("release") == baseline):
+        # only the probe run for this comparison is judged: a search probe that happens to sit at the rate would
+        # let a record without its reference probe choose the sample it is judged on
+        why = (f"its reference probe was at {ref.get('rate_per_s')} req/s of {ref.get('release')}" if isinstance(ref, dict)
+               else "it ran no reference probe (run it in the release with this baseline)")
+        return None, f"{where}: the candidate holds no reference probe at the baseline's SLO rate {rate:.3g} req/s: {why}"
+    mine = [p for p in c.metrics.get("probes") or [] if isinstance(p, dict) and p.get("index") == ref.get("probe")]
+    if not mine or not mine[0].get("valid") or mine[0].get("reference") is not True:  # never another in its place
+        why = mine[0].get("why_invalid") if mine else "it is missing from the probes"
+        return None, (f"{where}: the candidate's reference probe at the baseline's SLO rate {rate:.3g} req/s is not "
+                      f"valid ({why})")
     pb, pc = _probe_at(b, rate), _probe_at(c, rate, baseline)
     if pb is None:
         return None, f"{where}: the baseline {baseline} holds no valid probe at its own SLO rate {rate:.3g} req/s"

@@ -363,6 +363,17 @@ def params_digest(params) -> str:
         return "-"
 
 
+def config_digest(snapshot: dict) -> str:
+    """The hash a record's ``config_hash`` holds for its ``config_snapshot`` (validate.config.ServeConfig.digest);
+    '-' for a snapshot that is not a configuration."""
+    from validate.config import ServeConfig
+
+    try:
+        return ServeConfig.model_validate(snapshot).digest()
+    except Exception:  # noqa: BLE001 - any malformed snapshot matches no hash
+        return "-"
+
+
 def audit_records(records: list[Record], reports: Path) -> None:
     """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
     does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
@@ -382,6 +393,8 @@ def audit_records(records: list[Record], reports: Path) -> None:
             why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
         if params_digest(r.params) != r.params_hash:  # the audits read their params: an edit there moves them
             why = [f"its params do not match the params_hash {r.params_hash!r} it holds (edited)"] + list(why)
+        if r.config_snapshot and config_digest(r.config_snapshot) != r.config_hash:  # its SLO, for one
+            why = [f"its config_snapshot does not match the config_hash {r.config_hash!r} it holds (edited)"] + list(why)
         if why:
             r.audit_failed = "; ".join(why)
 

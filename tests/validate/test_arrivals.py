@@ -283,6 +283,12 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
     chk = next(c for c in assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root).checks
                if c.area == "suite")
     assert chk.status == "audit-failed" and "its params do not match the params_hash" in chk.message
+    d = json.loads(kept)  # the configuration's SLO loosened where the record keeps it, and the record's with it
+    d["config_snapshot"]["slo"]["tpot_ms"] = d["metrics"]["slo"]["tpot_ms"] = 1000.0
+    recf.write_text(json.dumps(d))
+    chk = next(c for c in assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root).checks
+               if c.area == "suite")
+    assert chk.status == "audit-failed" and "its config_snapshot does not match the config_hash" in chk.message
     recf.write_text(kept)
     # a request turned bad in the attachment: the record no longer stands on it
     rows[0]["good"] = False
@@ -433,6 +439,11 @@ def test_a_forged_slo_rate_or_meets_in_the_record_does_not_stand(scratch):
     def nan_end(rows):  # JSON's NaN: every comparison with it is false, so no check could fail on it
         rows[0]["end_s"] = float("nan")
     assert "NaN is not a number the runner writes" in " ".join(rewritten(nan_end))
+
+    def all_in_the_first_chunk(rows):  # the first chunk claims every token: no TPOT, a row judged on TTFT alone
+        rows[0]["chunk_tokens"][0] = rows[0]["output_tokens"]
+        rows[0]["tpot_ms"] = None
+    assert "its chunks carry 6 then 6 tokens, its usage says 6" in " ".join(rewritten(all_in_the_first_chunk))
 
     def text_good(rows):
         rows[0]["good"] = "no"

@@ -17,6 +17,9 @@ def arrivals(release, rate, good, n, status="found", ref=None, slo=None, extra_p
                    *extra_probes],
         "search": {"status": status}, "slo_rate_per_s": rate if status == "found" else None, "reference": ref})
     r.release, r.suite_kind = release, "arrivals"
+    for pr in r.metrics["probes"]:  # the probe a reference names is the one run as it
+        if ref and pr["index"] == ref["probe"]:
+            pr["reference"] = True
     return r
 
 
@@ -70,7 +73,10 @@ def test_the_slo_share_is_not_compared_without_a_probe_at_the_rate_or_under_anot
     base = arrivals("v1", 2.0, 80, 80)
     elsewhere = arrivals("v2", 1.0, 40, 40)  # ran without the baseline's rate
     cmp = compare_shares("v2", [elsewhere], "v1", [base])
-    assert not cmp.figures and "no valid probe at the baseline's SLO rate 2 req/s" in cmp.unpaired[0]
+    assert not cmp.figures and "no reference probe at the baseline's SLO rate 2 req/s" in cmp.unpaired[0]
+    # a search probe at the rate does not stand in for the reference probe (the record would choose its sample)
+    near = arrivals("v2", 2.0, 80, 80)
+    assert "it ran no reference probe" in compare_shares("v2", [near], "v1", [base]).unpaired[0]
     other = arrivals("v2", 2.0, 80, 80, slo={"ttft_ms": 5000, "tpot_ms": 100, "percentile": 99})
     assert "the SLOs differ" in compare_shares("v2", [other], "v1", [base]).unpaired[0]
     v = assess("v2", [elsewhere], shares=cmp)
@@ -86,12 +92,13 @@ def test_the_reference_probe_is_judged_and_counts_must_be_whole_numbers():
     f = compare_shares("v2", [cand], "v1", [base]).figures[0]
     assert (f.x_cand, f.n_cand) == (60, 80) and f.regression
     # the reference probe first, a search probe at the rate after it: the reference is judged against its baseline,
-    # the last valid probe at the rate against another
+    # and against another baseline nothing is (the search probe does not stand in)
     later = {"index": 1, "rate_per_s": 2.0, "requests": 80, "good": 80, "valid": True, "meets": True}
     cand2 = arrivals("v2", 2.0, 60, 80, ref={"release": "v1", "rate_per_s": 2.0, "probe": 0}, extra_probes=[later])
     cand2.metrics["probes"][0]["reference"] = True
     assert compare_shares("v2", [cand2], "v1", [base]).figures[0].x_cand == 60
-    assert compare_shares("v2", [cand2], "v0", [arrivals("v0", 2.0, 78, 80)]).figures[0].x_cand == 80
+    other = compare_shares("v2", [cand2], "v0", [arrivals("v0", 2.0, 78, 80)])
+    assert not other.figures and "its reference probe was at 2.0 req/s of v1" in other.unpaired[0]
     for forged in ("78", 78.0, True):
         b = arrivals("v1", 2.0, forged, 80)
         cmp = compare_shares("v2", [cand], "v1", [b])

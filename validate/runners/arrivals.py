@@ -271,6 +271,11 @@ def _row_times_reason(row: dict, max_tokens: int | None = None) -> str | None:
         return "its chunks' token counts are not one whole number >= 1 per chunk"
     if type(n) is not int or n < 1 or (max_tokens is not None and n > max_tokens):
         return f"its {n!r} output tokens are not a count of at most the {max_tokens} each request asks for"
+    # the chunks carry the usage's tokens, one off at most (the fake server's last chunk repeats one); else the
+    # first chunk, or a single chunk, could claim them all and leave the TPOT undefined: a row never judged on it
+    # (vLLM streams the first token alone)
+    if not n - 1 <= sum(toks) <= n + 1 or (len(toks) > 1 and toks[0] >= n) or (n > 1 and len(toks) < 2):
+        return f"its chunks carry {toks[0]} then {sum(toks) - toks[0]} tokens, its usage says {n}"
     ttft = (chunks[0] - row["sent_s"]) * 1e3
     later = (n - (toks[0] if toks else 1)) if n is not None else 0
     span = chunks[-1] - chunks[0]
