@@ -187,6 +187,15 @@ def paired_eval_kinds() -> set[str]:
     return {k for k, r in discover().items() if r.paired_eval}
 
 
+def params_digest(params: Any) -> str:
+    """The hash a record's ``params_hash`` holds: sha256 of the params as sorted JSON, 16 hex digits; '-' for
+    params JSON cannot hold (no suite writes such, so they match no record's hash)."""
+    try:
+        return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    except (TypeError, ValueError):
+        return "-"
+
+
 @dataclass
 class LoadedSuite:
     """A validated suite with its params for one profile."""
@@ -201,8 +210,7 @@ class LoadedSuite:
         return self.params.model_dump(mode="json")
 
     def params_hash(self) -> str:
-        blob = json.dumps(self.params_dict, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return params_digest(self.params_dict)
 
     def spec_hash(self) -> str:
         """Hash of kind, resolved params and gate: what makes two runs of this suite the same check."""

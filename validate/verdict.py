@@ -351,18 +351,6 @@ def share_checks(shares, strict: bool) -> list[Check]:
     return out + not_compared("share gate", shares.unpaired, shares.limited, strict)
 
 
-def params_digest(params) -> str:
-    """The hash a record's ``params_hash`` holds: sha256 of the params as sorted JSON, 16 hex digits
-    (validate.suite.LoadedSuite.params_hash's). A value JSON cannot hold hashes as unhashable ('-')."""
-    import hashlib
-    import json
-
-    try:
-        return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    except (TypeError, ValueError):
-        return "-"
-
-
 def config_digest(snapshot: dict) -> str:
     """The hash a record's ``config_hash`` holds for its ``config_snapshot`` (validate.config.ServeConfig.digest);
     '-' for a snapshot that is not a configuration."""
@@ -378,7 +366,7 @@ def audit_records(records: list[Record], reports: Path) -> None:
     """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
     does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
     from validate.record import record_path
-    from validate.suite import get_runner
+    from validate.suite import get_runner, params_digest
 
     for r in records:
         try:

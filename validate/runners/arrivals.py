@@ -470,9 +470,8 @@ def _outcome_reasons(rec, probes: list[dict], params: dict) -> list[str]:
     ``metrics.reference`` names; the SLO rate's goodput is its probe's; the burstiness is the params' and the SLO
     the params' or the configuration's."""
     m = rec.metrics
-    defaults = {k: f.default for k, f in ArrivalsParams.model_fields.items()}
     try:
-        p = ArrivalsParams.model_validate({**defaults, **params})
+        p = ArrivalsParams.model_validate(params)
     except Exception as e:  # noqa: BLE001 - any malformed params say so
         return [f"its params are not the suite's ({type(e).__name__}: {e})"]
     out = []
@@ -528,12 +527,14 @@ def _outcome_reasons(rec, probes: list[dict], params: dict) -> list[str]:
                 probes, key=lambda e: e["rate_per_s"])["index"]:
             out.append(f"its lowest probe {s.get('lowest_probe')!r} is not its lowest rate's")
         rate, tail = res.slo_rate_per_s, rest[len(res.probes):]
+        # the runner's choice: the last probe run at the SLO rate
+        at = next((e for e in reversed(probes) if rate is not None and e["rate_per_s"] == rate), None)
     else:
         if s is not None:
             return out + ["it holds a search its params did not run"]
-        meeting = [e for e in probes[:fixed] if e.get("meets") and e.get("valid")]
-        rate = max((e["rate_per_s"] for e in meeting), default=None)
-        tail = rest
+        at = max((e for e in probes[:fixed] if e.get("meets") and e.get("valid")), key=lambda e: e["rate_per_s"],
+                 default=None)
+        rate, tail = (at["rate_per_s"] if at else None), rest
     ref = m.get("reference")
     if len(tail) > 1 or any(pr.get("reference") for pr in probes if pr not in tail) or (
             [bool(pr.get("reference")) for pr in tail] != [True] * len(tail)):
@@ -545,9 +546,6 @@ def _outcome_reasons(rec, probes: list[dict], params: dict) -> list[str]:
         return out + [f"its reference {ref!r} names no probe it ran"]
     if m.get("slo_rate_per_s") != rate:
         return out + [f"its SLO rate {m.get('slo_rate_per_s')!r} is not what its probes give ({rate})"]
-    at = next((e for e in reversed(probes) if rate is not None and e["rate_per_s"] == rate), None) if p.search else (
-        max((e for e in probes[:fixed] if e.get("meets") and e.get("valid")), key=lambda e: e["rate_per_s"],
-            default=None))
     g = at["goodput_per_s"] if at else None
     if m.get("goodput_at_slo_rate_per_s") != g:
         out.append(f"its goodput at the SLO rate {m.get('goodput_at_slo_rate_per_s')!r} is not its probe's ({g})")
