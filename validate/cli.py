@@ -92,7 +92,8 @@ def _opts(args) -> "RunOptions":
                       model_cache=Path(args.model_cache) if args.model_cache else None,
                       url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None,
                       launch_timeout_s=getattr(args, "launch_timeout", None),
-                      baseline=getattr(args, "baseline", None))
+                      baseline=getattr(args, "baseline", None),
+                      stock_knobs=getattr(args, "knobs", "config") == "stock")
 
 
 def _external(opts, args):
@@ -646,6 +647,9 @@ def _common(p: argparse.ArgumentParser, run: bool = True) -> None:
     p.add_argument("--server-log", help="with --url: the server's log, to check the plugin's provenance line")
     p.add_argument("--launch-timeout", type=float, help="seconds a server may take to become ready (overrides "
                    "the configuration's launch_timeout_s; a first start on a busy machine compiles slowly)")
+    p.add_argument("--knobs", choices=["config", "stock"], default="config", help="stock: launch each configuration "
+                   "with every R9K_* knob at its stock value (r9k loaded, dispatching nothing): the stock side of an "
+                   "r9k-against-stock pair on one configuration")
 
 
 def parser() -> argparse.ArgumentParser:

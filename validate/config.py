@@ -56,11 +56,53 @@ class RandomMoESource(_Strict):
         return self
 
 
+class RandomNextSource(_Strict):
+    """A Qwen3-Next model with random weights from a fixed seed, made once into the model cache
+    (validate.models.make_random_next) on the GPU where one is visible: transformers' ``Qwen3NextConfig`` (gated
+    delta-net layers, one full-attention layer every ``full_attention_interval``, a sparse MoE with a gated shared
+    expert), the tokenizer of a GGUF file (SmolLM2's; where its distribution is not installed, the tokenizer
+    directory the GPU host's environment archive carries, ``R9K_TOKENIZER_DIR``). The defaults are the seeds'
+    Flash-Next per-rank shapes at TP 2 (benchmarks/shapes.py: 8 : 16 GDN heads of 128, 8 attention heads and one
+    KV head of 256, 512 experts top-10 of intermediate 256, hidden 2048). ``quant: fp8-block`` stores the
+    projections and experts as float8_e4m3fn with 128 x 128 block scales (a checkpoint of Qwen3-Next-FP8's layout:
+    the router, the shared-expert gate and ``in_proj_ba`` stay 16-bit)."""
+
+    kind: Literal["random-next"] = "random-next"
+    tokenizer: GGUFPackageSource = Field(description="the GGUF file whose tokenizer the model takes")
+    seed: int = 0
+    layers: int = Field(4, ge=1, le=48)
+    full_attention_interval: int = Field(4, ge=1)
+    experts: int = Field(512, ge=2, le=1024)
+    top_k: int = Field(10, ge=1)
+    hidden: int = Field(2048, ge=128, le=8192)
+    moe_intermediate: int = Field(256, ge=64, le=8192)
+    shared_intermediate: int = Field(256, ge=0, le=8192)
+    heads: int = Field(8, ge=1)
+    kv_heads: int = Field(1, ge=1)
+    head_dim: int = Field(256, ge=64)
+    gdn_key_heads: int = Field(8, ge=1)
+    gdn_value_heads: int = Field(16, ge=1)
+    gdn_head_dim: int = Field(128, ge=32)
+    init_std: float = Field(0.05, gt=0, le=2)
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    quant: Literal["none", "fp8-block"] = "none"
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) is at most experts ({self.experts})")
+        if self.heads % self.kv_heads or self.gdn_value_heads % self.gdn_key_heads:
+            raise ValueError("heads must be a multiple of kv_heads, gdn_value_heads of gdn_key_heads")
+        if self.quant == "fp8-block" and any(d % 128 for d in (self.hidden, self.moe_intermediate)):
+            raise ValueError("fp8-block needs hidden and moe_intermediate multiples of 128 (the weight blocks)")
+        return self
+
+
 class ModelSpec(_Strict):
     """The model a configuration serves: a local directory or a source the engine prepares."""
 
     path: str | None = Field(None, description="model directory or hub id as vLLM takes it")
-    prepare: GGUFPackageSource | RandomMoESource | None = Field(None, discriminator="kind")
+    prepare: GGUFPackageSource | RandomMoESource | RandomNextSource | None = Field(None, discriminator="kind")
     served_name: str = Field(description="the name clients send as `model`")
 
     def source_name(self) -> str | None:
@@ -70,6 +112,10 @@ class ModelSpec(_Strict):
             return self.path
         if isinstance(p, RandomMoESource):
             return f"random Qwen3-MoE {p.layers} layers x {p.experts} experts top-{p.top_k} (seed {p.seed})"
+        if isinstance(p, RandomNextSource):
+            q = "" if p.quant == "none" else f", {p.quant}"
+            return (f"random Qwen3-Next {p.layers} layers x {p.experts} experts top-{p.top_k} (seed {p.seed}, "
+                    f"{p.dtype}{q})")
         return p.file
 
     @model_validator(mode="after")
@@ -242,6 +288,24 @@ def find_config(root: Path, name: str) -> ServeConfig:
         known = ", ".join(sorted(p.stem for p in serve_dir(root).glob("*.yaml"))) or "none"
         raise InputError(f"no configuration {name!r} ({path} not found); known: {known}")
     return load_config(path)
+
+
+def with_stock_knobs(cfg: ServeConfig) -> ServeConfig:
+    """``cfg`` with every registered ``R9K_*`` knob set to its stock value in ``env`` (r9k's plugin loaded, doing
+    nothing): the stock side of an r9k-against-stock pair on one configuration (``--knobs stock``). The other
+    variables of ``env`` stay; the result's ``digest()`` differs from ``cfg``'s, as its knobs do."""
+    from r9k.knobs import KNOBS
+
+    env = {k: v for k, v in cfg.env.items() if k not in KNOBS}
+    env.update({name: _knob_text(knob.stock) for name, knob in KNOBS.items()})
+    return cfg.model_copy(update={"env": dict(sorted(env.items()))})
+
+
+def _knob_text(v) -> str:
+    """A knob value as the environment spells it (the knob's parser reads it back to ``v``)."""
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
 
 
 def all_configs(root: Path) -> list[ServeConfig]:

@@ -23,7 +23,7 @@ from rich.markup import escape as esc
 
 from validate import server as srvmod
 from validate.client import OpenAIClient
-from validate.config import ServeConfig, find_config
+from validate.config import ServeConfig, find_config, with_stock_knobs
 from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError, WrongTreeError,
                              combine_exit)
 from validate.models import resolve_model
@@ -60,6 +60,7 @@ class RunOptions:
     launch_timeout_s: float | None = None  # overrides every configuration's launch_timeout_s
     external_config: ServeConfig | None = None  # the configuration of a --url server that serve/ does not hold
     baseline: str | None = None  # release --baseline as given: suites that take a hint from the baseline read it
+    stock_knobs: bool = False  # --knobs stock: every configuration launched with each R9K_* knob at its stock value
 
     def tree_root(self) -> Path:
         if self.tree is not None:
@@ -190,11 +191,13 @@ class Engine:
             self.console.print(msg)
 
     def config(self, name: str) -> ServeConfig:
-        """The configuration ``name``: the external server's (``--url`` without ``--config``) or serve/<name>.yaml."""
+        """The configuration ``name``: the external server's (``--url`` without ``--config``) or serve/<name>.yaml
+        (with every knob at its stock value under ``--knobs stock``)."""
         ext = self.o.external_config
         if ext is not None and ext.name == name:
             return ext
-        return find_config(self.o.root, name)
+        cfg = find_config(self.o.root, name)
+        return with_stock_knobs(cfg) if self.o.stock_knobs else cfg
 
     # ---- one configuration ------------------------------------------------------------------------------
     def split_done(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> list[str]:

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from validate.config import ServeConfig, find_config
+from validate.config import ServeConfig
 from validate.engine import Engine, Outcome, RunOptions
 from validate.provenance_checks import tree_mismatch
 from validate.errors import InputError
@@ -108,7 +108,7 @@ def run_ray(engine: Engine, plan: list[tuple[str, list[str]]], release: str, out
             todo = engine.split_done(release, cfg_name, suites, outcome)
             if not todo:
                 continue
-            cfg = find_config(engine.o.root, cfg_name)
+            cfg = engine.config(cfg_name)
             need = placement(cfg)
             why = unplaceable(need, nodes)
             if why:

@@ -13,11 +13,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from validate.config import GGUFPackageSource, ModelSpec, RandomMoESource
+from validate.config import GGUFPackageSource, ModelSpec, RandomMoESource, RandomNextSource
 from validate.errors import InputError
 from validate.util import sha256_file
 
 CACHE_ENV = "R9K_MODEL_CACHE"
+TOKENIZER_ENV = "R9K_TOKENIZER_DIR"  # tokenizers converted ahead of time (the GPU host's environment archive)
 
 
 def default_cache() -> Path:
@@ -110,6 +111,157 @@ def make_random_moe(src: RandomMoESource, gguf: Path, out_dir: Path) -> None:
         raise
 
 
+def tokenizer_dir(src: GGUFPackageSource) -> Path:
+    """A directory ``AutoTokenizer.from_pretrained`` reads ``src``'s tokenizer from: the GGUF file's folder where
+    its distribution is installed (the caller passes ``gguf_file``), else ``$R9K_TOKENIZER_DIR/<file stem>``, the
+    tokenizer converted ahead of time (the GPU host's environment archive carries SmolLM2's: the GGUF's weights
+    cannot travel with it).
+
+    Raises:
+        InputError: neither is there (the message names both).
+    """
+    try:
+        return locate_gguf(src)
+    except InputError as e:
+        root = os.environ.get(TOKENIZER_ENV)
+        d = Path(root) / Path(src.file).stem if root else None
+        if d is not None and (d / "tokenizer.json").exists():
+            return d
+        raise InputError(f"{e}; and no converted tokenizer at "
+                         f"{d if d else '$' + TOKENIZER_ENV + ' (unset)'}") from None
+
+
+def _load_tokenizer(src: GGUFPackageSource):
+    from transformers import AutoTokenizer
+
+    where = tokenizer_dir(src)
+    if where.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(where.parent, gguf_file=where.name), where.name
+    return AutoTokenizer.from_pretrained(where), where.name
+
+
+#: the 16-bit layers of a block-fp8 Qwen3-Next checkpoint (Qwen3-Next-80B-A3B-Instruct-FP8's layout), by suffix
+NEXT_FP8_SKIP = ("linear_attn.in_proj_ba", "mlp.gate", "mlp.shared_expert_gate")
+FP8_BLOCK = 128
+
+
+def _next_config(src: RandomNextSource, tok):
+    from transformers import Qwen3NextConfig
+
+    cfg = Qwen3NextConfig(
+        vocab_size=len(tok), hidden_size=src.hidden, intermediate_size=4 * src.moe_intermediate,
+        num_hidden_layers=src.layers, num_attention_heads=src.heads, num_key_value_heads=src.kv_heads,
+        head_dim=src.head_dim, linear_num_key_heads=src.gdn_key_heads, linear_num_value_heads=src.gdn_value_heads,
+        linear_key_head_dim=src.gdn_head_dim, linear_value_head_dim=src.gdn_head_dim, linear_conv_kernel_dim=4,
+        num_experts=src.experts, num_experts_per_tok=src.top_k, moe_intermediate_size=src.moe_intermediate,
+        shared_expert_intermediate_size=src.shared_intermediate, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], full_attention_interval=src.full_attention_interval, max_position_embeddings=32768,
+        tie_word_embeddings=False, initializer_range=src.init_std, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype=src.dtype)
+    cfg.architectures = ["Qwen3NextForCausalLM"]
+    return cfg
+
+
+def random_next_weights(src: RandomNextSource, cfg, device: str = "cpu") -> dict:
+    """The state dict of transformers' ``Qwen3NextForCausalLM`` for ``cfg`` (names and shapes from the model built
+    on the meta device), drawn on ``device`` from one generator seeded ``src.seed`` in the model's parameter order:
+    matrices N(0, init_std); RMSNorm weights 0 (Qwen3-Next scales by 1 + w) except the GDN output norm's 1;
+    ``A_log`` log U(1, 16) and ``dt_bias`` 1 (the recurrence's decay in its trained range). With ``quant:
+    fp8-block`` every 2-D weight of a projection or expert (not the embeddings, lm_head or NEXT_FP8_SKIP) becomes
+    float8_e4m3fn with ``weight_scale_inv [ceil(N/128), ceil(K/128)]`` fp32 (amax of the block / 448), the
+    layout vLLM's Fp8LinearMethod and Fp8MoEMethod load. Tensors returned on the CPU, contiguous.
+
+    The same seed gives the same bytes on the same device kind (CPU and CUDA generators differ)."""
+    import torch
+    from transformers import Qwen3NextForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen3NextForCausalLM(cfg)
+    g = torch.Generator(device=device).manual_seed(src.seed)
+    out = {}
+    for name, p in model.state_dict().items():
+        if "A_log" in name:
+            t = torch.log(torch.empty(p.shape, device=device).uniform_(1, 16, generator=g))
+        elif "dt_bias" in name or "linear_attn.norm" in name:
+            t = torch.ones(p.shape, device=device)
+        elif "norm" in name:
+            t = torch.zeros(p.shape, device=device)
+        else:
+            t = torch.empty(p.shape, device=device).normal_(0, src.init_std, generator=g)
+        if name.endswith("mlp.experts.gate_up_proj"):  # transformers' fused [E, 2I, H]: the checkpoint's
+            base, i = name[: -len("gate_up_proj")], t.shape[1] // 2  # per-expert names, as vLLM loads them
+            for e in range(t.shape[0]):
+                _emit(out, src, f"{base}{e}.gate_proj.weight", t[e, :i])
+                _emit(out, src, f"{base}{e}.up_proj.weight", t[e, i:])
+        elif name.endswith("mlp.experts.down_proj"):  # [E, H, I]
+            base = name[: -len("down_proj")]
+            for e in range(t.shape[0]):
+                _emit(out, src, f"{base}{e}.down_proj.weight", t[e])
+        else:
+            _emit(out, src, name, t)
+    return out
+
+
+def _emit(out: dict, src: RandomNextSource, name: str, t) -> None:
+    """Store ``t`` under ``name`` in the checkpoint's dtype: block fp8 with its scales for a projection or expert
+    weight of an fp8-block source, else ``src.dtype``."""
+    import torch
+
+    if (src.quant == "fp8-block" and t.dim() == 2 and name.endswith(".weight") and ".layers." in name
+            and not name[: -len(".weight")].endswith(NEXT_FP8_SKIP)):
+        q, s = fp8_block_quant(t)
+        out[name] = q.cpu().contiguous()
+        out[name[: -len("weight")] + "weight_scale_inv"] = s.cpu().contiguous()
+    else:
+        out[name] = t.to(getattr(torch, src.dtype)).cpu().contiguous()
+
+
+def fp8_block_quant(w):
+    """``w [N, K]`` (float) -> (``q [N, K]`` float8_e4m3fn, ``scale [ceil(N/128), ceil(K/128)]`` fp32) with
+    ``w ~= q * scale`` per 128 x 128 block: scale = amax(|block|) / 448 (e4m3's largest finite), as DeepSeek-V3's and
+    Qwen3-FP8's block-quantised checkpoints store ``weight_scale_inv``."""
+    import torch
+
+    N, K = w.shape
+    b = FP8_BLOCK
+    nb, kb = -(-N // b), -(-K // b)
+    pad = torch.zeros(nb * b, kb * b, dtype=torch.float32, device=w.device)
+    pad[:N, :K] = w.float()
+    blocks = pad.view(nb, b, kb, b)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / 448.0
+    q = (blocks / scale[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.view(nb * b, kb * b)[:N, :K].contiguous(), scale
+
+
+def make_random_next(src: RandomNextSource, out_dir: Path) -> None:
+    """Write a Qwen3-Next model directory at ``out_dir``: config (``quantization_config`` for fp8-block: fp8,
+    dynamic activations, ``weight_block_size [128, 128]``, the 16-bit layers as ``modules_to_not_convert``), the
+    weights of :func:`random_next_weights` drawn on the GPU where torch sees one (a 3B-parameter model in seconds)
+    in one safetensors file, the tokenizer and chat template. Written into a temporary directory and renamed, as
+    :func:`convert_gguf`. Raises InputError (no tokenizer) or whatever transformers raises."""
+    import torch
+    from safetensors.torch import save_file
+
+    tok, tok_from = _load_tokenizer(src.tokenizer)
+    cfg = _next_config(src, tok)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if src.quant == "fp8-block":
+        skip = [f"model.layers.{i}.{m}" for i in range(src.layers) for m in NEXT_FP8_SKIP]
+        cfg.quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                   "weight_block_size": [FP8_BLOCK, FP8_BLOCK], "modules_to_not_convert": skip}
+    sd = random_next_weights(src, cfg, device)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "SOURCE").write_text(f"random-next {src.model_dump_json()} tokenizer {tok_from} drawn on {device}\n")
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _looks_local(path: str) -> bool:
     """A path vLLM would read from disk rather than a hub id ("org/name" has a separator but no suffix)."""
     return path.startswith(("/", "~", ".")) or (os.sep in path and Path(path).suffix != "")
@@ -125,7 +277,10 @@ def model_problems(spec: ModelSpec, server_args: list[str] = ()) -> list[str]:
     out = []
     if spec.prepare is not None:
         try:
-            locate_gguf(spec.prepare.tokenizer if isinstance(spec.prepare, RandomMoESource) else spec.prepare)
+            if isinstance(spec.prepare, RandomNextSource):
+                tokenizer_dir(spec.prepare.tokenizer)
+            else:
+                locate_gguf(spec.prepare.tokenizer if isinstance(spec.prepare, RandomMoESource) else spec.prepare)
         except InputError as e:
             out.append(str(e))
     elif spec.path and _looks_local(spec.path) and not Path(os.path.expanduser(spec.path)).exists():
@@ -157,6 +312,16 @@ def resolve_model(spec: ModelSpec, cache: Path | None = None, log=print) -> str:
         return str(p) if p.exists() else spec.path
     src = spec.prepare
     cache = default_cache() if cache is None else cache
+    if isinstance(src, RandomNextSource):
+        import hashlib
+
+        digest = hashlib.sha256(src.model_dump_json().encode()).hexdigest()[:12]
+        cache.mkdir(parents=True, exist_ok=True)
+        out_dir = cache / f"qwen3next-random-{src.experts}x{src.layers}-{src.dtype}-{src.quant}-{digest}"
+        if not (out_dir / "config.json").exists():
+            log(f"making a random-weight Qwen3-Next model (seed {src.seed}, {src.quant}) in {out_dir} (once)")
+            make_random_next(src, out_dir)
+        return str(out_dir)
     if isinstance(src, RandomMoESource):
         import hashlib
 

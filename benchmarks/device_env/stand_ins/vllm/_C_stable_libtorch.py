@@ -5,10 +5,13 @@ without its CUDA build (benchmarks/device_env: the air-gapped kernel benchmarks 
 ``torch.ops._C`` namespace. The four ops registered here are the ones vLLM's Python asks at import or when it
 picks a kernel (``vllm/_custom_ops.py``: ``cutlass_scaled_mm_supports_fp8``, ``..._block_fp8``, ``..._fp4``,
 ``cutlass_group_gemm_supported``; ``w8a8_utils.CUTLASS_BLOCK_FP8_SUPPORTED`` is computed at import). Each answers
-False for every device capability, so vLLM selects its Triton kernels, the path r9k's dispatch hooks. Any other
-``torch.ops._C`` op is absent: a call to one fails with torch's AttributeError naming it.
+False for every device capability, so vLLM selects its Triton kernels, the path r9k's dispatch hooks. The
+``torch.ops._C`` ops a serve cannot avoid get torch stand-ins from ``vllm._serve_ops`` (its docstring lists them and
+why); any other ``torch.ops._C`` op is absent: a call to one fails with torch's AttributeError naming it.
 """
 import torch
+
+from vllm import _serve_ops
 
 _QUERIES = (
     "cutlass_scaled_mm_supports_fp8",
@@ -36,3 +39,5 @@ for _name in _QUERIES:
     if not _registered(_name):  # a real _C loaded first keeps its own answers
         _LIB.define(f"{_name}(int cuda_device_capability) -> bool")
         _LIB.impl(_name, _unsupported, "CompositeExplicitAutograd")
+
+_serve_ops.register("_C")

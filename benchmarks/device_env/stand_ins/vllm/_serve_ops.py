@@ -1,0 +1,253 @@
+"""Torch stand-ins for the compiled vLLM ops a GPU serve of a Qwen3-Next model cannot avoid, for a host that runs
+vLLM 0.32.0's Python sources without its CUDA build (benchmarks/device_env). Imported by the stand-ins of
+``vllm._C_stable_libtorch`` and ``vllm._moe_C_stable_libtorch``, which ``CudaPlatform.import_kernels`` imports in
+every vLLM process, so each op exists under the name vLLM calls before any layer is built.
+
+Why each is unavoidable (vLLM 0.32.0 with the Triton attention backend, vLLM's Triton GDN and causal-conv kernels
+and its Triton fused-MoE experts; everything else on that path is Triton or torch already):
+
+========================================  ==========================================================================
+op                                        who calls it
+========================================  ==========================================================================
+``_C.rms_norm``                           ``vllm/kernels/vllm_c.py``: the ``vllm_c`` provider of ``ir.ops.rms_norm``
+``_C.fused_add_rms_norm``                 the same for ``ir.ops.fused_add_rms_norm`` (the decoder's residual norms)
+``_C.rotary_embedding``                   ``RotaryEmbedding.forward_cuda`` (custom op enabled where not compiled)
+``_C.silu_and_mul``                       ``SiluAndMul.__init__`` looks it up on CUDA (the shared expert's MLP) and
+                                          TritonExperts' activation calls it
+``_moe_C.topk_softmax``                   the softmax top-k router (``fused_topk_router.vllm_topk_softmax``)
+``_moe_C.moe_align_block_size``           TritonExperts: each expert's rows in blocks of the tile's M
+``_moe_C.moe_sum``                        TritonExperts: the top-k sum of the second GEMM's rows
+``_C.silu_and_mul_per_block_quant``       TritonExperts, block-fp8 layers: SiLU-and-mul then fp8 group quant
+``_C.per_token_group_fp8_quant``          ``fp8_utils.per_token_group_quant_fp8`` on CUDA (block-fp8 activations)
+========================================  ==========================================================================
+
+Each is registered with ``torch.library`` under vLLM's schema (the mutated arguments marked, as vLLM's
+``torch_bindings.cpp`` declares them) with a torch implementation for CPU and CUDA tensors and a fake (meta) one,
+so that torch.compile traces through it and CUDA graphs capture it; a name already registered (a real extension
+loaded first) is left alone. These are not vLLM's CUDA kernels: the figures of a serve on them time torch's
+kernels for these ops (several launches where vLLM's is one), which docs/serving.md says.
+"""
+from __future__ import annotations
+
+import torch
+
+_LIBS: dict[str, torch.library.Library] = {}
+REGISTERED: list[str] = []  # "namespace.op" registered by this module in this process
+
+
+def rms_norm(result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, epsilon: float) -> None:
+    """``result [.., H] = (x * rsqrt(mean(x^2) + eps))`` rounded to the input dtype, then ``* weight`` (fp32
+    variance, as vLLM's ``rms_norm_kernel``). In place."""
+    x = input.float()
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + epsilon)).to(input.dtype)
+    result.copy_(y if weight is None else y * weight)
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None,
+                       epsilon: float) -> None:
+    """``residual = input + residual`` (in the input dtype, as vLLM's kernel stores it), then ``input = rms_norm(
+    residual)``. Both in place."""
+    residual.add_(input)
+    rms_norm(input, residual, weight, epsilon)
+
+
+def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None, head_size: int,
+                     cos_sin_cache: torch.Tensor, is_neox: bool, rope_dim_offset: int = 0,
+                     inverse: bool = False) -> None:
+    """Rotary embedding of ``query [T, heads * head_size]`` (or ``[T, heads, head_size]``) and ``key`` in place:
+    ``cos_sin_cache [max_pos, rot_dim]`` holds cos then sin of each position; dims ``rope_dim_offset ..
+    rope_dim_offset + rot_dim`` of each head rotate, NeoX style (halves) or GPT-J style (pairs); ``inverse``
+    rotates by the negative angle. Computed in fp32, rounded once (vLLM's kernel rounds cos and sin to the cache
+    dtype, which they already are)."""
+    rot = cos_sin_cache.shape[-1]
+    cs = cos_sin_cache.index_select(0, positions.reshape(-1).long())
+    cos, sin = cs[:, : rot // 2].float(), cs[:, rot // 2:].float()
+    if inverse:
+        sin = -sin
+    for t in (query, key):
+        if t is None:
+            continue
+        v = t.view(t.shape[0], -1, head_size)
+        part = v[..., rope_dim_offset: rope_dim_offset + rot].float()
+        c, s = cos[:, None, :], sin[:, None, :]
+        if is_neox:
+            x1, x2 = part[..., : rot // 2], part[..., rot // 2:]
+            out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), -1)
+        else:
+            x1, x2 = part[..., 0::2], part[..., 1::2]
+            out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), -1).flatten(-2)
+        v[..., rope_dim_offset: rope_dim_offset + rot] = out.to(t.dtype)
+
+
+def silu_and_mul(result: torch.Tensor, input: torch.Tensor) -> None:
+    """``result [.., d] = silu(input[.., :d]) * input[.., d:]`` (the SiLU rounded to the dtype first), in place."""
+    d = input.shape[-1] // 2
+    g, u = input[..., :d], input[..., d:]
+    act = torch.nn.functional.silu(g.float()).to(input.dtype)
+    result.copy_((act.float() * u.float()).to(result.dtype))
+
+
+def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, token_expert_indices: torch.Tensor,
+                 gating_output: torch.Tensor, renormalize: bool, bias: torch.Tensor | None = None,
+                 is_padding: torch.Tensor | None = None) -> None:
+    """Softmax top-k routing of ``gating_output [T, E]``: ``topk_weights [T, k]`` fp32 softmax probabilities of the
+    ``k`` largest (ties to the lower expert id, as ``torch.topk`` on CUDA), renormalised to sum 1 when asked;
+    ``topk_ids [T, k]`` their experts; ``token_expert_indices [T, k] = j * T + t`` (vLLM's layout). A ``bias``
+    (correction) chooses the experts but not the weights. Padding rows are computed like others. In place."""
+    probs = torch.softmax(gating_output.float(), dim=-1)
+    k = topk_ids.shape[-1]
+    score = probs if bias is None else probs + bias.float()
+    ids = torch.topk(score, k, dim=-1).indices
+    w = probs.gather(-1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    topk_weights.copy_(w)
+    topk_ids.copy_(ids.to(topk_ids.dtype))
+    T = gating_output.shape[0]
+    idx = torch.arange(k, device=ids.device)[None, :] * T + torch.arange(T, device=ids.device)[:, None]
+    token_expert_indices.copy_(idx.to(token_expert_indices.dtype))
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor,
+                         experts_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor,
+                         maybe_expert_map: torch.Tensor | None = None,
+                         maybe_scatter_idx: torch.Tensor | None = None) -> None:
+    """Blocks of ``block_size`` rows per expert: ``topk_ids [T, k]`` (int, ids in ``0..num_experts-1``);
+    ``sorted_token_ids`` ``[P]`` int32 gets each expert's flat (token, choice) indices in flat order, padded to a
+    multiple of ``block_size`` with ``T*k``; ``experts_ids`` ``[P / block_size]`` int32 the expert of each block
+    (-1 past the last); ``num_tokens_post_pad`` ``[1]`` int32 the padded total. In place, fixed shapes, no host
+    sync (capturable).
+
+    Raises:
+        NotImplementedError: an expert map or a scatter index (expert parallelism; not on this path).
+    """
+    if maybe_expert_map is not None or maybe_scatter_idx is not None:
+        raise NotImplementedError("stand-in moe_align_block_size: no expert map, no scatter index")
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_size - 1) // block_size * block_size
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    order = torch.argsort(flat, stable=True)
+    es = flat[order]
+    first = torch.cumsum(counts, 0) - counts  # index in `order` of each expert's first row
+    pos = starts[es] + torch.arange(n, device=dev) - first[es]
+    sorted_token_ids.fill_(n)
+    sorted_token_ids.scatter_(0, pos, order.to(sorted_token_ids.dtype))
+    nb = experts_ids.numel()
+    bstart = torch.arange(nb, device=dev) * block_size
+    blk_expert = torch.searchsorted(ends, bstart, right=True)
+    total = ends[-1:] if num_experts else torch.zeros(1, dtype=torch.long, device=dev)
+    experts_ids.copy_(torch.where(bstart < total, blk_expert, -1).to(experts_ids.dtype))
+    num_tokens_post_pad.copy_(total.to(num_tokens_post_pad.dtype))
+
+
+def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids: torch.Tensor | None = None,
+            expert_map: torch.Tensor | None = None) -> None:
+    """``output [T, H] = input [T, k, H].sum(1)``, accumulated in fp32, in place.
+
+    Raises:
+        NotImplementedError: an expert map.
+    """
+    if expert_map is not None:
+        raise NotImplementedError("stand-in moe_sum: no expert map")
+    output.copy_(input.float().sum(1).to(output.dtype))
+
+
+def _group_quant(x: torch.Tensor, group: int, eps: float, qmin: float, qmax: float, ue8m0: bool, dtype):
+    """fp32 ``x [M, K]`` -> (``q [M, K]`` in ``dtype``, scales ``[M, K / group]`` fp32)."""
+    M, K = x.shape
+    g = x.reshape(M, K // group, group)
+    s = g.abs().amax(-1).clamp_min(eps) / qmax
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    q = (g / s[..., None]).clamp(qmin, qmax).to(dtype).reshape(M, K)
+    return q, s
+
+
+def silu_and_mul_per_block_quant(out: torch.Tensor, input: torch.Tensor, scales: torch.Tensor, group_size: int,
+                                 scale_ub: torch.Tensor | None = None, is_scale_transposed: bool = False) -> None:
+    """SiLU-and-mul of ``input [M, 2d]`` then fp8 group quantisation: ``out [M, d]`` fp8, ``scales [M, d / g]``
+    fp32 (a transposed view when ``is_scale_transposed``). In place.
+
+    Raises:
+        NotImplementedError: ``scale_ub``.
+    """
+    if scale_ub is not None:
+        raise NotImplementedError("stand-in silu_and_mul_per_block_quant: no scale upper bound")
+    d = input.shape[-1] // 2
+    y = torch.empty(input.shape[:-1] + (d,), dtype=input.dtype, device=input.device)
+    silu_and_mul(y, input)
+    fi = torch.finfo(out.dtype)
+    q, s = _group_quant(y.float().reshape(-1, d), group_size, 1e-10, float(fi.min), float(fi.max), False, out.dtype)
+    out.copy_(q.reshape(out.shape))
+    scales.copy_(s.reshape(scales.shape) if not is_scale_transposed else s)
+
+
+def per_token_group_fp8_quant(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int,
+                              eps: float, fp8_min: float, fp8_max: float, scale_ue8m0: bool,
+                              column_major_scales: bool, tma_aligned_scales: bool) -> None:
+    """fp8 group quantisation of ``input [.., K]``: ``output_q`` (same shape, fp8), ``output_s [.., K / g]`` fp32
+    (written through whatever strides it has: column-major views included). In place."""
+    K = input.shape[-1]
+    q, s = _group_quant(input.float().reshape(-1, K), group_size, eps, fp8_min, fp8_max, scale_ue8m0, output_q.dtype)
+    output_q.copy_(q.reshape(output_q.shape))
+    output_s.copy_(s.reshape(output_s.shape))
+
+
+# (namespace, name) -> (schema as vLLM's torch_bindings.cpp declares it, implementation)
+OPS = {
+    ("_C", "rms_norm"): ("rms_norm(Tensor(a!) result, Tensor input, Tensor? weight, float epsilon) -> ()", rms_norm),
+    ("_C", "fused_add_rms_norm"): ("fused_add_rms_norm(Tensor(a!) input, Tensor(b!) residual, Tensor? weight, "
+                                   "float epsilon) -> ()", fused_add_rms_norm),
+    ("_C", "rotary_embedding"): ("rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, "
+                                 "int head_size, Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, "
+                                 "bool inverse=False) -> ()", rotary_embedding),
+    ("_C", "silu_and_mul"): ("silu_and_mul(Tensor(a!) result, Tensor input) -> ()", silu_and_mul),
+    ("_C", "silu_and_mul_per_block_quant"): ("silu_and_mul_per_block_quant(Tensor(a!) out, Tensor input, "
+                                             "Tensor(b!) scales, int group_size, Tensor? scale_ub, "
+                                             "bool is_scale_transposed) -> ()", silu_and_mul_per_block_quant),
+    ("_C", "per_token_group_fp8_quant"): ("per_token_group_fp8_quant(Tensor input, Tensor(a!) output_q, "
+                                          "Tensor(b!) output_s, int group_size, float eps, float fp8_min, "
+                                          "float fp8_max, bool scale_ue8m0, bool column_major_scales, "
+                                          "bool tma_aligned_scales) -> ()", per_token_group_fp8_quant),
+    ("_moe_C", "topk_softmax"): ("topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_indices, "
+                                 "Tensor(c!) token_expert_indices, Tensor gating_output, bool renormalize, "
+                                 "Tensor? bias, Tensor? is_padding) -> ()", topk_softmax),
+    ("_moe_C", "moe_align_block_size"): ("moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, "
+                                         "Tensor(a!) sorted_token_ids, Tensor(b!) experts_ids, "
+                                         "Tensor(c!) num_tokens_post_pad, Tensor? maybe_expert_map, "
+                                         "Tensor(d!)? maybe_scatter_idx) -> ()", moe_align_block_size),
+    ("_moe_C", "moe_sum"): ("moe_sum(Tensor input, Tensor(a!) output, Tensor? topk_ids, Tensor? expert_map) -> ()",
+                            moe_sum),
+}
+
+
+def _registered(ns: str, name: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, ns), name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _fake(*args, **kwargs) -> None:
+    """Every op here mutates its outputs and returns nothing: its fake kernel has nothing to compute."""
+
+
+def register(namespace: str) -> list[str]:
+    """Register every op of ``namespace`` ("_C" or "_moe_C") not registered already; returns the names it
+    registered ("namespace.op"), also appended to :data:`REGISTERED`."""
+    done = []
+    for (ns, name), (schema, impl) in OPS.items():
+        if ns != namespace or _registered(ns, name):
+            continue
+        lib = _LIBS.setdefault(ns, torch.library.Library(ns, "FRAGMENT"))
+        lib.define(schema)
+        lib.impl(name, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{ns}::{name}", _fake, lib=lib)
+        done.append(f"{ns}.{name}")
+    REGISTERED.extend(done)
+    return done
