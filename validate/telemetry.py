@@ -1,5 +1,6 @@
 """Memory sampling during load: the server's process tree through psutil (always, when the server is local)
-and GPU memory through the vendor tool that is present (nvidia-smi, amd-smi or rocm-smi).
+and GPU memory through the vendor library or tool that is present (NVML through nvidia-ml-py where it answers,
+else nvidia-smi; amd-smi or rocm-smi).
 
 Backends register by name (lm-eval-harness style); :class:`Sampler` runs every available one each interval.
 """
@@ -74,9 +75,51 @@ class ProcessTree(Backend):
         return {"host_rss_mib": psutil.virtual_memory().total / MiB}
 
 
+def _nvml():
+    """NVML through nvidia-ml-py (``pynvml``), initialised, or None where the library or the driver does not
+    answer (no NVIDIA GPU, no driver, the package absent)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
+        return None
+
+
+@register_backend("nvml")
+class Nvml(Backend):
+    """Used / total device memory of every NVIDIA GPU (MiB) from NVML's ``nvmlDeviceGetMemoryInfo``, one series
+    per GPU index (``gpu0_mib``, ...): the vendor library, read in-process every interval (no subprocess)."""
+
+    name = "nvml"
+
+    def __init__(self, pid):
+        self.nv = _nvml()
+        self.handles = [self.nv.nvmlDeviceGetHandleByIndex(i) for i in range(self.nv.nvmlDeviceGetCount())]
+        self._totals: dict[str, float] = {}
+
+    @classmethod
+    def available(cls, pid):
+        nv = _nvml()
+        return nv is not None and nv.nvmlDeviceGetCount() > 0
+
+    def read(self):
+        used = {}
+        for i, h in enumerate(self.handles):
+            m = self.nv.nvmlDeviceGetMemoryInfo(h)
+            used[f"gpu{i}_mib"] = m.used / MiB
+            self._totals[f"gpu{i}_mib"] = m.total / MiB
+        return used
+
+    def totals(self):
+        return self._totals
+
+
 @register_backend("nvidia-smi")
 class NvidiaSmi(Backend):
-    """memory.used / memory.total of every NVIDIA GPU (MiB), one series per GPU index."""
+    """memory.used / memory.total of every NVIDIA GPU (MiB), one series per GPU index; where NVML answers, the
+    ``nvml`` backend reads the same series instead."""
 
     name = "nvidia-smi"
 
@@ -85,7 +128,7 @@ class NvidiaSmi(Backend):
 
     @classmethod
     def available(cls, pid):
-        return shutil.which("nvidia-smi") is not None
+        return shutil.which("nvidia-smi") is not None and not Nvml.available(pid)
 
     def _query(self):
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total", "--format=csv,noheader,nounits"],
