@@ -63,7 +63,7 @@ def table(records, root: Path) -> tuple[list[str], bool]:
     lines = [f"{'configuration':<14} {'suite':<14} {'profile':<7} {'wall s':>8} {'budget s':>10}  over"]
     ok = True
     by_cfg: dict[str, list] = {}
-    for r in records:
+    for r in sorted(records, key=lambda r: r.started_at):  # the order they ran in
         by_cfg.setdefault(r.config, []).append(r)
     for cfg, recs in by_cfg.items():
         wall = budget = 0.0

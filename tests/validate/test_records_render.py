@@ -137,5 +137,5 @@ def test_notes_give_each_suites_wall_time_against_its_budget_and_the_soaks_cut_r
     assert "| cpu-smol / sanity | quick | 12.5 s | 20 s |" in t
     assert "| cpu-smol / soak | quick | 63.4 s | 60 s (**over**) |" in t
     assert "| cpu-smol / probe | quick | 12.5 s | – |" in t
-    assert "| cpu-smol / all suites | | 88.4 s | 80 s |" in t
+    assert "| cpu-smol / all suites | | 88.4 s | 80 s (**over**) |" in t
     assert "- cpu-smol: the server started in 95.4 s." in t
