@@ -42,7 +42,8 @@ class SoakParams(BaseModel):
     clients: int = Field(16, ge=1)
     duration_s: float = Field(1500, gt=0, description="25 minutes by default")
     prompt_tokens_min: int = Field(200, ge=1)
-    prompt_tokens_max: int = Field(30000, ge=1, description="capped by max_model_len - max_tokens")
+    prompt_tokens_max: int = Field(30000, ge=1, description="capped by max_model_len - max_tokens - 8 and by the "
+                                   "probe's measured prefill rate (prompt_cap)")
     max_tokens: int = Field(256, ge=1)
     sample_interval_s: float = Field(1.0, gt=0)
     max_prefill_share: float = Field(0.1, gt=0, le=1, description="the longest prompt's prefill, at the probe's "
