@@ -47,10 +47,6 @@ class Gate(_Strict):
         return gate_reasons(self.model_dump(), metrics)
 
 
-#: The key of a profile section that is the suite's time budget, not a param.
-BUDGET_KEY = "budget_s"
-
-
 class ProfileSection(BaseModel):
     """``profiles.<profile>``: params that override the suite's ``params`` for that profile, and ``budget_s``, the
     wall time (seconds) the suite should take on that profile, recorded beside its ``wall_s`` and shown in the notes
