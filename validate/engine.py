@@ -378,7 +378,8 @@ class Engine:
         verdict: Verdict
         log_from = srvmod.log_size(server.log_path or self.o.server_log) if server is not None else 0
         try:
-            result = asyncio.run(self._run_async(runner, cfg, s, server, self.baseline_hint(release, cfg, s, runner)))
+            result = asyncio.run(self._run_async(runner, cfg, s, server, self.baseline_hint(release, cfg, s, runner),
+                                                 release))
             if server is not None:
                 result.moe_cache = moe_counters(server.log_path or self.o.server_log, log_from)
             verdict = self._verdict(s, result, server, log_from)
@@ -421,7 +422,8 @@ class Engine:
             return None
         return {"release": base, "value": value} if value is not None else None
 
-    async def _run_async(self, runner, cfg, s: LoadedSuite, server, baseline_hint: dict | None = None):
+    async def _run_async(self, runner, cfg, s: LoadedSuite, server, baseline_hint: dict | None = None,
+                         release: str | None = None):
         client = None
         if server is not None:
             client = OpenAIClient(server.url, server.model, max_connections=512)
@@ -440,7 +442,7 @@ class Engine:
             return None
 
         ctx = RunContext(root=self.o.root, config=cfg, profile=s.profile, client=client, data_dir=self.o.data_dir,
-                         record_dir=self.o.reports, server_alive=server.alive if server else (lambda: True),
+                         record_dir=self.o.reports, release=release, server_alive=server.alive if server else (lambda: True),
                          server_gone=server_gone, server_pid=server.main_pid if server is not None else None,
                          progress=bar.update if bar else (lambda *a, **k: None), log=self.say,
                          baseline_hint=baseline_hint)
@@ -493,7 +495,7 @@ class Engine:
         rec = Record(
             release=release, config=cfg.name, config_hash=cfg.digest(), suite=s.spec.name, suite_kind=s.spec.kind,
             params=s.params_dict, params_hash=s.params_hash(), suite_hash=s.spec_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
-            wall_s=round(wall_s, 2), tree=self.tree, server=info, versions=versions(server),
+            wall_s=round(wall_s, 2), budget_s=s.budget_s, tree=self.tree, server=info, versions=versions(server),
             config_snapshot=cfg.model_dump(mode="json"),
             knobs=knobs.in_force(cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.source_name(),

@@ -119,6 +119,8 @@ class Record(BaseModel):
     started_at: str
     ended_at: str
     wall_s: float
+    # the suite's time budget on its profile (seconds; the suite file's profiles.<profile>.budget_s), None if unstated
+    budget_s: float | None = None
     tree: Tree = Field(default_factory=Tree)
     server: ServerInfo = Field(default_factory=ServerInfo)
     versions: dict[str, str | None] = Field(default_factory=dict)

@@ -47,8 +47,23 @@ class Gate(_Strict):
         return gate_reasons(self.model_dump(), metrics)
 
 
+class ProfileSection(BaseModel):
+    """``profiles.<profile>``: params that override the suite's ``params`` for that profile, and ``budget_s``, the
+    wall time (seconds) the suite should take on that profile, recorded beside its ``wall_s`` and shown in the notes
+    (a suite over its budget is flagged there, never failed: the budget is a size check, not a gate)."""
+
+    model_config = ConfigDict(extra="allow")
+    budget_s: float | None = Field(None, gt=0, allow_inf_nan=False, strict=True,
+                                   description="seconds, a positive finite number")
+
+    def overrides(self) -> dict[str, Any]:
+        """The params this section overrides (everything but ``budget_s``)."""
+        return dict(self.model_extra or {})
+
+
 class SuiteSpec(_Strict):
-    """One suite file. ``params`` are the full profile; ``profiles.quick`` overrides some of them."""
+    """One suite file. ``params`` are the full profile; ``profiles.quick`` overrides some of them and may state
+    the suite's time budget on that profile (``budget_s``)."""
 
     name: str
     kind: str
@@ -58,7 +73,7 @@ class SuiteSpec(_Strict):
     gate: Gate = Field(default_factory=Gate)
     perf_gate: Any = Field(None, description="thresholds of the performance gate (validate.perfgate.PerfGateSpec)")
     share_gate: ShareGateSpec | None = Field(None, description="thresholds of the share gates (validate.loadgate)")
-    profiles: dict[Profile, dict[str, Any]] = Field(default_factory=dict)
+    profiles: dict[Profile, ProfileSection] = Field(default_factory=dict)
 
     @field_validator("perf_gate")
     @classmethod
@@ -66,7 +81,13 @@ class SuiteSpec(_Strict):
         return None if v is None else PerfGateSpec.model_validate(v)
 
     def resolved_params(self, profile: Profile) -> dict[str, Any]:
-        return {**self.params, **self.profiles.get(profile, {})}
+        section = self.profiles.get(profile)
+        return {**self.params, **(section.overrides() if section else {})}
+
+    def budget_s(self, profile: Profile) -> float | None:
+        """The suite's time budget on ``profile`` in seconds (``profiles.<profile>.budget_s``), None if unstated."""
+        section = self.profiles.get(profile)
+        return section.budget_s if section else None
 
 
 @dataclass
@@ -212,6 +233,11 @@ class LoadedSuite:
     def params_hash(self) -> str:
         return params_digest(self.params_dict)
 
+    @property
+    def budget_s(self) -> float | None:
+        """The time budget of this suite on its profile (seconds), None if its file states none."""
+        return self.spec.budget_s(self.profile)
+
     def spec_hash(self) -> str:
         """Hash of kind, resolved params and gate: what makes two runs of this suite the same check."""
         d = {"kind": self.spec.kind, "params": self.params_dict, "gate": self.spec.gate.model_dump(),
@@ -263,10 +289,8 @@ def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
     except KeyError:
         known = ", ".join(sorted(discover()))
         raise InputError(f"{path}: kind: unknown suite kind {spec.kind!r} (known: {known})") from None
-    for prof, overrides in spec.profiles.items():
-        if not isinstance(overrides, dict):
-            raise InputError(f"{path}: profiles.{prof}: expected a mapping of params")
-        unknown = set(overrides) - set(runner.params_model.model_fields)
+    for prof, section in spec.profiles.items():
+        unknown = set(section.overrides()) - set(runner.params_model.model_fields)
         if unknown:
             raise InputError(f"{path}: profiles.{prof}.{sorted(unknown)[0]}: unknown key")
     merged = spec.resolved_params(profile)
@@ -277,7 +301,8 @@ def load_suite(path: Path, profile: Profile = "full") -> LoadedSuite:
         lines = []
         for e in err.errors():
             key = str(e["loc"][0]) if e["loc"] else ""
-            section = ("profiles", profile) if key in spec.profiles.get(profile, {}) else ("params",)
+            set_by_profile = profile in spec.profiles and key in spec.profiles[profile].overrides()
+            section = ("profiles", profile) if set_by_profile else ("params",)
             fake = type(err).from_exception_data(err.title, [{**e, "loc": section + tuple(e["loc"])}])  # type: ignore[arg-type]
             lines.append(format_validation_error(path, data, fake))
         raise InputError("\n".join(lines)) from None

@@ -264,7 +264,7 @@ def test_the_quick_profile_shortens_the_rows_and_keeps_the_seeds_copies():
     full = load_suite(REPO / "suites" / "betterbench.yaml", "full").params
     assert full.shared_copies == quick.shared_copies == 8 and full.prefix_tokens == quick.prefix_tokens == 1024
     assert full.shared_tokens is None and full.prefix_output_tokens is None  # agg_tokens: 128
-    assert (quick.shared_tokens, quick.prefix_output_tokens) == (32, 16)
+    assert (quick.shared_tokens, quick.prefix_output_tokens) == (16, 16)
 
 
 def test_the_rows_reach_the_record_through_the_engine(scratch):

@@ -63,6 +63,29 @@ def test_unknown_profile_key(tmp_path):
         load_suite(p)
 
 
+@pytest.mark.parametrize("value, message", [
+    ("-5", "Input should be greater than 0"), ("0", "Input should be greater than 0"),
+    ("'60'", "Input should be a valid number"), ("true", "Input should be a valid number"),
+    (".nan", "Input should be a finite number"), (".inf", "Input should be a finite number"),
+])
+def test_a_malformed_budget_names_file_line_and_key(tmp_path, value, message):
+    p = write(tmp_path, "probe.yaml", f"name: probe\nkind: probe\nprofiles:\n  quick:\n    repeats: 1\n    budget_s: {value}\n")
+    with pytest.raises(InputError) as e:
+        load_suite(p, "full")  # a budget is checked whichever profile runs
+    assert str(e.value) == f"{p}:6: profiles.quick.budget_s: {message}"
+
+
+def test_a_budget_is_no_param_and_every_quick_suite_states_one(tmp_path):
+    p = write(tmp_path, "probe.yaml", "name: probe\nkind: probe\nprofiles:\n  quick: {repeats: 1, budget_s: 30}\n")
+    quick, full = load_suite(p, "quick"), load_suite(p, "full")
+    assert (quick.budget_s, full.budget_s) == (30.0, None)
+    assert quick.params.repeats == 1 and "budget_s" not in quick.params_dict
+    cl = load_checklist(REPO)
+    budgets = {name: find_suite(REPO, name, "quick").budget_s for name in cl.plan(["cpu-smol"])[0][1]}
+    assert all(b is not None for b in budgets.values()), budgets
+    assert sum(budgets.values()) <= 300  # the quick release's suites within five minutes on cpu-smol
+
+
 def test_unknown_kind_lists_known(tmp_path):
     p = write(tmp_path, "x.yaml", "name: x\nkind: soakk\n")
     with pytest.raises(InputError, match=r"kind: unknown suite kind 'soakk' \(known: arrivals, betterbench, gsm8k, humaneval, long-answers, probe, pytest, soak, strict-sanity\)"):

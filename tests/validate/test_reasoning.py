@@ -172,7 +172,7 @@ def test_inline_thinking_tokens_are_counted_up_to_the_marker():
 @pytest.mark.parametrize("mode", THINK_MODES + ("think-unclosed",))
 def test_a_thinking_server_is_scored_on_its_answer_on_the_quick_gsm8k(scratch, tmp_path, monkeypatch, mode):
     """The server thinks out loud (reciting an example's '#### 72' except in think-inline) and is right on every
-    question: 40 of 40; one whose thinking never ends has no answer, 0 of 40, every item cut off while thinking."""
+    question: 20 of 20; one whose thinking never ends has no answer, 0 of 20, every item cut off while thinking."""
     data = tiny_gsm8k(tmp_path / "data60", n_test=60)
     monkeypatch.setenv("R9K_DATA_DIR", str(data))
     with thinking_server(mode, FAKE_VLLM_GSM8K=data / "gsm8k" / "test.jsonl") as (url, tag):
@@ -182,15 +182,15 @@ def test_a_thinking_server_is_scored_on_its_answer_on_the_quick_gsm8k(scratch, t
     rec = record(scratch, "t1", cfg, "gsm8k")
     m = rec["metrics"]
     assert rc == 0 and rec["verdict"]["status"] == "pass"
-    assert m["n"] == 40 and rec["dataset"]["subset"] and m["think_end"] == "</think>"
+    assert m["n"] == 20 and rec["dataset"]["subset"] and m["think_end"] == "</think>"
     items = rec["items"]
     if mode == "think-unclosed":
-        assert (m["correct"], m["correct_flexible"], m["after_thinking"], m["unclosed_thinking"]) == (0, 0, 0, 40)
+        assert (m["correct"], m["correct_flexible"], m["after_thinking"], m["unclosed_thinking"]) == (0, 0, 0, 20)
         assert {(i["thinking"], i["answer"], i["finish_reason"]) for i in items} == {("unclosed", None, "length")}
         assert all(i["thinking_tokens"] == 384 and i["answer_tokens"] == 0 for i in items)
         return
-    assert (m["correct"], m["correct_strict"], m["correct_flexible"]) == (40, 40, 40)
-    assert (m["after_thinking"], m["unclosed_thinking"]) == (40, 0)
+    assert (m["correct"], m["correct_strict"], m["correct_flexible"]) == (20, 20, 20)
+    assert (m["after_thinking"], m["unclosed_thinking"]) == (20, 0)
     assert {(i["thinking"], i["finish_reason"]) for i in items} == {("answered", "stop")}
     recites = mode != "think-inline"
     assert all(("#### 72" in i["reasoning"]) == recites for i in items)

@@ -118,3 +118,24 @@ def test_the_provenance_row_is_a_served_suites_and_a_mismatch_wins(tmp_path):
     md = render_release(REPO, tmp_path, "v9", cl).read_text()
     row = next(x for x in md.splitlines() if x.startswith("| cpu-smol | 0123456789ab |"))
     assert "source_hash=bbbb files=5` (**does not match** the tree bbbb)" in row
+
+
+SOAK = {"clients": 8, "duration_s": 60.2, "served": 41, "errors": 0, "cut_at_deadline": 8, "prompt_tok_s": 812.4,
+        "memory": {"host_rss_mib": {"peak": 4100.0, "total": 15000.0, "slope_mib_per_min": 3.2, "flat": True}}}
+
+
+def test_notes_give_each_suites_wall_time_against_its_budget_and_the_soaks_cut_requests(tmp_path):
+    server = ServerInfo(launched=True, startup_s=95.4)
+    for r in [rec("cpu-smol", "sanity", profile="quick", metrics=SANITY).model_copy(update={"budget_s": 20.0, "server": server}),
+              rec("cpu-smol", "soak", profile="quick", metrics=SOAK).model_copy(update={"wall_s": 63.4, "budget_s": 60.0}),
+              rec("cpu-smol", "probe", profile="quick", metrics=PROBE)]:  # a record without a budget (older)
+        write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
+    cl = Checklist(configs=["cpu-smol"], suites=[ChecklistEntry(suite=s) for s in ("sanity", "soak", "probe")])
+    md = render_release(REPO, tmp_path, "v9", cl).read_text()
+    assert "| cpu-smol | 0 bad of 1,040 | 41 served, 0 errors, 8 cut at the deadline, 8 clients, 1.0 min," in md
+    t = md.split("## Time")[1].split("\n## ")[0]
+    assert "| cpu-smol / sanity | quick | 12.5 s | 20 s |" in t
+    assert "| cpu-smol / soak | quick | 63.4 s | 60 s (**over**) |" in t
+    assert "| cpu-smol / probe | quick | 12.5 s | – |" in t
+    assert "| cpu-smol / all suites | | 88.4 s | 80 s (**over**) |" in t
+    assert "- cpu-smol: the server started in 95.4 s." in t

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
-from tests.conftest import fake_procs
+from tests.conftest import REPO, fake_procs
 from validate.cli import main
 
 
@@ -84,3 +85,59 @@ def test_a_dead_engine_behind_a_live_api_server_stops_the_soak(scratch):
     assert m["errors"] == 0 and 1 <= m["cut_by_death"] <= 6 and m["duration_s"] < 30
     assert v["reasons"][0] == "ERROR [core_client.py] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."
     assert fake_procs(tag) == []
+
+
+@pytest.mark.timeout(120)
+def test_soak_ends_at_its_duration_and_counts_the_requests_it_cut(scratch):
+    """Answers of 40 tokens 25 ms apart take about a second: in 4 s each of the 3 clients serves some and has one
+    in flight at the deadline, which is cancelled and counted apart (neither served nor an error); the suite
+    ends within a few seconds of its duration and its memory series ends at the deadline."""
+    add_suite(scratch, "mini-soak", "soak", {**SOAK, "max_tokens": 40}, gate={"max": {"errors": 0}})
+    scratch.config("fake-soak-slow", FAKE_VLLM_TOKENS=40, FAKE_VLLM_ITL_MS=25)
+    assert main(["suite", "mini-soak", "--config", "fake-soak-slow", "--release", "s4"]) == 0
+    rec = record(scratch, "s4", "fake-soak-slow", "mini-soak")
+    m = rec["metrics"]
+    assert rec["verdict"]["status"] == "pass"
+    assert m["cut_at_deadline"] == 3 and m["errors"] == 0 and m["cut_by_death"] == 0
+    assert 3 <= m["served"] <= 12  # at most 4 s / 1 s for each client
+    assert 4.0 <= m["duration_s"] <= 5.0
+    assert m["samples"] and max(t for t, _ in m["samples"]) <= 4.0 + 0.2  # the sampler starts a moment before
+    assert rec["wall_s"] < 4 + 10  # the text pool's build and the record's write around the 4 s
+
+
+@pytest.mark.timeout(120)
+def test_a_soak_whose_requests_all_outlast_it_is_an_error_not_a_pass(scratch):
+    """Answers of 2,000 tokens 5 ms apart (10 s each) in a 4 s soak: every request is cut at the deadline, none
+    served and none failed; "zero errors" was never checked, so the verdict is an error naming the sizes."""
+    add_suite(scratch, "mini-soak", "soak", {**SOAK, "max_tokens": 2000}, gate={"max": {"errors": 0}})
+    scratch.config("fake-soak-slower", FAKE_VLLM_TOKENS=2000, FAKE_VLLM_ITL_MS=5)
+    assert main(["suite", "mini-soak", "--config", "fake-soak-slower", "--release", "s5"]) == 2
+    rec = record(scratch, "s5", "fake-soak-slower", "mini-soak")
+    m, v = rec["metrics"], rec["verdict"]
+    assert (m["served"], m["errors"], m["cut_at_deadline"]) == (0, 0, 3) and 4.0 <= m["duration_s"] <= 5.0
+    assert v["status"] == "error"
+    assert v["cause"] == ("no request finished within the soak's 4 s (3 cut at the deadline): prompts of up to 200 "
+                          "tokens with 2000-token answers at 3 clients are too long for the duration on this configuration")
+
+
+def test_soak_prompts_fit_the_duration_at_the_probes_measured_prefill_rate(tmp_path):
+    from validate.config import find_config
+    from validate.runners.base import RunContext
+    from validate.runners.soak import SoakParams, measured_prefill_tok_s, prompt_cap
+
+    p = SoakParams(clients=8, duration_s=45, max_tokens=32, max_slope_mib_per_min=256)
+    # 3,000 tok/s shared by 8 clients, a tenth of 45 s: 1,687 tokens; max_model_len 4,096 alone: 4,056
+    assert prompt_cap(p, 4096, 3000.0) == {"tokens": 1687, "max_model_len": 4096, "prefill_tok_s": 3000.0, "by_rate": 1687}
+    assert prompt_cap(p, 4096, None)["tokens"] == 4056 and prompt_cap(p, 4096, 1e6)["tokens"] == 4056
+    assert prompt_cap(p.model_copy(update={"prompt_tokens_max": 500}), 4096, 3000.0)["tokens"] == 500
+    cfg = find_config(REPO, "cpu-smol")
+    ctx = RunContext(root=REPO, config=cfg, profile="quick", client=None, data_dir=None, record_dir=tmp_path, release="v1")
+    assert measured_prefill_tok_s(ctx) is None  # no probe record yet
+    folder = tmp_path / "v1" / "cpu-smol"
+    folder.mkdir(parents=True)
+    probe = {"suite_kind": "probe", "config_hash": cfg.digest(), "metrics": {"prefill_tok_s": 2500.5}}
+    (folder / "probe.json").write_text(json.dumps({**probe, "config_hash": "other"}))
+    (folder / "gsm8k.json").write_text("{ not json")
+    assert measured_prefill_tok_s(ctx) is None  # another configuration's probe is not this one's rate
+    (folder / "probe.json").write_text(json.dumps(probe))
+    assert measured_prefill_tok_s(ctx) == 2500.5

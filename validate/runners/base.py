@@ -20,6 +20,7 @@ class RunContext:
     client: OpenAIClient | None
     data_dir: Path | None
     record_dir: Path
+    release: str | None = None  # the release being run: its records of this configuration are under record_dir
     server_alive: Callable[[], bool] = lambda: True
     # server_gone(): None while the server serves, else why it is gone (process exited, /health not 200)
     server_gone: Callable[[], Awaitable[str | None]] = None  # type: ignore[assignment]

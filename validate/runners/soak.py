@@ -1,6 +1,13 @@
 """Soak: N clients in a closed loop for M minutes with prompt lengths drawn over a range of real text, memory
 sampled every second.
 
+The soak ends at its duration: requests still in flight then are cancelled (their connections closed, which
+aborts them in vLLM) and counted apart as ``cut_at_deadline``, neither served nor errors; the memory series ends
+there too. Prompts are clipped to what the configuration serves: ``max_model_len - max_tokens - 8``, and, where
+the probe ran on the configuration earlier in the same release, to what its measured prefill rate serves in time:
+a prompt's prefill, sharing the rate with every other client, takes at most ``max_prefill_share`` of the duration
+(``prefill_tok_s * duration_s * max_prefill_share / clients`` tokens), so a short soak is never a few long prompts.
+
 Verdict: zero errors; memory flat (least-squares slope of every series over the last half of the run, bound
 ``max_slope_mib_per_min``, both recorded) and peak below total. A leak grows without end; first-touch of a
 CPU KV cache and allocator warm-up grow early and plateau, which is why the first half is left out. Reported: requests served, prompt and
@@ -14,6 +21,7 @@ failures, and memory is fitted over the samples taken while it lived.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 import time
@@ -34,9 +42,12 @@ class SoakParams(BaseModel):
     clients: int = Field(16, ge=1)
     duration_s: float = Field(1500, gt=0, description="25 minutes by default")
     prompt_tokens_min: int = Field(200, ge=1)
-    prompt_tokens_max: int = Field(30000, ge=1, description="capped by max_model_len - max_tokens")
+    prompt_tokens_max: int = Field(30000, ge=1, description="capped by max_model_len - max_tokens - 8 and by the "
+                                   "probe's measured prefill rate (prompt_cap)")
     max_tokens: int = Field(256, ge=1)
     sample_interval_s: float = Field(1.0, gt=0)
+    max_prefill_share: float = Field(0.1, gt=0, le=1, description="the longest prompt's prefill, at the probe's "
+                                     "measured rate shared by every client, takes at most this share of the duration")
     max_slope_mib_per_min: float = Field(32.0, ge=0, description="memory-flat bound per series")
     slope_skip_fraction: float = Field(0.5, ge=0, lt=1, description="leading share of samples left out of the slope: "
                                        "first-touch of a CPU KV cache and allocator warm-up grow memory, then plateau")
@@ -74,7 +85,39 @@ class SoakMetrics(BaseModel):
     samples: list[list[Any]]
     server_died_at_s: float | None = None
     cut_by_death: int = 0
+    cut_at_deadline: int = 0
     memory_samples_in_life: int
+    prompt_tokens_cap: dict[str, Any] | None = None
+
+
+def measured_prefill_tok_s(ctx: RunContext) -> float | None:
+    """The prefill rate (tok/s) the probe measured on this configuration earlier in the same release: the
+    ``prefill_tok_s`` of a probe record under ``record_dir/release/config`` whose ``config_hash`` is this
+    configuration's; None without one (no release, no probe record, no rate)."""
+    if ctx.release is None or ctx.config is None:
+        return None
+    for path in sorted((ctx.record_dir / ctx.release / ctx.config.name).glob("*.json")):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not (isinstance(d, dict) and d.get("suite_kind") == "probe" and d.get("config_hash") == ctx.config.digest()
+                and isinstance(d.get("metrics"), dict)):
+            continue
+        rate = d["metrics"].get("prefill_tok_s")
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and math.isfinite(rate) and rate > 0:
+            return float(rate)
+    return None
+
+
+def prompt_cap(p: SoakParams, max_model_len: int, prefill_tok_s: float | None) -> dict[str, Any]:
+    """The longest prompt the soak sends (tokens): ``prompt_tokens_max``, capped by ``max_model_len - max_tokens -
+    8`` and, given a measured prefill rate (tok/s), by ``prefill_tok_s * duration_s * max_prefill_share /
+    clients``. Returns {"tokens", "max_model_len", "prefill_tok_s", "by_rate"} (by_rate None without a rate)."""
+    by_len = max_model_len - p.max_tokens - 8
+    by_rate = None if prefill_tok_s is None else int(prefill_tok_s * p.duration_s * p.max_prefill_share / p.clients)
+    tokens = max(1, min(p.prompt_tokens_max, by_len, by_rate if by_rate is not None else by_len))
+    return {"tokens": tokens, "max_model_len": max_model_len, "prefill_tok_s": prefill_tok_s, "by_rate": by_rate}
 
 
 def figures(records: list) -> list:
@@ -92,16 +135,18 @@ def summary(rec) -> str:
                  figures=figures, summary=summary, order=60)
 async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     s = ctx.config.server
-    hi = min(p.prompt_tokens_max, s.max_model_len - p.max_tokens - 8)
+    cap = prompt_cap(p, s.max_model_len, measured_prefill_tok_s(ctx))
+    hi = cap["tokens"]
     lo = min(p.prompt_tokens_min, hi)
     pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=max(hi * 2, 4096))
     out = SuiteResult()
     sampler = Sampler(pid=ctx.server_pid, interval_s=p.sample_interval_s)
     stop = asyncio.Event()
     sampler_task = asyncio.create_task(sampler.run(stop))
-    deadline = time.monotonic() + p.duration_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + p.duration_s  # loop.time() is time.monotonic(): one clock for both
     ctx.progress(0, total=int(p.duration_s), description="soak")
-    served = errors = cut = prompt_tok = out_tok = 0
+    served = errors = cut = cut_at_deadline = prompt_tok = out_tok = 0
     first_errors: list[str] = []
     lengths: list[int] = []
     death: dict = {}  # {"at": monotonic time, "cause": str} once the server is found dead
@@ -119,12 +164,17 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
         return bool(death)
 
     async def client(k: int):
-        nonlocal served, errors, cut, prompt_tok, out_tok
+        nonlocal served, errors, cut, cut_at_deadline, prompt_tok, out_tok
         rng = random.Random(p.seed * 1000 + k)
-        while time.monotonic() < deadline and not stop.is_set():
+        while loop.time() < deadline and not stop.is_set():
             n = draw(rng)
-            r = await ctx.client.completion(pool.window(n, rng), max_tokens=p.max_tokens)
             lengths.append(n)
+            try:  # cancelled at the deadline: the duration is what the soak runs, whatever is in flight
+                async with asyncio.timeout_at(deadline):
+                    r = await ctx.client.completion(pool.window(n, rng), max_tokens=p.max_tokens)
+            except TimeoutError:
+                cut_at_deadline += 1
+                return
             if r.ok:
                 served += 1
                 prompt_tok += r.prompt_tokens or 0
@@ -139,7 +189,7 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     async def ticker():
         t0 = time.monotonic()
         last = 0
-        while time.monotonic() < deadline and not stop.is_set():
+        while loop.time() < deadline and not stop.is_set():
             await asyncio.sleep(1.0)
             now = int(time.monotonic() - t0)
             ctx.progress(now - last)
@@ -152,8 +202,10 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     stop.set()
     await sampler_task
     tick.cancel()
-    # Memory is judged over the server's life only: samples after its death show a process tree being torn down.
-    life = sampler.samples if not death else [(t, row) for t, row in sampler.samples if t <= death["at"] - sampler.t0]
+    # The series ends at the deadline (a sample taken while the clients were being cancelled is past it), and is
+    # judged over the server's life only: samples after its death show a process tree being torn down.
+    samples = [(t, row) for t, row in sampler.samples if t <= deadline - sampler.t0]
+    life = samples if not death else [(t, row) for t, row in samples if t <= death["at"] - sampler.t0]
     series = sorted({k for _, row in life for k in row})
     memory = {}
     for name in series:
@@ -168,13 +220,18 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
         "prompt_tok_s": round(prompt_tok / wall, 1), "output_tok_s": round(out_tok / wall, 1),
         "prompt_tokens_range": [lo, hi], "prompt_tokens_mean": round(sum(lengths) / len(lengths), 1) if lengths else None,
         "memory": memory, "memory_backends": sampler.backends, "max_slope_mib_per_min": p.max_slope_mib_per_min,
-        "samples": [[t, row] for t, row in sampler.samples],
+        "samples": [[t, row] for t, row in samples],
         "server_died_at_s": round(death["at"] - t0, 1) if death else None,
-        "cut_by_death": cut, "memory_samples_in_life": len(life),
+        "cut_by_death": cut, "cut_at_deadline": cut_at_deadline, "memory_samples_in_life": len(life),
+        "prompt_tokens_cap": cap,
     }
     if death:
         out.server_died = (f"{death['cause']}, {death['at'] - t0:.1f} s into the soak; before it {served} requests were "
                            f"served and {errors} failed, {cut} were cut by the death")
+    if not served and not errors and not death:  # nothing finished: "zero errors" was never checked
+        out.errors.append(f"no request finished within the soak's {p.duration_s:g} s ({cut_at_deadline} cut at the "
+                          f"deadline): prompts of up to {hi} tokens with {p.max_tokens}-token answers at "
+                          f"{p.clients} clients are too long for the duration on this configuration")
     if errors:  # requests the living server failed under load are what a soak exists to find: a finding
         out.findings.append(f"{errors} of {served + errors} requests failed while the server lived; first: "
                             f"{first_errors[0]}")
