@@ -265,6 +265,40 @@ if triton is not None:
                     _copy_chunk(src3, dst3, e, s, c3, W3, B3)
 
 
+def device_bytes(E: int, n_slots: int, tensor_bytes: list[int], max_tokens: int, top_k: int,
+                 stage_slots: int | None = None, read: str = "stage", device_plan: bool = True) -> int:
+    """Bytes of device memory an :class:`ExpertCache` of these arguments allocates, exactly (every buffer of its
+    one set: :meth:`ExpertCache.buffers`): the slots (``n_slots`` plus the staging slots; none with
+    ``read="through"``) of every weight tensor, the slot-id buffer and the step's expert -> slot map, with
+    ``read="through"`` the per-expert address tables and their sources, and on the device path its plan state.
+    All experts resident take ``E * sum(tensor_bytes)``.
+
+    Args:
+        tensor_bytes: one expert's bytes of each weight tensor (e.g. ``[w13, w2]``, plus block scales).
+        stage_slots: as the constructor's (default ``n_slots``; 0 / None with ``read="through"``).
+        device_plan: whether the device path's state is allocated (the constructor's outcome).
+    Raises:
+        ValueError: arguments the constructor refuses (read, staging).
+    """
+    if read not in ("stage", "through"):
+        raise ValueError(f"read must be 'stage' or 'through', got {read!r}")
+    if read == "through":
+        if stage_slots not in (None, 0):
+            raise ValueError(f"read='through' has no staging slots, got stage_slots={stage_slots}")
+        stage, NT = 0, len(tensor_bytes)
+    else:
+        stage, NT = (n_slots if stage_slots is None else stage_slots), 0
+    b = (n_slots + stage) * sum(tensor_bytes)   # the slots
+    b += max_tokens * top_k * 4 + E * 4         # slot ids, the step's expert -> slot map (int32)
+    b += NT * E * 8 + 3 * NT * 8                # read-through address tables [NT, E], their sources [3 NT] (int64)
+    if device_plan:
+        NSP = max(16, 1 << max(0, (n_slots - 1).bit_length()))
+        b += E * 4 + n_slots * 4 + n_slots * 8  # slot_of, expert_of (int32), last_used (int64)
+        b += 2 * NSP * 4 + (1 + 2 * E) * 4      # LRU ranks, the copy list (int32)
+        b += _NCOUNT_P2 * 8 + 8                 # counters, the step index (int64)
+    return b
+
+
 _WORD = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
