@@ -22,7 +22,7 @@ from tests.kernels.moe import vllm_moe_case as case
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 ON_GPU = torch.cuda.is_available() and not INTERP
 PROBLEM = case.setup()
-GPU = dict(E=512, k=10, H=2048, I=128, slots=135, tokens=(1, 4, 32), steps=4)
+GPU = dict(E=512, k=10, H=2048, I=128, slots=135, tokens=(1, 4, 32), steps=2)
 CPU = dict(E=16, k=4, H=256, I=128, slots=6, tokens=(1, 3), steps=2)
 SIZE = GPU if ON_GPU else CPU
 DEVICE = "cuda" if ON_GPU else "cpu"

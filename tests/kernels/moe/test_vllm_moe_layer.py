@@ -13,8 +13,8 @@ On a GPU (marker ``gpu``): E = 512, top-k 10, 32 tokens a step (8 requests x 4),
 (1.5 MiB an expert in bf16); read-through at 270, 135 and 64 slots (at 64 a step misses ~90 experts, more than
 fn-tp2's 64 staging slots took), the layer's device memory measured with the allocator around the cache's set-up
 (at most 0.56 / 0.3 of all experts resident at 270 / 135 slots), and a CUDA graph of the read-through step replayed
-on new routing; staging at 270 slots (default staging: every step plans on the device) and 64 with 40 staging slots
-(steps whose misses exceed them plan on the host and run in chunks). On the CPU under TRITON_INTERPRET=1: the same
+on new routing; staging at 64 slots with 40 staging slots (steps whose misses exceed them plan on the host and run
+in chunks). On the CPU under TRITON_INTERPRET=1: the same
 code paths at E = 16, top-k 4, hidden 128, intermediate 128 (fp16 for the 16-bit format: see vllm_moe_case).
 vLLM's compiled ops that path calls are stood in by torch (vllm_moe_stand_ins.py), for stock and cache alike.
 """
@@ -32,8 +32,7 @@ ON_GPU = torch.cuda.is_available() and not INTERP
 PROBLEM = case.setup()
 
 GPU = dict(E=512, k=10, H=1024, I=256, requests=8, steps=6,
-           slots=[(270, -1, "through"), (135, -1, "through"), (64, -1, "through"), (270, -1, "stage"),
-                  (64, 40, "stage")])
+           slots=[(270, -1, "through"), (135, -1, "through"), (64, -1, "through"), (64, 40, "stage")])
 CPU = dict(E=16, k=4, H=128, I=128, requests=2, steps=3,
            slots=[(8, -1, "through"), (4, -1, "through"), (8, -1, "stage"), (4, 4, "stage")])
 MEMORY_BOUND = {270: 0.56, 135: 0.3}  # read-through device memory over all experts resident (E = 512)
