@@ -375,6 +375,10 @@ class ExpertCache:
         self._addr = torch.tensor([w.data_ptr() for w in self.weights] + [h.data_ptr() for h in self.host]
                                   + [h[0].numel() * h.element_size() for h in self.host] if NT else [],
                                   dtype=torch.int64).to(self.device)
+        #: every table entry is a multiple of 16 bytes (bases and per-expert bytes are): a hint for the GEMM
+        self.aligned16 = bool(NT) and all(w.data_ptr() % 16 == 0 and h.data_ptr() % 16 == 0
+                                          and (h[0].numel() * h.element_size()) % 16 == 0
+                                          for w, h in zip(self.weights, self.host))
         # host-side bookkeeping (small, fixed size): the host path's state; on the device path a copy read
         # back only for the steps that take the host path
         self._slot_of = [-1] * E                # resident slot of each expert

@@ -51,7 +51,7 @@ if triton is not None:
                         BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                         GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
                         top_k: tl.constexpr, compute_type: tl.constexpr, B_TYPE: tl.constexpr,
-                        FP8_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr):
+                        FP8_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr, ALIGN16: tl.constexpr):
         # A [M, K] (row = token), C [M, top_k, N] (strides cm over (token, choice) rows, cn), B of expert e at
         # table[e]: [N, K] with strides bn, bk (elements); its block scales at bs_tab[e]: [N / group_n, K / group_k]
         pid = tl.program_id(axis=0)
@@ -78,7 +78,10 @@ if triton is not None:
             _zeros_out(c_ptr, stride_cm, stride_cn, pid_n, N, offs_token, token_mask, BLOCK_SIZE_M, BLOCK_SIZE_N,
                        compute_type)
             return
-        b_base = tl.load(b_tab + expert).to(tl.pointer_type(B_TYPE))  # a slot, or the host store (UVA)
+        b_addr = tl.load(b_tab + expert)  # a slot, or the host store (UVA)
+        if ALIGN16:  # every table entry a multiple of 16 B (the caller's word): vector loads, as on a pointer argument
+            b_addr = tl.multiple_of(b_addr, 16)
+        b_base = b_addr.to(tl.pointer_type(B_TYPE))
         offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         if SWAP_AB:
@@ -88,7 +91,10 @@ if triton is not None:
             a_ptrs = a_ptr + (offs_token[:, None] // top_k * stride_am + offs_k[None, :] * stride_ak)
             b_ptrs = b_base + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
         if FP8_BLOCK:
-            bs_base = tl.load(bs_tab + expert).to(tl.pointer_type(tl.float32))
+            bs_addr = tl.load(bs_tab + expert)
+            if ALIGN16:
+                bs_addr = tl.multiple_of(bs_addr, 16)
+            bs_base = bs_addr.to(tl.pointer_type(tl.float32))
             a_scale_ptrs = a_scale_ptr + (offs_token // top_k) * stride_asm
             b_scale_ptrs = bs_base + (offs_bn // group_n) * stride_bsn
         if SWAP_AB:
@@ -142,7 +148,7 @@ def invoke_ptr_moe(A: torch.Tensor, B: torch.Tensor, b_table: torch.Tensor, C: t
                    topk_weights: torch.Tensor | None, sorted_token_ids: torch.Tensor | None,
                    expert_ids: torch.Tensor, num_tokens_post_padded: torch.Tensor, mul_routed_weight: bool,
                    top_k: int, config: dict[str, Any], compute_type: Any, use_fp8_w8a8: bool,
-                   block_shape: list[int] | None, swap_ab: bool) -> None:
+                   block_shape: list[int] | None, swap_ab: bool, aligned16: bool = False) -> None:
     """One MoE GEMM: ``C[t, j] = A[t // top_k-row] @ W[e].T`` (times ``topk_weights`` when ``mul_routed_weight``)
     for the (token, choice) rows that ``sorted_token_ids`` / ``expert_ids`` (vLLM's ``moe_align_block_size``, or
     None for its naive assignment) give each expert ``e``, reading ``W[e]`` at ``b_table[e]``.
@@ -158,6 +164,8 @@ def invoke_ptr_moe(A: torch.Tensor, B: torch.Tensor, b_table: torch.Tensor, C: t
         config: vLLM's tile config (``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``num_warps``, ``num_stages``, ...),
             as vLLM's ``invoke_fused_moe_triton_kernel`` receives it; ``compute_type``: a Triton dtype.
         swap_ab: vLLM's ``enable_swap_ab(BLOCK_SIZE_M, BLOCK_SIZE_N)`` for fp8 (the caller decides, as vLLM).
+        aligned16: every address in both tables is a multiple of 16 bytes (``ExpertCache.aligned16``): the
+            compiler may then vectorise the weights' loads as it does for vLLM's pointer arguments.
     Raises:
         ValueError: a table that is not int64 on A's device, or a B dtype without a Triton type here.
     """
@@ -194,4 +202,4 @@ def invoke_ptr_moe(A: torch.Tensor, B: torch.Tensor, b_table: torch.Tensor, C: t
         group_n=block_shape[0] if fp8_block else 0, group_k=block_shape[1] if fp8_block else 0,
         naive_block_assignment=sorted_token_ids is None, BLOCK_SIZE_K=BK, MUL_ROUTED_WEIGHT=mul_routed_weight,
         top_k=top_k, compute_type=compute_type, B_TYPE=_TL[B.dtype], FP8_BLOCK=fp8_block,
-        SWAP_AB=bool(swap_ab) and fp8_block, **cfg)
+        SWAP_AB=bool(swap_ab) and fp8_block, ALIGN16=bool(aligned16), **cfg)

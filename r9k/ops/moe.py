@@ -46,11 +46,16 @@ model's weights are processed (the wrapped loader walks the model: a module whos
 ``quant_method.moe_kernel.fused_experts`` is a ``TritonExperts`` itself; ``Fp8MoEMethod`` never calls the experts'
 own ``process_weights_after_loading``): the expert tensors (both weights; for fp8 w8a8 also their per-expert
 scales, e.g. block 128x128 ``w13_weight_scale_inv``) are copied to a pinned host store, the parameters and the
-quant config's scale references become the slot buffers, and every slot is filled, so that staging of
-``E - slots`` (the default) bounds any step's misses and every step plans on the device (no sync, capturable:
-vLLM calls the experts inside its ``moe_forward`` op, in its piecewise CUDA graphs). A smaller staging plans steps
-of more than ``staging / top_k`` tokens on the host (a sync, chunks); such a step inside a graph capture raises,
-naming the knob. ``apply`` maps the ids to slots as on the CPU and runs vLLM's apply per chunk (token rows of the
+quant config's scale references become the slot buffers, and every slot is filled. How a step's misses that are
+not inserted are served is ``R9K_MOE_CACHE_READ`` (:func:`read_mode`): ``through`` (the default on CUDA for 16-bit
+and block-fp8 layers) reads them from the pinned host store inside the GEMM: the cache has no staging slots, its
+device plan writes per-expert address tables every step, vLLM's apply runs on the step's expert ids and vLLM's
+``invoke_fused_moe_triton_kernel`` (wrapped, :data:`TRITON_GEMM`) runs r9k's pointer-table GEMM
+(kernels/moe/ptr_gemm.py) on those tables, so every step plans on the device at any miss count (no sync,
+capturable: vLLM calls the experts inside its ``moe_forward`` op, in its piecewise CUDA graphs). ``stage`` copies
+them into staging slots first: staging of ``E - slots`` (the default) bounds any step's misses and every step
+plans on the device; a smaller staging plans steps of more than ``staging / top_k`` tokens on the host (a sync,
+chunks); such a step inside a graph capture raises, naming the knob. ``apply`` maps the ids to slots as on the CPU and runs vLLM's apply per chunk (token rows of the
 activations and of a per-token ``a1q_scale``); two functions of triton_moe are wrapped so that a step on the slots
 chooses the tiles stock chooses (``try_get_optimal_moe_config`` sees the layer's experts and the step's tokens,
 not the slot count and a chunk's; ``_prepare_expert_assignment`` decides its naive or aligned path on them), which
@@ -417,9 +422,10 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
     """Put ``layer`` (a vLLM MoE layer after loading, whose experts kernel is ``experts``, a TritonExperts) on
     the cache: its expert tensors (:func:`triton_tensors`) are copied to a pinned host store, the layer's
     parameters (and the quant config's scale references) become the cache's slot buffers ``[slots + staging,
-    ...]`` on the layer's device, and every slot is filled (experts 0..slots-1), so that staging of
-    ``E - slots`` (the knob's default) plans every step on the device (no sync; CUDA-graph safe). None (vLLM's
-    experts kept, said once) when the cache cannot take the layer.
+    ...]`` on the layer's device (no staging where :func:`read_mode` says ``through``), and every slot is filled
+    (experts 0..slots-1), so that read-through, or staging of ``E - slots`` (the knob's default), plans every step
+    on the device (no sync; CUDA-graph safe). None (vLLM's experts kept, said once) when the cache cannot take the
+    layer.
 
     Raises:
         ValueError: the knobs' values do not fit the layer (see :func:`check_layer`).
@@ -686,7 +692,7 @@ def _wrap_gemm(original: Callable, sig: inspect.Signature) -> Callable:
         invoke_ptr_moe(g["A"], g["B"], c.table(i), g["C"], g["A_scale"], g["B_scale"],
                        c.table(i + 2) if fp8 else None, g["topk_weights"], g["sorted_token_ids"], g["expert_ids"],
                        g["num_tokens_post_padded"], bool(g["mul_routed_weight"]), int(g["top_k"]), cfg,
-                       g["compute_type"], fp8, g["block_shape"], swap)
+                       g["compute_type"], fp8, g["block_shape"], swap, aligned16=c.aligned16)
         return None
 
     wrapped.__r9k_original__ = original

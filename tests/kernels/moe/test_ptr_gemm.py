@@ -55,7 +55,7 @@ def _gemm_pair(fm, A, A_scale, w_all, s_all, cache, idx, topk_ids, topk_weights,
     swap = bool(fm.enable_swap_ab(config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"])) if fp8 else False
     invoke_ptr_moe(A, cache.weights[idx], cache.table(idx), got, A_scale, cache.weights[idx + 2] if fp8 else None,
                    cache.table(idx + 2) if fp8 else None, topk_weights, sorted_ids, expert_ids, ntp, mul, top_k,
-                   config, ctype, fp8, block, swap)
+                   config, ctype, fp8, block, swap, aligned16=cache.aligned16)
     return want, got, sorted_ids is None
 
 
@@ -96,6 +96,7 @@ def test_ptr_gemm_bit_identical_to_vllm(monkeypatch, fmt, thresh, swap):
     cache = ExpertCache([w[n] for n in names], SIZE["slots"], max(SIZE["tokens"]), k, device=DEVICE,
                         insert_thresh=thresh, read="through", pin=ON_GPU)
     assert cache.device_plan and cache.stage_slots == 0
+    assert cache.aligned16 == (not fp8 or ON_GPU)  # CPU fp8: w2's scales are 8 B an expert
     cache.fill()
     traffic = {T: case.SeedTraffic(E=E, k=k, requests=T, tokens_per_request=1, seed=5 + T) for T in SIZE["tokens"]}
     read_host, naive_seen = 0, set()
@@ -157,9 +158,9 @@ def test_ptr_gemm_step_replays_from_a_cuda_graph():
         cache.prepare(ids_s)
         sid, eid, ntp = fm._prepare_expert_assignment(ids_s, config, T, k, E, None)
         invoke_ptr_moe(x_s, cache.weights[0], cache.table(0), out1, None, None, None, None, sid, eid, ntp, False,
-                       k, config, _tl(ACT), False, None, False)
+                       k, config, _tl(ACT), False, None, False, aligned16=cache.aligned16)
         invoke_ptr_moe(h_s, cache.weights[1], cache.table(1), out2, None, None, None, tw_s, sid, eid, ntp, True,
-                       1, config, _tl(ACT), False, None, False)
+                       1, config, _tl(ACT), False, None, False, aligned16=cache.aligned16)
 
     def load(i):
         ids, tw = steps[i]

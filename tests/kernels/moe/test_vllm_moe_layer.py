@@ -98,7 +98,8 @@ def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, sta
     if ON_GPU:
         torch.cuda.synchronize()
         used = torch.cuda.memory_allocated() - m0
-        assert abs(used - cache.buffer_bytes()) <= 512 * len(cache.buffers())  # the allocator's 512-B rounding
+        # the cache's buffers, rounded up to the allocator's 512-B blocks (1 MiB for anything vLLM's objects hold)
+        assert 0 <= used - cache.buffer_bytes() <= 512 * len(cache.buffers()) + 2**20, (used, cache.buffer_bytes())
         if read == "through" and slots in MEMORY_BOUND:
             assert used / resident <= MEMORY_BOUND[slots], (used, resident)
         print(f"device memory: {used} B of {resident} B all-resident ({used / resident:.3f}), {slots} slots, {read}")
