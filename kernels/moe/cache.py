@@ -110,8 +110,9 @@ if triton is not None:
         # int32 (free slots in LRU order and the expert each held), copy [1 + 2 NC] int32 (count, experts,
         # destination slots). Out: slot_ids [TK] int32.
         # THROUGH (read-through without staging room): only inserts are copied; tab [NT, E] int64 receives each
-        # expert's address per weight tensor (its slot if resident after this step's inserts, else its place in
-        # the host store), from addr [3 NT] int64 (slot base, host base, bytes an expert, per tensor).
+        # expert's place per weight tensor as an element offset from that tensor's slot buffer (its slot if
+        # resident after this step's inserts, else its place in the host store), from addr [3 NT] int64 (slot
+        # base 0, host base, elements an expert, per tensor).
         # Threads of the program may hold replicas of one element and warps run unsynchronised, so every
         # buffer read and later written in this kernel has a barrier between the read and the write.
         step64 = tl.load(step)
@@ -367,18 +368,23 @@ class ExpertCache:
                         for h in self.host]
         self._slot_ids = torch.empty(max_tokens * top_k, dtype=torch.int32, device=self.device)
         self._map_dev = torch.empty(E, dtype=torch.int32, device=self.device)  # expert -> slot for this step
-        # read="through": each weight tensor's per-expert address table [NT, E] int64 (written every step) and
-        # its sources [3 NT] int64: slot base, host base, bytes an expert. The host addresses are the pinned
-        # store's, which under UVA are the device-visible addresses of the same bytes (as the copy kernel reads).
+        # read="through": each weight tensor's per-expert table [NT, E] int64 (written every step): element offsets
+        # from that tensor's slot buffer, so that weights[j].data_ptr() + offset * element size is the expert's
+        # slot or its place in the host store; and their sources [3 NT] int64: slot base (0), host base, elements
+        # an expert. The host addresses are the pinned store's, which under UVA are the device-visible addresses
+        # of the same bytes (as the copy kernel reads them).
         NT = len(self.host) if read == "through" else 0
+        for w, h in zip(self.weights[:NT], self.host):
+            if (h.data_ptr() - w.data_ptr()) % h.element_size():
+                raise ValueError("read='through': a host tensor and its slots are not aligned to their element size")
         self.tables = torch.zeros((NT, E), dtype=torch.int64, device=self.device)
-        self._addr = torch.tensor([w.data_ptr() for w in self.weights] + [h.data_ptr() for h in self.host]
-                                  + [h[0].numel() * h.element_size() for h in self.host] if NT else [],
+        self._addr = torch.tensor([0] * NT + [(h.data_ptr() - w.data_ptr()) // h.element_size()
+                                              for w, h in zip(self.weights, self.host)]
+                                  + [h[0].numel() for h in self.host] if NT else [],
                                   dtype=torch.int64).to(self.device)
-        #: every table entry is a multiple of 16 bytes (bases and per-expert bytes are): a hint for the GEMM
-        self.aligned16 = bool(NT) and all(w.data_ptr() % 16 == 0 and h.data_ptr() % 16 == 0
-                                          and (h[0].numel() * h.element_size()) % 16 == 0
-                                          for w, h in zip(self.weights, self.host))
+        #: every table entry is a multiple of 16 elements (bases and per-expert sizes are): a hint for the GEMM
+        self.aligned16 = bool(NT) and all((h.data_ptr() - w.data_ptr()) % (16 * h.element_size()) == 0
+                                          and h[0].numel() % 16 == 0 for w, h in zip(self.weights, self.host))
         # host-side bookkeeping (small, fixed size): the host path's state; on the device path a copy read
         # back only for the steps that take the host path
         self._slot_of = [-1] * E                # resident slot of each expert
@@ -543,10 +549,11 @@ class ExpertCache:
         self.filled = True
 
     def table(self, i: int) -> torch.Tensor:
-        """Weight tensor ``i``'s address table ``[E]`` int64 (``read="through"``): after a step's
-        :meth:`prepare`, entry e is the address of expert e's ``host[i][0].shape`` block: its slot in
-        ``weights[i]`` if resident, else its place in the (pinned) host store. The step's consumer reads each
-        expert through it (kernels/moe/ptr_gemm.py), in order on the current stream after the step's copies.
+        """Weight tensor ``i``'s table ``[E]`` int64 (``read="through"``): after a step's :meth:`prepare`,
+        entry e is the offset, in elements from ``weights[i].data_ptr()``, of expert e's ``host[i][0].shape``
+        block: its slot in ``weights[i]`` if resident, else its place in the (pinned) host store (a flat 64-bit
+        address space: CUDA's UVA). The step's consumer reads each expert through it (kernels/moe/ptr_gemm.py),
+        in order on the current stream after the step's copies.
 
         Raises:
             ValueError: the cache reads through staging slots (``read="stage"``).

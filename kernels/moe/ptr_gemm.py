@@ -1,7 +1,9 @@
 """The MoE grouped GEMM over a per-expert pointer table: vLLM's ``fused_moe_kernel`` arithmetic (the same program
 to tile mapping, K-loop order, fp32 accumulation, block-fp8 scaling, routed-weight product and one final rounding)
-with each expert's weights (and block scales) found through ``table[e]``, an int64 address: a slot in device memory
-or the expert in pinned host memory, which the GPU reads zero-copy over the bus (UVA). The expert cache's plan
+with each expert's weights (and block scales) found through ``table[e]``, an int64 element offset from the slot
+buffer: a slot in device memory or the expert in pinned host memory, which the GPU reads zero-copy over the bus
+(UVA). Offsets from a pointer argument, rather than addresses cast to pointers, keep the weights' loads as wide as
+vLLM's (the argument's alignment is known to the compiler; a cast address's is not). The expert cache's plan
 writes the table every step (kernels/moe/cache.py, ``read="through"``), so a missed expert needs no device room.
 
 Formula and tiling follow vllm/model_executor/layers/fused_moe/fused_moe.py (``fused_moe_kernel``, vLLM 0.32) for
@@ -24,7 +26,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-#: torch dtype -> Triton element type of the pointers loaded from a table
+#: the weight dtypes the kernel serves (torch -> Triton)
 _TL = {}
 if tl is not None:
     _TL = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
@@ -42,7 +44,7 @@ if triton is not None:
         tl.store(c_ptrs, acc, mask=token_mask[:, None] & (offs_cn[None, :] < N))
 
     @triton.jit
-    def _ptr_moe_kernel(a_ptr, b_tab, c_ptr, a_scale_ptr, bs_tab, topk_weights_ptr, sorted_token_ids_ptr,
+    def _ptr_moe_kernel(a_ptr, b_ptr, b_tab, c_ptr, a_scale_ptr, bs_ptr, bs_tab, topk_weights_ptr, sorted_token_ids_ptr,
                         expert_ids_ptr, num_tokens_post_padded_ptr,
                         N, K, EM, num_valid_tokens,
                         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, stride_asm, stride_ask,
@@ -50,10 +52,11 @@ if triton is not None:
                         group_n: tl.constexpr, group_k: tl.constexpr, naive_block_assignment: tl.constexpr,
                         BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
                         GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-                        top_k: tl.constexpr, compute_type: tl.constexpr, B_TYPE: tl.constexpr,
+                        top_k: tl.constexpr, compute_type: tl.constexpr,
                         FP8_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr, ALIGN16: tl.constexpr):
         # A [M, K] (row = token), C [M, top_k, N] (strides cm over (token, choice) rows, cn), B of expert e at
-        # table[e]: [N, K] with strides bn, bk (elements); its block scales at bs_tab[e]: [N / group_n, K / group_k]
+        # b_ptr + b_tab[e] (elements): [N, K] with strides bn, bk; its block scales at bs_ptr + bs_tab[e]:
+        # [N / group_n, K / group_k]
         pid = tl.program_id(axis=0)
         num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
         num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -78,10 +81,10 @@ if triton is not None:
             _zeros_out(c_ptr, stride_cm, stride_cn, pid_n, N, offs_token, token_mask, BLOCK_SIZE_M, BLOCK_SIZE_N,
                        compute_type)
             return
-        b_addr = tl.load(b_tab + expert)  # a slot, or the host store (UVA)
-        if ALIGN16:  # every table entry a multiple of 16 B (the caller's word): vector loads, as on a pointer argument
-            b_addr = tl.multiple_of(b_addr, 16)
-        b_base = b_addr.to(tl.pointer_type(B_TYPE))
+        b_off = tl.load(b_tab + expert)  # a slot, or the host store (UVA)
+        if ALIGN16:  # every table entry a multiple of 16 elements (the caller's word): vector loads, as vLLM's
+            b_off = tl.multiple_of(b_off, 16)
+        b_base = b_ptr + b_off
         offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N).to(tl.int64)) % N
         offs_k = tl.arange(0, BLOCK_SIZE_K)
         if SWAP_AB:
@@ -91,10 +94,10 @@ if triton is not None:
             a_ptrs = a_ptr + (offs_token[:, None] // top_k * stride_am + offs_k[None, :] * stride_ak)
             b_ptrs = b_base + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
         if FP8_BLOCK:
-            bs_addr = tl.load(bs_tab + expert)
+            bs_off = tl.load(bs_tab + expert)
             if ALIGN16:
-                bs_addr = tl.multiple_of(bs_addr, 16)
-            bs_base = bs_addr.to(tl.pointer_type(tl.float32))
+                bs_off = tl.multiple_of(bs_off, 16)
+            bs_base = bs_ptr + bs_off
             a_scale_ptrs = a_scale_ptr + (offs_token // top_k) * stride_asm
             b_scale_ptrs = bs_base + (offs_bn // group_n) * stride_bsn
         if SWAP_AB:
@@ -155,17 +158,17 @@ def invoke_ptr_moe(A: torch.Tensor, B: torch.Tensor, b_table: torch.Tensor, C: t
 
     Args:
         A: ``[M, K]`` activations (fp8 with ``A_scale [M, K / group_k]`` fp32 for block fp8).
-        B: a tensor whose per-expert layout the table's experts share (``[*, N, K]``, last dim contiguous; the
-            cache's slot buffer): its dtype, N, K and strides are read, never its data.
-        b_table: ``[E]`` int64: the address of expert e's ``[N, K]`` weights.
+        B: the tensor the table's offsets are from, whose per-expert layout the experts share (``[*, N, K]``,
+            last dim contiguous; the cache's slot buffer ``weights[i]``): its address, dtype, N, K and strides.
+        b_table: ``[E]`` int64: expert e's ``[N, K]`` weights at ``B.data_ptr() + b_table[e] * element size``.
         C: ``[M, top_k, N]`` output (``compute_type``).
-        B_scale / bs_table: for block fp8: a tensor of the scales' per-expert layout ``[*, N / gn, K / gk]``
-            and ``[E]`` int64 addresses of each expert's scales; else None.
+        B_scale / bs_table: for block fp8: the scales' slot buffer ``[*, N / gn, K / gk]`` fp32 and ``[E]``
+            int64 element offsets of each expert's scales from it; else None.
         config: vLLM's tile config (``BLOCK_SIZE_M/N/K``, ``GROUP_SIZE_M``, ``num_warps``, ``num_stages``, ...),
             as vLLM's ``invoke_fused_moe_triton_kernel`` receives it; ``compute_type``: a Triton dtype.
         swap_ab: vLLM's ``enable_swap_ab(BLOCK_SIZE_M, BLOCK_SIZE_N)`` for fp8 (the caller decides, as vLLM).
-        aligned16: every address in both tables is a multiple of 16 bytes (``ExpertCache.aligned16``): the
-            compiler may then vectorise the weights' loads as it does for vLLM's pointer arguments.
+        aligned16: every offset in both tables is a multiple of 16 elements (``ExpertCache.aligned16``): the
+            compiler may then vectorise the weights' loads as it does for vLLM's.
     Raises:
         ValueError: a table that is not int64 on A's device, or a B dtype without a Triton type here.
     """
@@ -193,7 +196,8 @@ def invoke_ptr_moe(A: torch.Tensor, B: torch.Tensor, b_table: torch.Tensor, C: t
     grid = (triton.cdiv(EM, cfg["BLOCK_SIZE_M"]) * triton.cdiv(N, cfg["BLOCK_SIZE_N"]),)
     two = A_scale is not None and A_scale.dim() == 2
     _ptr_moe_kernel[grid](
-        A, b_table, C, A_scale if fp8_block else None, bs_table if fp8_block else None, topk_weights,
+        A, B, b_table, C, A_scale if fp8_block else None, B_scale if fp8_block else None,
+        bs_table if fp8_block else None, topk_weights,
         sorted_token_ids, expert_ids, num_tokens_post_padded,
         N, B.size(-1), EM, num_tokens,
         A.stride(0), A.stride(1), B.stride(-1), B.stride(-2), C.stride(1), C.stride(2),
@@ -201,5 +205,5 @@ def invoke_ptr_moe(A: torch.Tensor, B: torch.Tensor, b_table: torch.Tensor, C: t
         B_scale.stride(-1) if fp8_block else 0, B_scale.stride(-2) if fp8_block else 0,
         group_n=block_shape[0] if fp8_block else 0, group_k=block_shape[1] if fp8_block else 0,
         naive_block_assignment=sorted_token_ids is None, BLOCK_SIZE_K=BK, MUL_ROUTED_WEIGHT=mul_routed_weight,
-        top_k=top_k, compute_type=compute_type, B_TYPE=_TL[B.dtype], FP8_BLOCK=fp8_block,
+        top_k=top_k, compute_type=compute_type, FP8_BLOCK=fp8_block,
         SWAP_AB=bool(swap_ab) and fp8_block, ALIGN16=bool(aligned16), **cfg)

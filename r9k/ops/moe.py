@@ -689,7 +689,7 @@ def _wrap_gemm(original: Callable, sig: inspect.Signature) -> Callable:
         cfg = g["config"]
         swap = bool(importlib.import_module(original.__module__).enable_swap_ab(cfg["BLOCK_SIZE_M"],
                                                                                 cfg["BLOCK_SIZE_N"])) if fp8 else False
-        invoke_ptr_moe(g["A"], g["B"], c.table(i), g["C"], g["A_scale"], g["B_scale"],
+        invoke_ptr_moe(g["A"], c.weights[i], c.table(i), g["C"], g["A_scale"], c.weights[i + 2] if fp8 else None,
                        c.table(i + 2) if fp8 else None, g["topk_weights"], g["sorted_token_ids"], g["expert_ids"],
                        g["num_tokens_post_padded"], bool(g["mul_routed_weight"]), int(g["top_k"]), cfg,
                        g["compute_type"], fp8, g["block_shape"], swap, aligned16=c.aligned16)

@@ -23,7 +23,8 @@ def decode(cache: ExpertCache) -> list[list[tuple[str, int]]]:
         nb = h[0].numel() * h.element_size()
         sb, hb = w.data_ptr(), h.data_ptr()
         row = []
-        for a in cache.table(j).tolist():
+        for off in cache.table(j).tolist():
+            a = sb + off * h.element_size()
             if sb <= a < sb + cache.n_slots * nb:
                 assert (a - sb) % nb == 0
                 row.append(("slot", (a - sb) // nb))
