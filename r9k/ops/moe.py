@@ -518,9 +518,15 @@ def read_mode(experts: Any, device: torch.device, name: str) -> str:
         if td is not None and not qc.use_fp8_w8a8 and td():
             why = "vLLM's tensor-descriptor MoE path (VLLM_TRITON_USE_TD) is on"
     if why is not None:
-        _pass(f"reads its misses through staging slots (R9K_MOE_CACHE_READ={want}: {why})", name)
+        if why not in _STAGED:  # said once per reason; the layer still takes the cache
+            _STAGED.add(why)
+            log.warning("r9k moe: %s stages the misses it does not insert (R9K_MOE_CACHE_READ=%s): %s (said once; "
+                        "every such layer does the same)", name, want, why)
         return "stage"
     return "through"
+
+
+_STAGED: set[str] = set()  # reasons a layer staged where R9K_MOE_CACHE_READ asked for read-through
 
 
 def take_model(model: torch.nn.Module) -> int:
