@@ -21,9 +21,12 @@
 #   fp8decode  decode GEMMs by kernel time against per-tensor _scaled_mm, both flushes (~1.5 min)
 #   fp8prefill prefill GEMMs against per-tensor _scaled_mm, nine rounds (~1.5 min)
 #   moe        the expert cache's insert rate and the fused top-k sum (~2 min)
-#   moe_layer  the expert cache inside vLLM's Triton MoE layer: bit-identical to stock in bf16 and block fp8
-#              (E=512, top-10, the seeds' routing, ~1.5 min cold), then the decode step at 1, 8, 32 requests and
-#              270 / 135 of 512 slots against all-resident and UVA offload (~2.5 min)
+#   moe_layer  the expert cache inside vLLM's Triton MoE layer: bit-identical to stock in bf16 and block fp8,
+#              reading misses through the pointer table and staging them, a read-through step in a CUDA graph,
+#              the device memory (E=512, top-10, the seeds' routing); the pointer-table GEMM against vLLM's kernel;
+#              then the decode step under CUDA-graph replay at 1, 8, 32 requests and 270 / 135 of 512 slots against
+#              all-resident, UVA offload and the staging cache, with decode traffic, and with the fresh draw
+#              against all-resident and UVA (each step capped: 200 + 220 + 110 s)
 #   allreduce  the one-shot all-reduce against NCCL (2+ GPUs, ~1.5 min)
 # Serving (docs/serving.md): r9k-validate launches vLLM on the GPU through its own launcher and runs the checklist's
 # suites on the quick profile; the records, server logs, RELEASE.md and figures go to OUT/reports.tgz (the device
@@ -116,9 +119,12 @@ for step in $STEPS; do
                   --shapes "M=4096,N=4096,K=4096;M=8192,N=8192,K=8192" --json "$OUT/fp8_prefill.json" ;;
     moe) run expert_cache 150 $K --op expert_cache --mode loop --mode graph --json "$OUT/expert_cache.json"
          run moe_topk_sum 60 $K --op moe_topk_sum --mode eager --json "$OUT/moe_topk_sum.json" ;;
-    moe_layer) tests moe_layer 240 -q -rfs --tb=short -m gpu -p no:cacheprovider tests/kernels/moe/test_vllm_moe_layer.py
-               run moe_decode_step 300 $K --op moe_decode_step --peer resident --peer uva --mode loop \
-                 --json "$OUT/moe_decode_step.json" ;;
+    moe_layer) tests moe_layer 200 -q -rfs --tb=short -m gpu -p no:cacheprovider tests/kernels/moe/test_vllm_moe_layer.py \
+                 tests/kernels/moe/test_ptr_gemm.py tests/kernels/moe/test_read_through.py
+               run moe_decode_step 220 $K --op moe_decode_step --peer resident --peer uva --peer stage --mode graph \
+                 --shapes "decode=1,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_step.json"
+               run moe_decode_fresh 110 $K --op moe_decode_step --peer resident --peer uva --mode graph \
+                 --shapes "decode=0,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_fresh.json" ;;
     serve_stock) serve_release serve_stock "${R9K_SERVE_LIMIT:-560}" stock --knobs stock --baseline none ;;
     serve_r9k) if [ -d "$REPORTS/stock" ]; then serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline stock
                else serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline none; fi ;;

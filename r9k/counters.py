@@ -21,7 +21,8 @@ behind vLLM's ``(EngineCore pid=42) `` prefix (whose pid must then be the line's
   copied into a slot, ``read_through`` misses served from the staging slots for that step only, ``over_thresh``
   steps with misses whose distinct experts exceeded the insert threshold (nothing inserted), ``chunks`` the token
   chunks the steps were served in (one a step unless a step's read-through misses exceed the staging slots),
-  ``bytes`` bytes copied from the host store into slots (inserts and staged read-throughs).
+  ``bytes`` bytes moved from the host store: copied into slots (inserts and staged read-throughs) and, where a
+  layer reads its misses through (R9K_MOE_CACHE_READ), each read-through expert once.
 
 A line that does not match its pattern in full (a field missing, a value not a non-negative integer, text after
 it) is not a counter line: it is counted as malformed, never read in part.

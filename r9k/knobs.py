@@ -232,6 +232,15 @@ MOE_CACHE_STAGING = _k(
     check=lambda v: "must be -1 (experts - slots, at least top-k) or a slot count >= 1 (0 staging slots could "
                     "serve no read-through miss)" if v == 0 or v < -1 else None,
 )
+MOE_CACHE_READ = _k(
+    "R9K_MOE_CACHE_READ", str, "auto", "auto",
+    "how the expert cache serves a step's misses that it does not insert, on vLLM's Triton experts: through (the "
+    "layer's GEMM reads them from pinned host memory through a per-expert pointer table: no staging slots, every "
+    "step planned on the device, CUDA-graph safe at any miss count; 16-bit and block-fp8 layers) or stage (copied "
+    "into R9K_MOE_CACHE_STAGING slots first); auto = through on CUDA where the layer's format allows it, else "
+    "stage (vLLM's CPU experts always stage); docs/kernels/moe.md",
+    choices=("auto", "through", "stage"), dispatch="moe_cache",
+)
 MOE_CACHE_THRESH = _k(
     "R9K_MOE_CACHE_THRESH", float, 0.99, 0.99,
     "insert threshold of the expert cache: a step whose distinct routed experts exceed THRESH * slots inserts "

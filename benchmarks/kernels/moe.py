@@ -124,8 +124,9 @@ register(Op(
 
 
 # ---- moe_decode_step: a decode step of vLLM's Triton MoE layer with its experts in host RAM ----------------------
-DECODE = dict(E=512, k=10, H=2048, I=128, requests=8, slots=270)  # an expert: 3 H I bf16 = 1.5 MiB
+DECODE = dict(E=512, k=10, H=2048, I=128, requests=8, slots=270, decode=1)  # an expert: 3 H I bf16 = 1.5 MiB
 DECODE_STEPS = 48  # distinct steps of traffic, taken in turn (after as many warm-up steps)
+DECODE_BURN = 512  # steps of DecodeTraffic drawn and dropped first: the batch's requests are mid-decode
 _WEIGHTS: dict = {}
 
 
@@ -138,8 +139,9 @@ class _Steps(list):
 
 
 def decode_inputs(shape: dict, device: str):
-    """The layer's weights (CPU, bf16: make_weights), ``DECODE_STEPS`` steps of the seeds' traffic for
-    ``requests`` requests of 4 tokens (1 + 3 MTP) and their activations, on ``device``."""
+    """The layer's weights (CPU, bf16: make_weights), ``DECODE_STEPS`` steps of routing for ``requests`` requests
+    of 4 tokens (1 + 3 MTP) and their activations, on ``device``: ``decode`` = 1: DecodeTraffic (requests that
+    stay in the batch, after ``DECODE_BURN`` steps), 0: SeedTraffic's fresh draw."""
     from tests.kernels.moe import vllm_moe_case as case
 
     why = case.setup() if str(device).startswith("cuda") else "the decode step is measured on a GPU"
@@ -150,7 +152,11 @@ def decode_inputs(shape: dict, device: str):
         _WEIGHTS.clear()
         _WEIGHTS[key] = case.make_weights(E, H, I, "bf16", torch.Generator().manual_seed(25))
     weights = _WEIGHTS[key]
-    traffic = case.SeedTraffic(E=E, k=k, requests=shape["requests"], seed=11)
+    traffic = case.TRAFFIC["decode" if shape.get("decode", 0) else "fresh"](E=E, k=k, requests=shape["requests"],
+                                                                             seed=11)
+    if shape.get("decode", 0):
+        for _ in range(DECODE_BURN):
+            traffic.step()
     steps = []
     for _ in range(DECODE_STEPS):
         ids, w = traffic.step()
@@ -161,11 +167,28 @@ def decode_inputs(shape: dict, device: str):
 
 
 def _decode_layer(a, kind: str):
+    """(the layer, its cache or None, the device bytes its set-up left allocated: torch.cuda.memory_allocated
+    after less before)."""
     from benchmarks.kernels.registry import Unavailable
-    from tests.kernels.moe import vllm_moe_case as case
 
     if a.why is not None:
         raise Unavailable(a.why)
+    import gc
+
+    from r9k.ops import moe
+
+    moe.STATE.layers.clear()  # earlier shapes' layers: freed (their cycles too) before the measurement
+    gc.collect()
+    torch.cuda.synchronize()
+    m0 = torch.cuda.memory_allocated()
+    layer, cache = _decode_layer_setup(a, kind)
+    torch.cuda.synchronize()
+    return layer, cache, torch.cuda.memory_allocated() - m0
+
+
+def _decode_layer_setup(a, kind: str):
+    from tests.kernels.moe import vllm_moe_case as case
+
     k = a.shape["k"]
     if kind == "uva":  # every expert read over the bus: the weights are pinned host tensors, which Triton's launcher
         #                hands to the kernel as their device-visible (UVA) address, as the cache's copy kernel reads
@@ -185,7 +208,7 @@ def _decode_layer(a, kind: str):
 
     tm = importlib.import_module(case.TRITON_MODULE)
     os.environ.update(R9K_MOE_CACHE_SLOTS=str(a.shape["slots"]), R9K_MOE_CACHE_STAGING="-1",
-                      R9K_MOE_CACHE_STATS="0")
+                      R9K_MOE_CACHE_STATS="0", R9K_MOE_CACHE_READ="stage" if kind == "stage" else "through")
     moe.install(experts_cls=tm.TritonExperts, backend="triton", triton_module=tm)
     holder = torch.nn.Module()
     holder.experts = layer
@@ -198,9 +221,9 @@ def _decode(kind: str):
     def make(a):
         from tests.kernels.moe import vllm_moe_case as case
 
-        layer, cache = _decode_layer(a, kind)
+        layer, cache, dev = _decode_layer(a, kind)
         fns = _Steps(lambda s=s: case.forward(layer, *s) for s in a.steps)
-        fns.layer, fns.cache, fns.inputs = layer, cache, a
+        fns.layer, fns.cache, fns.inputs, fns.dev_bytes, fns.kind = layer, cache, a, dev, kind
         return fns
     return make
 
@@ -245,17 +268,64 @@ def _loop_us(fns) -> float:
     return e0.elapsed_time(e1) * 1e3 / len(fns)
 
 
-def decode_timer(fns):
-    """Steps back to back (one sync), each step's own routing, after a warm-up pass; for the cache also, over a
-    warm-up and a timed pass after the first: the hit rate, distinct experts and bytes over the bus a step,
-    prepare()'s GPU time a step (the plan and its copies alone, on the same steps), the all-resident step and the
-    pinned H2D rate measured here, and the target (resident step + the step's bus bytes / pinned rate)."""
-    us = _loop_us(fns)
+def _graph_us(fns) -> float:
+    """Decode as vLLM runs it: one step captured in a CUDA graph on static inputs (after an eager step), then each
+    step's own routing and activations copied into them and the graph replayed, back to back (one sync), after a
+    warm-up pass; us a step (the three small input copies included)."""
+    from tests.kernels.moe import vllm_moe_case as case
+
+    steps = fns.inputs.steps
+    xs, ws, ids = (t.clone() for t in steps[0])
+    case.forward(fns.layer, xs, ws, ids)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        case.forward(fns.layer, xs, ws, ids)
+
+    def run():
+        for x, w, i in steps:
+            xs.copy_(x)
+            ws.copy_(w)
+            ids.copy_(i)
+            g.replay()
+    run()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    run()
+    e1.record()
+    e1.synchronize()
+    return e0.elapsed_time(e1) * 1e3 / len(steps)
+
+
+_STEP_US = {"loop": _loop_us, "graph": _graph_us}
+
+
+def _decode_timer(mode: str):
+    return lambda fns: decode_timer(fns, mode)
+
+
+def decode_timer(fns, mode: str = "loop"):
+    """The step's time in ``mode`` (loop: steps back to back, eager; graph: replayed from a CUDA graph), each step's
+    own routing, after a warm-up pass; every impl's device memory (the allocator's bytes left by its set-up, and
+    their share of all experts resident); for the cache also, over a warm-up and a timed pass after the first:
+    the hit rate, distinct experts and bytes over the bus a step (inserts and read-through misses, each once),
+    prepare()'s GPU time a step (the plan, its copies and tables alone, on the same steps), the all-resident step
+    and the pinned H2D rate measured here, and the target (resident step + the step's bus bytes / pinned rate)."""
+    step_us = _STEP_US[mode]
     cache, a = fns.cache, fns.inputs
+    mem = dict(dev_bytes=fns.dev_bytes, mem_ratio=fns.dev_bytes / (a.shape["E"] * a.expert_bytes))
+    us = step_us(fns)
     if cache is None:
-        return us, {}
+        return us, mem
+    from kernels.moe import device_bytes
+
+    mem["dev_bytes_computed"] = device_bytes(cache.E, cache.n_slots, [h[0].numel() * h.element_size()
+                                                                      for h in cache.host], cache.max_tokens,
+                                             cache.top_k, stage_slots=cache.stage_slots, read=cache.read,
+                                             device_plan=bool(cache.device_plan))
     cache.reset_stats()
-    us = _loop_us(fns)
+    us = step_us(fns)
     st = cache.stats
     n = max(st.steps, 1)
     bus = (st.inserts + st.read_through) / n * a.expert_bytes
@@ -267,9 +337,10 @@ def decode_timer(fns):
     e1.synchronize()
     prep_us = e0.elapsed_time(e1) * 1e3 / len(a.steps)
     rate = _h2d_rate(a.device)
-    res_us = _loop_us(_decode("resident")(a))
+    res_us = step_us(_decode("resident")(a))
     target = res_us + bus / rate * 1e6
-    return us, dict(hit_rate=st.hits / st.distinct if st.distinct else 0.0, distinct_step=st.distinct / n,
+    return us, dict(mem, read=cache.read, hit_rate=st.hits / st.distinct if st.distinct else 0.0,
+                    distinct_step=st.distinct / n,
                     bus_bytes_step=bus, h2d_GBps=rate / 1e9, resident_us=res_us, target_us=target,
                     target_ratio=us / target if target else float("nan"), prepare_us=prep_us,
                     uva_bus_bytes_step=a.shape["E"] * a.expert_bytes, host_steps=cache.path_steps["host"])
@@ -289,33 +360,40 @@ def decode_floor(s: dict) -> Floor:
 
 
 def decode_report(rows: list) -> None:
-    """The table of docs/kernels/moe.md: per shape, the cache's step against resident and UVA, with its figures."""
-    print("\nmoe_decode_step: requests slots | hit rate | bus MB/step | step us | resident us | target us (ratio) | "
-          "uva us | H2D GB/s | prepare us")
+    """The table of docs/kernels/moe.md: per traffic, mode and shape, the cache's step (read-through) against
+    resident, UVA and the staging cache, with its figures and the device memory over all-resident."""
+    print("\nmoe_decode_step: traffic mode requests slots | hit rate | bus MB/step | step us | resident us | "
+          "target us (ratio) | uva us | stage us | H2D GB/s | prepare us | memory (stage)")
     by = {}
     for r in rows:
-        by.setdefault((r["shape"]["requests"], r["shape"]["slots"]), {})[r["impl"]] = r
-    for (req, slots), d in sorted(by.items()):
-        c, u, rs = d.get("r9k", {}), d.get("uva", {}), d.get("resident", {})
+        sh = r["shape"]
+        by.setdefault(("decode" if sh.get("decode", 0) else "fresh", r["mode"], sh["requests"], sh["slots"]),
+                      {})[r["impl"]] = r
+    nan = float("nan")
+    for (traffic, mode, req, slots), d in sorted(by.items()):
+        c, u, rs, sg = d.get("r9k", {}), d.get("uva", {}), d.get("resident", {}), d.get("stage", {})
         if not c:
             continue
-        print(f"  {req:>3} {slots:>4} | {c.get('hit_rate', float('nan')):.3f} | "
-              f"{c.get('bus_bytes_step', float('nan')) / 1e6:8.1f} | {c['us']:8.1f} | "
-              f"{rs.get('us', c.get('resident_us', float('nan'))):8.1f} | {c.get('target_us', float('nan')):8.1f} "
-              f"({c.get('target_ratio', float('nan')):.2f}) | {u.get('us', float('nan')):8.1f} | "
-              f"{c.get('h2d_GBps', float('nan')):5.1f} | {c.get('prepare_us', float('nan')):6.1f}")
+        print(f"  {traffic:>6} {mode:>5} {req:>3} {slots:>4} | {c.get('hit_rate', nan):.3f} | "
+              f"{c.get('bus_bytes_step', nan) / 1e6:8.1f} | {c['us']:8.1f} | "
+              f"{rs.get('us', c.get('resident_us', nan)):8.1f} | {c.get('target_us', nan):8.1f} "
+              f"({c.get('target_ratio', nan):.2f}) | {u.get('us', nan):8.1f} | {sg.get('us', nan):8.1f} | "
+              f"{c.get('h2d_GBps', nan):5.1f} | {c.get('prepare_us', nan):6.1f} | "
+              f"{c.get('mem_ratio', nan):.3f} ({sg.get('mem_ratio', nan):.3f})")
 
 
 register(Op(
     name="moe_decode_step", family="moe",
-    doc="a decode step of vLLM's Triton MoE layer (E=512, top-10, the seeds' routing) on r9k's expert cache "
-        "(slots of the experts in device memory over pinned host RAM) against all experts resident and vLLM-style "
-        "UVA offload (every expert read over the bus)",
-    shapes=tuple(dict(DECODE, requests=r, slots=s) for s in (270, 135) for r in (1, 8, 32)),
+    doc="a decode step of vLLM's Triton MoE layer (E=512, top-10; decode=1: requests that stay in the batch, "
+        "DecodeTraffic; 0: SeedTraffic's fresh draw) on r9k's expert cache reading its misses through the pointer "
+        "table (slots of the experts in device memory over pinned host RAM) against all experts resident, "
+        "vLLM-style UVA offload (every expert read over the bus) and the cache staging its misses",
+    shapes=tuple(dict(DECODE, requests=r, slots=s, decode=d) for d in (1, 0) for s in (270, 135) for r in (1, 8, 32)),
     build=decode_inputs, r9k=_decode("cache"), floor=decode_floor,
-    peers={"resident": _decode("resident"), "uva": _decode("uva"), "prefetch": _prefetch},
+    peers={"resident": _decode("resident"), "uva": _decode("uva"), "stage": _decode("stage"), "prefetch": _prefetch},
     unchecked=("resident", "uva", "prefetch"), check=decode_check,
-    tiny=dict(E=16, k=4, H=128, I=128, requests=1, slots=8), cpu=False,
-    modes=("loop",), default_mode="loop", timers={"loop": decode_timer}, report=decode_report,
+    tiny=dict(E=16, k=4, H=128, I=128, requests=1, slots=8, decode=1), cpu=False,
+    modes=("loop", "graph"), default_mode="graph",
+    timers={"loop": _decode_timer("loop"), "graph": _decode_timer("graph")}, report=decode_report,
     needs="vLLM's Python sources (benchmarks/device_env), a GPU",
 ))

@@ -13,7 +13,10 @@ through the code the dispatch runs (its real arguments, CPU tensors), plus the e
   ``fp8_block_gemm_qa`` (library code: the quant in the GEMM's A-load) at the decode and first prefill M of the
   system's first linear, for its rows of the table.
 * the expert cache (kernels/moe/cache.py, library code): an ``ExpertCache`` over the system's routed experts
-  on its device path (the plan kernel and the gather-copy kernel), and ``moe_topk_sum`` at the decode step;
+  on its device path (the plan kernel and the gather-copy kernel), staging and reading through; the MoE layer's
+  pointer-table GEMM (kernels/moe/ptr_gemm.py, what a read-through step of the dispatch runs in place of vLLM's
+  kernel) for the w13 GEMM of the decode step, block fp8, at vLLM's default block-fp8 tile for ROCm; and
+  ``moe_topk_sum`` at the decode step;
 * the one-shot all-reduce (kernels/allreduce/, library code): its launch at the TP size over one decode step's
   hidden states (fp32, up to its capacity).
 
@@ -99,7 +102,7 @@ def _fp8_gemm_qa(lin: S.Linear, M: int) -> Callable[[], object]:
     return run
 
 
-def _expert_cache(sys: S.System) -> Callable[[], object]:
+def _expert_cache(sys: S.System, read: str = "stage") -> Callable[[], object]:
     def run():
         from kernels.moe import cache as C
 
@@ -113,11 +116,37 @@ def _expert_cache(sys: S.System) -> Callable[[], object]:
         C.ExpertCache._device_path_possible = lambda self: None
         try:
             cache = C.ExpertCache(host, n_slots=ex.slots.value, max_tokens=2048, top_k=k, device="cpu",
-                                  pin=False, device_plan=True)
+                                  pin=False, device_plan=True, read=read)
         finally:
             C.ExpertCache._device_path_possible = real
         # a step the device path plans (T k <= the staging slots): its two kernels
         return cache.prepare(torch.zeros(_cache_tokens(sys), k, dtype=torch.int32))
+    return run
+
+
+#: vLLM's default tile for a block-fp8 MoE GEMM on ROCm at decode (fused_moe.get_default_config, vLLM 0.32)
+PTR_GEMM_CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "SPLIT_K": 1,
+                   "num_warps": 4, "num_stages": 2}
+
+
+def _ptr_gemm(sys: S.System) -> Callable[[], object]:
+    def run():
+        import triton.language as tl
+
+        from kernels.moe import invoke_ptr_moe
+
+        ex = sys.experts
+        E, k, hid, inter, M = ex.E.value, ex.top_k.value, ex.hidden.value, ex.inter.value, sys.decode_m.value
+        cfg = PTR_GEMM_CONFIG
+        em = M * k + E * (cfg["BLOCK_SIZE_M"] - 1)  # vLLM's aligned assignment's padded rows
+        return invoke_ptr_moe(torch.empty(M, hid, dtype=torch.float8_e4m3fn),
+                              torch.empty(1, 2 * inter, hid, dtype=torch.float8_e4m3fn),
+                              torch.zeros(E, dtype=torch.int64), torch.empty(M, k, 2 * inter, dtype=torch.bfloat16),
+                              torch.empty(M, hid // 128), torch.empty(1, 2 * inter // 128, hid // 128),
+                              torch.zeros(E, dtype=torch.int64), None, torch.empty(em, dtype=torch.int32),
+                              torch.empty(-(-em // cfg["BLOCK_SIZE_M"]), dtype=torch.int32),
+                              torch.empty(1, dtype=torch.int32), False, k, cfg, tl.bfloat16, True, [128, 128],
+                              False, aligned16=True)
     return run
 
 
@@ -181,6 +210,9 @@ def cases() -> list[Case]:
         if sys.experts is not None and sys.experts.slots is not None:
             out.append(Case(f"ExpertCache.prepare, {sys.experts.slots.value} slots, T={_cache_tokens(sys)}",
                             sys.name, _expert_cache(sys)))
+            out.append(Case(f"ExpertCache.prepare read-through, {sys.experts.slots.value} slots, "
+                            f"T={_cache_tokens(sys)}", sys.name, _expert_cache(sys, "through")))
+            out.append(Case(f"invoke_ptr_moe w13 block fp8, M={sys.decode_m.value}", sys.name, _ptr_gemm(sys)))
         if sys.experts is not None:
             out.append(Case(f"moe_topk_sum T={sys.decode_m.value}", sys.name, _topk_sum(sys)))
         n = min(sys.decode_m.value * sys.hidden.value, _allreduce_default("cap"))

@@ -12,8 +12,12 @@ store) and the fused top-k weighted sum with the shared expert.
        host store into the least recently used slots not touched this step (empty slots first, ties by slot
        index; misses in ascending expert id take those slots in that order); above that, nothing is inserted
        this step (``steps_over_thresh``), as in the seeds' R9K_LRU_THRESH;
-    3. misses not inserted are read through: the i-th (ascending id) is copied into staging slot
-       ``n_slots + i`` for this step only;
+    3. misses not inserted are read through: with ``read="stage"`` the i-th (ascending id) is copied into
+       staging slot ``n_slots + i`` for this step only; with ``read="through"`` there are no staging slots: the
+       step's per-expert address tables (:meth:`ExpertCache.table`, one ``[E]`` int64 row per weight tensor)
+       point each expert at its slot if resident, else at its place in the pinned host store, which the
+       step's GEMM reads zero-copy (:func:`invoke_ptr_moe`, kernels/moe/ptr_gemm.py); such an expert's slot id
+       is -1. Every step of any miss count then plans on the device;
     4. writes the slot of every (token, j) into one preallocated ``slot_ids`` buffer and returns a view.
 
     Two implementations of that one policy (identical slot assignments, counters and slot contents):
@@ -69,12 +73,15 @@ store) and the fused top-k weighted sum with the shared expert.
     y ``[T, k, H]`` (the experts' outputs per token and choice), w ``[T, k]`` (router weights), shared
     ``[T, H]`` (the shared expert's output), g ``[T]`` (the shared-expert gate logit; None: no shared expert).
 
-Modules: :mod:`kernels.moe.cache` (ExpertCache, its plan and gather-copy kernels), :mod:`kernels.moe.topk_sum`
+Modules: :mod:`kernels.moe.cache` (ExpertCache, its plan and gather-copy kernels), :mod:`kernels.moe.ptr_gemm`
+(the MoE GEMM over a per-expert pointer table), :mod:`kernels.moe.topk_sum`
 (moe_topk_sum), :mod:`kernels.moe.reference` (the top-k sum's reference). The design and the H200 figures:
 docs/kernels/moe.md.
 """
-from kernels.moe.cache import DEFAULT_INSERT_THRESH, CacheStats, ExpertCache, StepPlan
+from kernels.moe.cache import DEFAULT_INSERT_THRESH, CacheStats, ExpertCache, StepPlan, device_bytes
+from kernels.moe.ptr_gemm import invoke_ptr_moe
 from kernels.moe.reference import moe_topk_sum_ref
 from kernels.moe.topk_sum import moe_topk_sum
 
-__all__ = ["ExpertCache", "CacheStats", "StepPlan", "DEFAULT_INSERT_THRESH", "moe_topk_sum", "moe_topk_sum_ref"]
+__all__ = ["ExpertCache", "CacheStats", "StepPlan", "DEFAULT_INSERT_THRESH", "device_bytes", "invoke_ptr_moe", "moe_topk_sum",
+           "moe_topk_sum_ref"]

@@ -98,10 +98,10 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["s0", "s1", "TK", "lim"])
     def _plan_kernel(ids, s0, s1, TK, step, lim,
-                     slot_of, expert_of, last_used, smap, rank_slot, rank_old, copy, counters, slot_ids,
+                     slot_of, expert_of, last_used, smap, rank_slot, rank_old, copy, counters, slot_ids, tab, addr,
                      E: tl.constexpr, NS: tl.constexpr, K: tl.constexpr, NC: tl.constexpr,
                      BE: tl.constexpr, NSP: tl.constexpr, BT: tl.constexpr, NCP: tl.constexpr,
-                     ONE_TILE: tl.constexpr):
+                     ONE_TILE: tl.constexpr, THROUGH: tl.constexpr, NT: tl.constexpr):
         # One program. State (device, fixed shapes): slot_of [E] int32 (-1: not resident), expert_of [NS]
         # int32 (-1: empty), last_used [NS] int64 (-1: empty), counters [NCP] int64 (CacheStats order).
         # step [1] int64: this step's index (its LRU stamp), advanced here at the end, so that the launch's
@@ -109,6 +109,10 @@ if triton is not None:
         # Scratch: smap [E] int32 (presence, then the step's expert -> slot map), rank_slot / rank_old [NSP]
         # int32 (free slots in LRU order and the expert each held), copy [1 + 2 NC] int32 (count, experts,
         # destination slots). Out: slot_ids [TK] int32.
+        # THROUGH (read-through without staging room): only inserts are copied; tab [NT, E] int64 receives each
+        # expert's place per weight tensor as an element offset from that tensor's slot buffer (its slot if
+        # resident after this step's inserts, else its place in the host store), from addr [3 NT] int64 (slot
+        # base 0, host base, elements an expert, per tensor).
         # Threads of the program may hold replicas of one element and warps run unsynchronised, so every
         # buffer read and later written in this kernel has a barrier between the read and the write.
         step64 = tl.load(step)
@@ -168,7 +172,10 @@ if triton is not None:
             old = tl.load(rank_old + r, mask=im, other=-1)
             ev = im & (old >= 0)
             nev += tl.sum(ev.to(tl.int32), 0)
-            dst = tl.where(im, sl, NS + r)
+            if THROUGH:
+                dst = tl.where(im, sl, -1)                  # read through the table: no staging slot
+            else:
+                dst = tl.where(im, sl, NS + r)
             newmap = tl.where(miss, dst, tl.where(p, so, -1))
             tl.debug_barrier()  # this chunk's smap / slot_of reads done everywhere before the writes
             # an evicted expert is absent this step (its slot was free), so later chunks ignore its slot_of
@@ -180,7 +187,19 @@ if triton is not None:
             tl.store(copy + 1 + NC + r, dst, mask=miss)
             tl.store(smap + e, newmap, mask=me)
             tl.debug_barrier()
-        tl.store(copy, nmiss)                                # the copy kernel's count: every miss is copied
+        if THROUGH:
+            tl.store(copy, nmiss * ins)                      # the copy kernel's count: inserts only
+            # H: the pointer table (slot_of is final: the last chunk of E ended with a barrier)
+            for e0 in range(0, E, BE):
+                e = e0 + tl.arange(0, BE)
+                me = e < E
+                so = tl.load(slot_of + e, mask=me, other=-1).to(tl.int64)
+                for j in tl.static_range(NT):
+                    nb = tl.load(addr + 2 * NT + j)
+                    v = tl.where(so >= 0, tl.load(addr + j) + so * nb, tl.load(addr + NT + j) + e.to(tl.int64) * nb)
+                    tl.store(tab + j * E + e, v, mask=me)
+        else:
+            tl.store(copy, nmiss)                            # the copy kernel's count: every miss is copied
         # F: slot ids (smap is now the step's expert -> slot map)
         for i0 in range(0, TK, BT):
             i, m, ex, ok = _ids_tile(ids, s0, s1, TK, i0, t_one, ids_one, K, E, ONE_TILE)
@@ -247,6 +266,40 @@ if triton is not None:
                     _copy_chunk(src3, dst3, e, s, c3, W3, B3)
 
 
+def device_bytes(E: int, n_slots: int, tensor_bytes: list[int], max_tokens: int, top_k: int,
+                 stage_slots: int | None = None, read: str = "stage", device_plan: bool = True) -> int:
+    """Bytes of device memory an :class:`ExpertCache` of these arguments allocates, exactly (every buffer of its
+    one set: :meth:`ExpertCache.buffers`): the slots (``n_slots`` plus the staging slots; none with
+    ``read="through"``) of every weight tensor, the slot-id buffer and the step's expert -> slot map, with
+    ``read="through"`` the per-expert address tables and their sources, and on the device path its plan state.
+    All experts resident take ``E * sum(tensor_bytes)``.
+
+    Args:
+        tensor_bytes: one expert's bytes of each weight tensor (e.g. ``[w13, w2]``, plus block scales).
+        stage_slots: as the constructor's (default ``n_slots``; 0 / None with ``read="through"``).
+        device_plan: whether the device path's state is allocated (the constructor's outcome).
+    Raises:
+        ValueError: arguments the constructor refuses (read, staging).
+    """
+    if read not in ("stage", "through"):
+        raise ValueError(f"read must be 'stage' or 'through', got {read!r}")
+    if read == "through":
+        if stage_slots not in (None, 0):
+            raise ValueError(f"read='through' has no staging slots, got stage_slots={stage_slots}")
+        stage, NT = 0, len(tensor_bytes)
+    else:
+        stage, NT = (n_slots if stage_slots is None else stage_slots), 0
+    b = (n_slots + stage) * sum(tensor_bytes)   # the slots
+    b += max_tokens * top_k * 4 + E * 4         # slot ids, the step's expert -> slot map (int32)
+    b += NT * E * 8 + 3 * NT * 8                # read-through address tables [NT, E], their sources [3 NT] (int64)
+    if device_plan:
+        NSP = max(16, 1 << max(0, (n_slots - 1).bit_length()))
+        b += E * 4 + n_slots * 4 + n_slots * 8  # slot_of, expert_of (int32), last_used (int64)
+        b += 2 * NSP * 4 + (1 + 2 * E) * 4      # LRU ranks, the copy list (int32)
+        b += _NCOUNT_P2 * 8 + 8                 # counters, the step index (int64)
+    return b
+
+
 _WORD = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 
@@ -280,7 +333,8 @@ class ExpertCache:
 
     def __init__(self, host: list[torch.Tensor], n_slots: int, max_tokens: int, top_k: int,
                  device: str | torch.device = "cpu", insert_thresh: float = DEFAULT_INSERT_THRESH,
-                 stage_slots: int | None = None, pin: bool | None = None, device_plan: bool | None = None):
+                 stage_slots: int | None = None, pin: bool | None = None, device_plan: bool | None = None,
+                 read: str = "stage"):
         if not host:
             raise ValueError("host needs at least one weight tensor [E, ...]")
         E = host[0].shape[0]
@@ -290,9 +344,17 @@ class ExpertCache:
             raise ValueError(f"n_slots must be in 1..{E}, got {n_slots}")
         if not 0.0 <= insert_thresh <= 1.0:
             raise ValueError(f"insert_thresh must be in [0, 1], got {insert_thresh}")
-        stage_slots = n_slots if stage_slots is None else stage_slots
-        if stage_slots < top_k:
-            raise ValueError(f"stage_slots ({stage_slots}) must be at least top_k ({top_k})")
+        if read not in ("stage", "through"):
+            raise ValueError(f"read must be 'stage' or 'through', got {read!r}")
+        self.read = read
+        if read == "through":
+            if stage_slots not in (None, 0):
+                raise ValueError(f"read='through' has no staging slots, got stage_slots={stage_slots}")
+            stage_slots = 0
+        else:
+            stage_slots = n_slots if stage_slots is None else stage_slots
+            if stage_slots < top_k:
+                raise ValueError(f"stage_slots ({stage_slots}) must be at least top_k ({top_k})")
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -306,6 +368,23 @@ class ExpertCache:
                         for h in self.host]
         self._slot_ids = torch.empty(max_tokens * top_k, dtype=torch.int32, device=self.device)
         self._map_dev = torch.empty(E, dtype=torch.int32, device=self.device)  # expert -> slot for this step
+        # read="through": each weight tensor's per-expert table [NT, E] int64 (written every step): element offsets
+        # from that tensor's slot buffer, so that weights[j].data_ptr() + offset * element size is the expert's
+        # slot or its place in the host store; and their sources [3 NT] int64: slot base (0), host base, elements
+        # an expert. The host addresses are the pinned store's, which under UVA are the device-visible addresses
+        # of the same bytes (as the copy kernel reads them).
+        NT = len(self.host) if read == "through" else 0
+        for w, h in zip(self.weights[:NT], self.host):
+            if (h.data_ptr() - w.data_ptr()) % h.element_size():
+                raise ValueError("read='through': a host tensor and its slots are not aligned to their element size")
+        self.tables = torch.zeros((NT, E), dtype=torch.int64, device=self.device)
+        self._addr = torch.tensor([0] * NT + [(h.data_ptr() - w.data_ptr()) // h.element_size()
+                                              for w, h in zip(self.weights, self.host)]
+                                  + [h[0].numel() for h in self.host] if NT else [],
+                                  dtype=torch.int64).to(self.device)
+        #: every table entry is a multiple of 16 elements (bases and per-expert sizes are): a hint for the GEMM
+        self.aligned16 = bool(NT) and all((h.data_ptr() - w.data_ptr()) % (16 * h.element_size()) == 0
+                                          and h[0].numel() % 16 == 0 for w, h in zip(self.weights, self.host))
         # host-side bookkeeping (small, fixed size): the host path's state; on the device path a copy read
         # back only for the steps that take the host path
         self._slot_of = [-1] * E                # resident slot of each expert
@@ -362,7 +441,8 @@ class ExpertCache:
         BT = max(16, min(_PLAN_TILE_MAX["T"], triton.next_power_of_2(max(TKmax, 1))))
         BE = max(16, min(_PLAN_TILE_MAX["E"], triton.next_power_of_2(E)))
         self._plan_meta = dict(E=E, NS=NS, K=self.top_k, NC=E, BE=BE,
-                               NSP=NSP, BT=BT, NCP=_NCOUNT_P2, ONE_TILE=TKmax <= BT, num_warps=4)
+                               NSP=NSP, BT=BT, NCP=_NCOUNT_P2, ONE_TILE=TKmax <= BT, THROUGH=self.read == "through",
+                               NT=max(1, self.tables.shape[0]), num_warps=4)
         # the copy: per weight tensor, flat words of the widest integer type that divides its per-expert bytes
         # and both base addresses; groups of at most 4 tensors per launch
         block = COPY_BLOCK_BYTES if not _interpreting() else 1024
@@ -417,7 +497,7 @@ class ExpertCache:
     # -- introspection for the gates ------------------------------------------------------------------
     def buffers(self) -> list[torch.Tensor]:
         """Every device tensor the cache owns (its one buffer set)."""
-        return [*self.weights, self._slot_ids, self._map_dev, *self._dev]
+        return [*self.weights, self._slot_ids, self._map_dev, self.tables, self._addr, *self._dev]
 
     def buffer_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.buffers())
@@ -468,6 +548,29 @@ class ExpertCache:
             self._push()
         self.filled = True
 
+    def table(self, i: int) -> torch.Tensor:
+        """Weight tensor ``i``'s table ``[E]`` int64 (``read="through"``): after a step's :meth:`prepare`,
+        entry e is the offset, in elements from ``weights[i].data_ptr()``, of expert e's ``host[i][0].shape``
+        block: its slot in ``weights[i]`` if resident, else its place in the (pinned) host store (a flat 64-bit
+        address space: CUDA's UVA). The step's consumer reads each expert through it (kernels/moe/ptr_gemm.py),
+        in order on the current stream after the step's copies.
+
+        Raises:
+            ValueError: the cache reads through staging slots (``read="stage"``).
+        """
+        if self.read != "through":
+            raise ValueError("table() is for read='through'; this cache stages its read-through misses")
+        return self.tables[i]
+
+    def table_ref(self) -> torch.Tensor:
+        """The tables ``[NT, E]`` int64 that the host state gives (the reference for the device's; CPU)."""
+        addr = self._addr.cpu()
+        NT = self.tables.shape[0]
+        so = torch.tensor(self._slot_of if not self.device_plan else self._slot_of_d.tolist(), dtype=torch.int64)
+        e = torch.arange(self.E, dtype=torch.int64)
+        return torch.stack([torch.where(so >= 0, addr[j] + so * addr[2 * NT + j], addr[NT + j] + e * addr[2 * NT + j])
+                            for j in range(NT)]) if NT else torch.zeros((0, self.E), dtype=torch.int64)
+
     def read_through_bound(self, T: int) -> int:
         """The most read-through misses a step of ``T`` tokens can have: ``min(E, T * top_k)``, and at most
         ``E - n_slots`` once the cache is :meth:`fill`-ed (every non-resident expert missed)."""
@@ -476,7 +579,10 @@ class ExpertCache:
 
     def device_step(self, T: int) -> bool:
         """Whether a step of ``T`` tokens plans on the device (no sync; capturable in a CUDA graph): the device
-        path is on and :meth:`read_through_bound` fits the staging slots."""
+        path is on and, unless ``read="through"`` (any miss count), :meth:`read_through_bound` fits the staging
+        slots."""
+        if self.read == "through":
+            return bool(self.device_plan)
         return bool(self.device_plan) and self.read_through_bound(T) <= self.stage_slots
 
     def _copy_in(self, expert: int, slot: int) -> None:
@@ -532,12 +638,14 @@ class ExpertCache:
         self.path_steps["device"] += 1
         lim = math.floor(self.insert_thresh * self.n_slots)  # distinct <= thresh * n  <=>  distinct <= floor
         if self._plan_tail is None:
-            self._plan_tail = launcher(_plan_kernel).positional([None] * 15, self._plan_meta)
+            self._plan_tail = launcher(_plan_kernel).positional([None] * 17, self._plan_meta)
         tail, opts = self._plan_tail
         launcher(_plan_kernel)((1,), (topk_ids, topk_ids.stride(0), topk_ids.stride(1), TK, self._step_d, lim,
                                 self._slot_of_d, self._expert_of_d, self._last_used_d, self._map_dev,
-                                self._rank_slot, self._rank_old, self._copy, self._counters, self._slot_ids)
-                         + tail[15:], **opts)
+                                self._rank_slot, self._rank_old, self._copy, self._counters, self._slot_ids,
+                                *((self.tables, self._addr) if self.read == "through"  # else unused: stand-ins
+                                  else (self._counters, self._counters)))
+                         + tail[17:], **opts)
         if TK:
             self._launch_copies(min(self.E, TK))
         view = self._views.get(T)
@@ -599,6 +707,14 @@ class ExpertCache:
         st.read_through += len(misses)
         plan = StepPlan(slot_ids=self._slot_ids[: T * k].view(T, k))
         miss_set = set(misses)
+        if self.read == "through":  # no staging: the table points the read-through experts at the host store
+            st.chunks += 1
+            plan.chunks, plan.stage_of_chunk = [(0, T)], [[]]
+            self._map_dev.copy_(torch.tensor(self._slot_of, dtype=torch.int32))
+            self.tables.copy_(self.table_ref())
+            ids_d = topk_ids.reshape(-1).to(device=self.device, dtype=torch.int64)
+            torch.index_select(self._map_dev, 0, ids_d, out=plan.slot_ids.view(-1))
+            return plan
         if len(misses) <= self.stage_slots:
             plan.chunks = [(0, T)]
             plan.stage_of_chunk = [misses]

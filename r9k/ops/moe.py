@@ -46,11 +46,16 @@ model's weights are processed (the wrapped loader walks the model: a module whos
 ``quant_method.moe_kernel.fused_experts`` is a ``TritonExperts`` itself; ``Fp8MoEMethod`` never calls the experts'
 own ``process_weights_after_loading``): the expert tensors (both weights; for fp8 w8a8 also their per-expert
 scales, e.g. block 128x128 ``w13_weight_scale_inv``) are copied to a pinned host store, the parameters and the
-quant config's scale references become the slot buffers, and every slot is filled, so that staging of
-``E - slots`` (the default) bounds any step's misses and every step plans on the device (no sync, capturable:
-vLLM calls the experts inside its ``moe_forward`` op, in its piecewise CUDA graphs). A smaller staging plans steps
-of more than ``staging / top_k`` tokens on the host (a sync, chunks); such a step inside a graph capture raises,
-naming the knob. ``apply`` maps the ids to slots as on the CPU and runs vLLM's apply per chunk (token rows of the
+quant config's scale references become the slot buffers, and every slot is filled. How a step's misses that are
+not inserted are served is ``R9K_MOE_CACHE_READ`` (:func:`read_mode`): ``through`` (the default on CUDA for 16-bit
+and block-fp8 layers) reads them from the pinned host store inside the GEMM: the cache has no staging slots, its
+device plan writes per-expert address tables every step, vLLM's apply runs on the step's expert ids and vLLM's
+``invoke_fused_moe_triton_kernel`` (wrapped, :data:`TRITON_GEMM`) runs r9k's pointer-table GEMM
+(kernels/moe/ptr_gemm.py) on those tables, so every step plans on the device at any miss count (no sync,
+capturable: vLLM calls the experts inside its ``moe_forward`` op, in its piecewise CUDA graphs). ``stage`` copies
+them into staging slots first: staging of ``E - slots`` (the default) bounds any step's misses and every step
+plans on the device; a smaller staging plans steps of more than ``staging / top_k`` tokens on the host (a sync,
+chunks); such a step inside a graph capture raises, naming the knob. ``apply`` maps the ids to slots as on the CPU and runs vLLM's apply per chunk (token rows of the
 activations and of a per-token ``a1q_scale``); two functions of triton_moe are wrapped so that a step on the slots
 chooses the tiles stock chooses (``try_get_optimal_moe_config`` sees the layer's experts and the step's tokens,
 not the slot count and a chunk's; ``_prepare_expert_assignment`` decides its naive or aligned path on them), which
@@ -94,6 +99,13 @@ TRITON_CLASS = "TritonExperts"
 TRITON_FUNCS = {"try_get_optimal_moe_config": ("w1_shape", "w2_shape", "top_k", "dtype", "M", "block_shape"),
                 "_prepare_expert_assignment": ("topk_ids", "config", "num_tokens", "top_k_num", "global_num_experts",
                                                "expert_map")}
+#: vLLM's MoE GEMM launcher (vllm/model_executor/layers/fused_moe/fused_moe.py, imported into TRITON_MODULE), wrapped
+#: where present so that a read-through step runs r9k's pointer-table GEMM (kernels/moe/ptr_gemm.py) on the cache's
+#: tables instead of vLLM's kernel on the slot buffer; its leading parameters
+TRITON_GEMM = ("invoke_fused_moe_triton_kernel",
+               ("A", "B", "C", "A_scale", "B_scale", "topk_weights", "sorted_token_ids", "expert_ids",
+                "num_tokens_post_padded", "mul_routed_weight", "top_k", "config", "compute_type", "use_fp8_w8a8",
+                "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16", "per_channel_quant", "block_shape", "B_bias"))
 DISPATCH = "moe_cache"
 #: parameters of vLLM's ``apply`` the dispatch reads or passes by name
 APPLY_PARAMS = ("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
@@ -125,7 +137,8 @@ class Layer:
         return {"steps": st.steps, "routed": st.routed, "distinct": st.distinct, "distinct_max": self.distinct_max,
                 "hits": st.hits, "misses": st.misses, "inserts": st.inserts, "evictions": st.evictions,
                 "read_through": st.read_through, "over_thresh": st.steps_over_thresh, "chunks": st.chunks,
-                "bytes": (st.inserts + self.staged) * self.expert_bytes}
+                "bytes": (st.inserts + self.staged + (st.read_through if self.cache.read == "through" else 0))
+                * self.expert_bytes}
 
     def line(self) -> str:
         c = self.cache
@@ -139,6 +152,9 @@ class _State:
     passed: dict[str, int] = field(default_factory=dict)   # why a layer kept vLLM's experts -> layers
     slots: int = 0
     staging: int = -1
+    read: str = "auto"            # R9K_MOE_CACHE_READ
+    gemm: Callable | None = None  # vLLM's invoke_fused_moe_triton_kernel where wrapped (read-through possible)
+    through: Any = None           # the Layer whose read-through step is running (its owner thread's)
     thresh: float = 0.99
     stats: bool = True
     stats_sec: float = 10.0
@@ -406,9 +422,10 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
     """Put ``layer`` (a vLLM MoE layer after loading, whose experts kernel is ``experts``, a TritonExperts) on
     the cache: its expert tensors (:func:`triton_tensors`) are copied to a pinned host store, the layer's
     parameters (and the quant config's scale references) become the cache's slot buffers ``[slots + staging,
-    ...]`` on the layer's device, and every slot is filled (experts 0..slots-1), so that staging of
-    ``E - slots`` (the knob's default) plans every step on the device (no sync; CUDA-graph safe). None (vLLM's
-    experts kept, said once) when the cache cannot take the layer.
+    ...]`` on the layer's device (no staging where :func:`read_mode` says ``through``), and every slot is filled
+    (experts 0..slots-1), so that read-through, or staging of ``E - slots`` (the knob's default), plans every step
+    on the device (no sync; CUDA-graph safe). None (vLLM's experts kept, said once) when the cache cannot take the
+    layer.
 
     Raises:
         ValueError: the knobs' values do not fit the layer (see :func:`check_layer`).
@@ -443,13 +460,16 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
     E = int(w13.shape[0])
     top_k = int(getattr(layer, "top_k", 0) or layer.moe_config.experts_per_token)
     stage = check_layer(name, E, top_k, STATE.slots, STATE.staging)
+    read = read_mode(experts, w13.device, name)
+    if read == "through":
+        stage = 0
     host = []
     for _, _, t in tensors:
         h = torch.empty(t.shape, dtype=t.dtype, pin_memory=w13.device.type == "cuda")  # CPU: the interpreter's
         h.copy_(t)
         host.append(h)
     cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device=w13.device, insert_thresh=STATE.thresh,
-                        stage_slots=stage, pin=w13.device.type == "cuda")
+                        stage_slots=stage if read == "stage" else None, pin=w13.device.type == "cuda", read=read)
     cache.fill()
     from vllm.model_executor.utils import replace_parameter
 
@@ -463,7 +483,9 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
     entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank())
     STATE.layers.append(entry)
     experts._r9k_moe = entry
-    graph = ("every step plans on the device (no sync; CUDA-graph safe)" if cache.device_step(cache.max_tokens)
+    graph = ("misses not inserted are read from host memory through the step's pointer table (no staging; every "
+             "step plans on the device: CUDA-graph safe)" if read == "through" and cache.device_plan else
+             "every step plans on the device (no sync; CUDA-graph safe)" if cache.device_step(cache.max_tokens)
              else f"steps of more than {stage // top_k} tokens plan on the host (a sync; not CUDA-graph safe: "
                   f"R9K_MOE_CACHE_STAGING >= {E - STATE.slots} or --enforce-eager)")
     log.info("r9k moe: %s: %d experts (%.3f MiB each: %s) in pinned host memory, %d slots + %d staging slots on "
@@ -471,6 +493,40 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
              " + ".join(str(p or d) for p, d, _ in tensors), cache.n_slots, stage, w13.device,
              (cache.n_slots + stage) * eb / 2**20, top_k, STATE.thresh, graph)
     return entry
+
+
+def read_mode(experts: Any, device: torch.device, name: str) -> str:
+    """How a layer served by ``experts`` (vLLM's TritonExperts) on ``device`` reads its misses: "through" or
+    "stage", from R9K_MOE_CACHE_READ (auto: through on CUDA) and what the pointer-table GEMM computes
+    (:func:`kernels.moe.ptr_gemm.supports`: 16-bit and block-fp8 layers; vLLM's GEMM launcher wrapped; vLLM's
+    tensor-descriptor path off). A layer that cannot read through stages, said once."""
+    from kernels.moe import ptr_gemm
+
+    want = STATE.read
+    if want == "stage" or (want == "auto" and device.type != "cuda"):
+        return "stage"
+    qc = experts.quant_config
+    why = None if STATE.gemm is not None else f"vLLM's {TRITON_GEMM[0]} is not there to wrap"
+    why = why or ptr_gemm.supports(bool(qc.use_fp8_w8a8), bool(getattr(qc, "use_int8_w8a8", False)),
+                                   bool(getattr(qc, "use_int8_w8a16", False)),
+                                   bool(getattr(qc, "use_int4_w4a16", False)),
+                                   bool(getattr(experts, "per_act_token_quant", False)),
+                                   getattr(experts, "block_shape", None), qc.w1_bias is not None)
+    if why is None:
+        fm = importlib.import_module(STATE.gemm.__module__)
+        td = getattr(fm, "resolve_moe_use_td", None)
+        if td is not None and not qc.use_fp8_w8a8 and td():
+            why = "vLLM's tensor-descriptor MoE path (VLLM_TRITON_USE_TD) is on"
+    if why is not None:
+        if why not in _STAGED:  # said once per reason; the layer still takes the cache
+            _STAGED.add(why)
+            log.warning("r9k moe: %s stages the misses it does not insert (R9K_MOE_CACHE_READ=%s): %s (said once; "
+                        "every such layer does the same)", name, want, why)
+        return "stage"
+    return "through"
+
+
+_STAGED: set[str] = set()  # reasons a layer staged where R9K_MOE_CACHE_READ asked for read-through
 
 
 def take_model(model: torch.nn.Module) -> int:
@@ -542,6 +598,9 @@ def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
             f"graph capture; set R9K_MOE_CACHE_STAGING >= {cache.E - cache.n_slots} (experts - slots) or serve "
             "with --enforce-eager")
     a1q = a.get("a1q_scale")
+    if cache.read == "through":
+        run_step_through(entry, a, T)
+        return
 
     def rows(t: Any, i: int, j: int) -> Any:  # a per-token tensor's rows i..j-1; anything else as is
         return t[i:j] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == T else t
@@ -586,6 +645,64 @@ def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
             torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         entry.last_log = time.monotonic()
         _logger().info(entry.line())
+
+
+def run_step_through(entry: Layer, a: dict[str, Any], T: int) -> None:
+    """A read-through step (``cache.read == "through"``): the cache plans on the device (hits, the inserts'
+    copies, the per-expert pointer tables) and vLLM's apply runs on the step's expert ids, its two GEMM launches
+    replaced by r9k's pointer-table GEMM on the cache's tables (:func:`_wrap_gemm`); vLLM's tile config and
+    expert assignment are computed for the layer's experts, as stock. Steps of more tokens than the cache's bound
+    run in blocks of that bound (token rows)."""
+    cache = entry.cache
+    a1q = a.get("a1q_scale")
+    with STATE.lock:
+        STATE.current, STATE.owner, STATE.through = (cache.E, T), threading.get_ident(), entry
+        try:
+            for b0 in range(0, T, cache.max_tokens):
+                b1 = min(T, b0 + cache.max_tokens)
+                cache.prepare(a["topk_ids"][b0:b1])
+                kw = dict(a)
+                if (b0, b1) != (0, T):
+                    kw.update(output=a["output"][b0:b1], hidden_states=a["hidden_states"][b0:b1],
+                              topk_weights=a["topk_weights"][b0:b1], topk_ids=a["topk_ids"][b0:b1],
+                              a1q_scale=a1q[b0:b1] if isinstance(a1q, torch.Tensor) and a1q.dim() >= 1
+                              and a1q.shape[0] == T else a1q)
+                STATE.original_apply(**kw)
+        finally:
+            STATE.current = STATE.owner = STATE.through = None
+
+
+def _wrap_gemm(original: Callable, sig: inspect.Signature) -> Callable:
+    """vLLM's ``invoke_fused_moe_triton_kernel`` wrapped: inside a read-through step of a layer, a launch on
+    that layer's slot buffer (``B`` is ``w13`` or ``w2`` of the cache) runs r9k's pointer-table GEMM on the
+    cache's table for it (and its block scales'); every other launch is vLLM's."""
+    @functools.wraps(original)
+    def wrapped(*args, **kwargs):
+        entry = STATE.through
+        if entry is None or STATE.owner != threading.get_ident():
+            return original(*args, **kwargs)
+        ba = sig.bind(*args, **kwargs)
+        ba.apply_defaults()
+        g = ba.arguments
+        c = entry.cache
+        ptr = g["B"].data_ptr()
+        i = 0 if ptr == c.weights[0].data_ptr() else 1 if ptr == c.weights[1].data_ptr() else None
+        if i is None:
+            return original(*args, **kwargs)
+        from kernels.moe import invoke_ptr_moe
+
+        fp8 = bool(g["use_fp8_w8a8"])
+        cfg = g["config"]
+        swap = bool(importlib.import_module(original.__module__).enable_swap_ab(cfg["BLOCK_SIZE_M"],
+                                                                                cfg["BLOCK_SIZE_N"])) if fp8 else False
+        invoke_ptr_moe(g["A"], c.weights[i], c.table(i), g["C"], g["A_scale"], c.weights[i + 2] if fp8 else None,
+                       c.table(i + 2) if fp8 else None, g["topk_weights"], g["sorted_token_ids"], g["expert_ids"],
+                       g["num_tokens_post_padded"], bool(g["mul_routed_weight"]), int(g["top_k"]), cfg,
+                       g["compute_type"], fp8, g["block_shape"], swap, aligned16=c.aligned16)
+        return None
+
+    wrapped.__r9k_original__ = original
+    return wrapped
 
 
 # ---- the load summary -------------------------------------------------------------------------------------
@@ -713,6 +830,8 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
     uninstall()
     STATE.slots = int(knobs.MOE_CACHE_SLOTS())
     STATE.staging = int(knobs.MOE_CACHE_STAGING())
+    STATE.read = str(knobs.MOE_CACHE_READ())
+    STATE.gemm = None
     STATE.thresh = float(knobs.MOE_CACHE_THRESH())
     STATE.stats = bool(knobs.MOE_CACHE_STATS())
     STATE.stats_sec = float(knobs.MOE_CACHE_STATS_SEC())
@@ -742,6 +861,7 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
     backend = backend or "cpu"
     sig = signature(experts_cls)
     funcs = triton_signatures(triton_module) if backend == "triton" and triton_module is not None else {}
+    gemm_sig = triton_gemm_signature(triton_module) if backend == "triton" and triton_module is not None else None
     try:
         from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 
@@ -759,6 +879,9 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
     _patch(experts_cls, "apply", _wrap_apply(STATE.original_apply, sig))
     for fname in funcs:
         _patch(triton_module, fname, _wrap_triton_func(fname, _original(triton_module, fname)))
+    if gemm_sig is not None:
+        STATE.gemm = _original(triton_module, TRITON_GEMM[0])
+        _patch(triton_module, TRITON_GEMM[0], _wrap_gemm(STATE.gemm, gemm_sig))
     if loader is not None and hasattr(loader, "process_weights_after_loading"):
         _patch(loader, "process_weights_after_loading", _wrap_loader(_original(loader, "process_weights_after_loading")))
     _atexit_once()
@@ -766,8 +889,9 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
     what = ("unquantized MoE layers on the CPU" if backend == "cpu" else
             "16-bit and fp8 w8a8 MoE layers of vLLM's Triton experts (taken after loading; on CUDA vLLM calls them "
             "inside its moe_forward op, opaque to torch.compile)")
-    log.info("r9k moe: %s -> r9k's expert cache (%d slots, staging %s, threshold %g); installed: %s", what,
-             STATE.slots, "experts - slots" if STATE.staging == -1 else STATE.staging, STATE.thresh, name)
+    log.info("r9k moe: %s -> r9k's expert cache (%d slots, misses read %s, staging %s, threshold %g); installed: %s",
+             what, STATE.slots, STATE.read, "experts - slots" if STATE.staging == -1 else STATE.staging, STATE.thresh,
+             name)
     return [name]
 
 
@@ -784,6 +908,19 @@ def triton_signatures(module: Any) -> dict[str, inspect.Signature]:
             raise SignatureMismatch(f"{fname}{sig}: the r9k MoE dispatch passes ({', '.join(params)})")
         out[fname] = sig
     return out
+
+
+def triton_gemm_signature(module: Any) -> inspect.Signature | None:
+    """The signature of TRITON_GEMM's function in ``module`` (None where the module has none: layers then stage
+    their misses); SignatureMismatch where its leading parameters are not the ones the wrapper reads."""
+    fname, params = TRITON_GEMM
+    fn = getattr(module, fname, None)
+    if fn is None:
+        return None
+    sig = inspect.signature(_original(module, fname))
+    if tuple(sig.parameters)[: len(params)] != params:
+        raise SignatureMismatch(f"{fname}{sig}: the r9k MoE dispatch reads ({', '.join(params)})")
+    return sig
 
 
 _ATEXIT = False

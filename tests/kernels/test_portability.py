@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.portability, pytest.mark.xdist_group("portability")]
 
 FAMILIES = {"_gdn_seq_kc_kernel", "_gdn_seq_kernel", "_gdn_conv_kernel", "_quant_group_kernel", "_block_gemm_kernel",
-            "_plan_kernel", "_gather_copy_kernel", "_topk_sum_kernel", "_oneshot_ar_kernel"}
+            "_plan_kernel", "_gather_copy_kernel", "_ptr_moe_kernel", "_topk_sum_kernel", "_oneshot_ar_kernel"}
 PREFILL_GEMM = {"gfx1201": "_block_gemm_kernel", "gfx942": "_block_gemm_kernel", "cuda:90": "_block_gemm_tma_kernel"}
 TARGETS = ("gfx1201", "gfx942", "cuda:90")
 

@@ -14,6 +14,7 @@ EXPECTED = {  # name: (type, default, stock)
     "R9K_TRITON_FAST_LAUNCH": (bool, True, True),
     "R9K_MOE_CACHE_SLOTS": (int, 0, 0),
     "R9K_MOE_CACHE_STAGING": (int, -1, -1),
+    "R9K_MOE_CACHE_READ": (str, "auto", "auto"),
     "R9K_MOE_CACHE_THRESH": (float, 0.99, 0.99),
     "R9K_MOE_CACHE_STATS": (bool, True, True),
     "R9K_MOE_CACHE_STATS_SEC": (float, 10.0, 10.0),
@@ -98,7 +99,8 @@ def test_every_knob_is_read_by_the_plugin():
     attrs = {"R9K_GDN_PREFILL_MAX": "GDN_PREFILL_MAX()", "R9K_GDN_PREFILL_CONV": "GDN_PREFILL_CONV()",
              "R9K_PROVENANCE": "PROVENANCE_LOG()", "R9K_TRITON_FAST_LAUNCH": '"R9K_TRITON_FAST_LAUNCH"',
              "R9K_FP8_BLOCK_GEMM": "FP8_BLOCK_GEMM()", "R9K_MOE_CACHE_SLOTS": "MOE_CACHE_SLOTS()",
-             "R9K_MOE_CACHE_STAGING": "MOE_CACHE_STAGING()", "R9K_MOE_CACHE_THRESH": "MOE_CACHE_THRESH()",
+             "R9K_MOE_CACHE_STAGING": "MOE_CACHE_STAGING()", "R9K_MOE_CACHE_READ": "MOE_CACHE_READ()",
+             "R9K_MOE_CACHE_THRESH": "MOE_CACHE_THRESH()",
              "R9K_MOE_CACHE_STATS": "MOE_CACHE_STATS()", "R9K_MOE_CACHE_STATS_SEC": "MOE_CACHE_STATS_SEC()"}
     assert set(attrs) == set(KNOBS)
     for name, use in attrs.items():

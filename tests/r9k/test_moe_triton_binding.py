@@ -118,6 +118,26 @@ def test_take_model_takes_triton_experts_and_passes_the_rest(triton, caplog):
     assert moe.take_model(model) == 0  # taken once
 
 
+def test_read_through_needs_vllms_gemm_launcher_else_the_layer_stages(triton, caplog, monkeypatch):
+    """R9K_MOE_CACHE_READ=through where the module has no invoke_fused_moe_triton_kernel to wrap (this fake's):
+    the layer still takes the cache, staging its misses, said once; auto on CPU slots stages too."""
+    monkeypatch.setattr(moe, "_STAGED", set())
+    triton(R9K_MOE_CACHE_READ="through")
+    assert moe.STATE.gemm is None
+    model = torch.nn.Module()
+    model.a, _ = _layer(name="a")
+    model.b, _ = _layer(name="b")
+    with caplog.at_level("WARNING", logger="r9k"):
+        assert moe.take_model(model) == 2
+    assert [entry.cache.read for entry in moe.STATE.layers] == ["stage", "stage"]
+    said = [r.getMessage() for r in caplog.records if "stages the misses" in r.getMessage()]
+    assert len(said) == 1 and not moe.STATE.passed  # once per reason; no layer kept vLLM's experts
+    layer, experts = _layer(name="c")
+    assert moe.read_mode(experts, torch.device("cpu"), "c") == "stage"
+    moe.STATE.read = "auto"
+    assert moe.read_mode(experts, torch.device("cpu"), "c") == "stage"  # auto: through on CUDA only
+
+
 def test_fp8_scales_move_with_the_weights(triton):
     triton()
     layer, experts = _layer(fp8=True)

@@ -5,11 +5,18 @@ seeds' traffic: the outputs are bit-identical (torch.equal) at every step, in bf
 128x128; MXFP4 is not served by TritonExperts on Hopper: vLLM runs it through its gpt-oss Triton kernels or
 Marlin, which the cache passes through).
 
-On a GPU (marker ``gpu``): E = 512, top-k 10, 32 tokens a step (8 requests x 4), hidden 1024, intermediate 256,
-slots 270 and 135 (default staging: every step plans on the device) and 64 with 40 staging slots (steps whose
-misses exceed them plan on the host and run in chunks). On the CPU under TRITON_INTERPRET=1: the same code path at
-E = 16, top-k 4, hidden 128, intermediate 128 (fp16 for the 16-bit format: see vllm_moe_case). vLLM's compiled
-ops that path calls are stood in by torch (vllm_moe_stand_ins.py), for stock and cache alike.
+Both ways of reading a step's misses (R9K_MOE_CACHE_READ): ``through`` (r9k's pointer-table GEMM reads them from
+pinned host memory: no staging slots, every step planned on the device at any miss count) and ``stage`` (copied
+into staging slots first).
+
+On a GPU (marker ``gpu``): E = 512, top-k 10, 32 tokens a step (8 requests x 4), hidden 1024, intermediate 256
+(1.5 MiB an expert in bf16); read-through at 270, 135 and 64 slots (at 64 a step misses ~90 experts, more than
+fn-tp2's 64 staging slots took), the layer's device memory measured with the allocator around the cache's set-up
+(at most 0.56 / 0.3 of all experts resident at 270 / 135 slots), and a CUDA graph of the read-through step replayed
+on new routing; staging at 64 slots with 40 staging slots (steps whose misses exceed them plan on the host and run
+in chunks). On the CPU under TRITON_INTERPRET=1: the same
+code paths at E = 16, top-k 4, hidden 128, intermediate 128 (fp16 for the 16-bit format: see vllm_moe_case).
+vLLM's compiled ops that path calls are stood in by torch (vllm_moe_stand_ins.py), for stock and cache alike.
 """
 from __future__ import annotations
 
@@ -24,8 +31,11 @@ INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 ON_GPU = torch.cuda.is_available() and not INTERP
 PROBLEM = case.setup()
 
-GPU = dict(E=512, k=10, H=1024, I=256, requests=8, steps=6, slots=[(270, -1), (135, -1), (64, 40)])
-CPU = dict(E=16, k=4, H=128, I=128, requests=2, steps=3, slots=[(8, -1), (4, 4)])
+GPU = dict(E=512, k=10, H=1024, I=256, requests=8, steps=6,
+           slots=[(270, -1, "through"), (135, -1, "through"), (64, -1, "through"), (64, 40, "stage")])
+CPU = dict(E=16, k=4, H=128, I=128, requests=2, steps=3,
+           slots=[(8, -1, "through"), (4, -1, "through"), (8, -1, "stage"), (4, 4, "stage")])
+MEMORY_BOUND = {270: 0.56, 135: 0.3}  # read-through device memory over all experts resident (E = 512)
 SIZE = GPU if ON_GPU else CPU
 pytestmark = [pytest.mark.skipif(PROBLEM is not None, reason=str(PROBLEM))] + ([pytest.mark.gpu] if ON_GPU else [])
 
@@ -46,20 +56,24 @@ def moe_state(monkeypatch):
     clear()
 
 
-def _install(moe, monkeypatch, slots: int, staging: int):
+def _install(moe, monkeypatch, slots: int, staging: int, read: str = "auto"):
     import importlib
 
     tm = importlib.import_module(case.TRITON_MODULE)
     monkeypatch.setenv("R9K_MOE_CACHE_SLOTS", str(slots))
     monkeypatch.setenv("R9K_MOE_CACHE_STAGING", str(staging))
+    monkeypatch.setenv("R9K_MOE_CACHE_READ", read)
     return moe.install(experts_cls=tm.TritonExperts, backend="triton", triton_module=tm)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
-@pytest.mark.parametrize("slots,staging", SIZE["slots"], ids=[f"slots{s}-stage{g}" for s, g in SIZE["slots"]])
-def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, staging):
+@pytest.mark.parametrize("slots,staging,read", SIZE["slots"],
+                         ids=[f"slots{s}-stage{g}-{r}" for s, g, r in SIZE["slots"]])
+def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, staging, read):
     """Stock against the cache over the same steps: torch.equal at every step; the stock layer near the fp32
-    reference (it computes the MoE at all); the cache's counters show hits and misses."""
+    reference (it computes the MoE at all); the cache's counters show hits and misses; read-through layers have
+    no staging slots, plan every step on the device and (GPU) take at most MEMORY_BOUND of all-resident device
+    memory, measured by the allocator."""
     moe = moe_state
     E, k, H, I = SIZE["E"], SIZE["k"], SIZE["H"], SIZE["I"]
     device = "cuda" if ON_GPU else "cpu"
@@ -67,13 +81,30 @@ def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, sta
     gen = torch.Generator().manual_seed(26)
     weights = case.make_weights(E, H, I, fmt, gen, dtype=act)
     stock = case.make_layer(weights, k, device, act)
+    _install(moe, monkeypatch, slots, staging, read)
+    if ON_GPU:
+        torch.cuda.synchronize()
+        m0 = torch.cuda.memory_allocated()
     taken = case.make_layer(weights, k, device, act)
-    _install(moe, monkeypatch, slots, staging)
+    if ON_GPU:
+        resident = torch.cuda.memory_allocated() - m0
     holder = torch.nn.Module()
     holder.experts = taken
     assert moe.take_model(holder) == 1, moe.STATE.passed
     entry = moe.STATE.layers[0]
     cache = entry.cache
+    assert cache.read == read
+    ptr_calls = _count_ptr_gemm(monkeypatch)
+    if ON_GPU:
+        torch.cuda.synchronize()
+        used = torch.cuda.memory_allocated() - m0
+        # the cache's buffers, rounded up to the allocator's 512-B blocks (1 MiB for anything vLLM's objects hold)
+        assert 0 <= used - cache.buffer_bytes() <= 512 * len(cache.buffers()) + 2**20, (used, cache.buffer_bytes())
+        if read == "through" and slots in MEMORY_BOUND:
+            assert used / resident <= MEMORY_BOUND[slots], (used, resident)
+        print(f"device memory: {used} B of {resident} B all-resident ({used / resident:.3f}), {slots} slots, {read}")
+    if read == "through":
+        assert cache.stage_slots == 0 and cache.device_plan
     assert taken.w13_weight.data_ptr() == cache.weights[0].data_ptr()
     assert taken.w13_weight.shape[0] == cache.n_slots + cache.stage_slots
     if fmt == "fp8":
@@ -94,11 +125,76 @@ def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, sta
             assert err < (0.05 if fmt == "bf16" else 0.15), err  # the stock layer computes the MoE at all
     st = cache.stats
     assert st.steps == SIZE["steps"] and st.misses > 0 and st.hits > 0
-    if staging != -1:
+    assert len(ptr_calls) == (2 * SIZE["steps"] if read == "through" else 0)  # both GEMMs a step, through the tables
+    if read == "through":
+        assert cache.path_steps["host"] == 0 and st.read_through > 0
+    elif staging != -1:
         assert st.chunks > st.steps  # misses beyond the staging slots: steps served in chunks
     else:
         assert cache.path_steps["host"] == 0  # filled slots + staging E - slots: every step on the device
     moe.uninstall()
+
+
+def _count_ptr_gemm(monkeypatch) -> list:
+    """Calls of r9k's pointer-table GEMM from here on (the dispatch imports it from kernels.moe at each launch)."""
+    import kernels.moe
+
+    calls, orig = [], kernels.moe.invoke_ptr_moe
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(kernels.moe, "invoke_ptr_moe", spy)
+    return calls
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_read_through_step_replays_from_a_cuda_graph(moe_state, monkeypatch, fmt):
+    """The layer on the cache at 64 read-through slots of 512 (~90 misses a step, more than fn-tp2's 64 staging
+    slots held), one step captured in a CUDA graph on static inputs and replayed on new routing: every replay
+    equals the stock layer's eager step bit for bit, and the cache counted the replays' steps on the device."""
+    moe = moe_state
+    E, k, H, I = SIZE["E"], SIZE["k"], SIZE["H"], SIZE["I"]
+    gen = torch.Generator().manual_seed(27)
+    weights = case.make_weights(E, H, I, fmt, gen, dtype=torch.bfloat16)
+    stock = case.make_layer(weights, k, "cuda")
+    taken = case.make_layer(weights, k, "cuda")
+    _install(moe, monkeypatch, 64, -1, "through")
+    holder = torch.nn.Module()
+    holder.experts = taken
+    assert moe.take_model(holder) == 1, moe.STATE.passed
+    cache = moe.STATE.layers[0].cache
+    traffic = case.SeedTraffic(E=E, k=k, requests=SIZE["requests"], seed=8)
+    steps = [traffic.step() for _ in range(6)]
+    T = steps[0][0].shape[0]
+    x_s = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
+    w_s = torch.empty(T, k, dtype=torch.float32, device="cuda")
+    ids_s = torch.empty(T, k, dtype=torch.int32, device="cuda")
+
+    def load(i):
+        ids, w = steps[i]
+        ids_s.copy_(ids)
+        w_s.copy_(w)
+        x_s.copy_(torch.randn(T, H, generator=gen).to(torch.bfloat16))
+
+    load(0)
+    out = case.forward(taken, x_s, w_s, ids_s)  # eager: compiles, builds the views and vLLM's workspaces
+    assert torch.equal(out, case.forward(stock, x_s, w_s, ids_s))
+    torch.cuda.synchronize()
+    s0 = cache.stats.steps
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out_g = case.forward(taken, x_s, w_s, ids_s)
+    for i in range(1, len(steps)):
+        load(i)
+        g.replay()
+        want = case.forward(stock, x_s, w_s, ids_s)
+        assert torch.equal(out_g, want), (i, (out_g.float() - want.float()).abs().max().item())
+    st = cache.stats
+    assert st.steps - s0 == len(steps) - 1 and cache.path_steps["host"] == 0
+    assert st.misses / st.steps > 64 and st.read_through > 0
 
 
 def test_signatures_come_from_vllms_module():
@@ -113,3 +209,4 @@ def test_signatures_come_from_vllms_module():
     for n in moe.APPLY_PARAMS:
         assert n in sig.parameters
     assert set(moe.triton_signatures(tm)) == set(moe.TRITON_FUNCS)
+    assert moe.triton_gemm_signature(tm) is not None  # the GEMM launcher a read-through step replaces

@@ -119,6 +119,56 @@ class SeedTraffic:
         return ids.to(torch.int32), w.float()
 
 
+class DecodeTraffic:
+    """Decode steps with the temporal locality of a decode batch: ``requests`` requests of ``tokens_per_request``
+    tokens (1 + 3 MTP) stay in the batch for many steps (each ends with probability ``1 / life`` a step, a
+    geometric decode length of mean ``life`` steps, and a new request takes its place), top-``k`` of ``E`` experts,
+    from one seeded generator. A layer's expert popularity is Zipf(``zipf``) over a random permutation of the
+    experts (the seeds' per-layer skew); a request's affinity (normal, scaled by ``sigma``) is drawn when it
+    joins and kept for its life, so its tokens keep routing to much the same experts step after step; a token's
+    k experts are the top-k of log popularity + affinity + Gumbel noise, its weights their softmax over the k
+    logits. ``sigma`` = 2.75 is set so that at E = 512, k = 10, 8 requests x 4 tokens a layer routes ~154 distinct
+    experts a step, 90 % of the routed pairs on ~222 experts and an LRU cache of 270 slots (threshold 0.99) hits
+    ~0.86 of them (the seeds' servers: ~150, 216-365, 84-88 %; tests/kernels/moe/test_vllm_moe_routing.py).
+    :class:`SeedTraffic` (affinity of scale 1 under the same noise: a request's experts change from step to step)
+    is the harder, fresher draw."""
+
+    def __init__(self, E: int = 512, k: int = 10, requests: int = 8, tokens_per_request: int = 4,
+                 zipf: float = 1.0, sigma: float = 2.75, life: int = 256, seed: int = 0):
+        if requests < 1 or tokens_per_request < 1 or life < 1 or not 0 < k <= E:
+            raise ValueError(f"DecodeTraffic: requests, tokens_per_request, life >= 1 and 0 < k <= E; got "
+                             f"{requests}, {tokens_per_request}, {life}, k={k}, E={E}")
+        self.E, self.k, self.requests, self.tpr, self.sigma, self.life = E, k, requests, tokens_per_request, sigma, life
+        self.gen = torch.Generator().manual_seed(seed)
+        p = torch.arange(1, E + 1, dtype=torch.float64) ** -zipf
+        self.popularity = (p / p.sum())[torch.randperm(E, generator=self.gen)]
+        self.affinity = torch.randn(requests, E, generator=self.gen, dtype=torch.float64) * sigma
+        self.age = torch.zeros(requests, dtype=torch.int64)  # steps each request has been in the batch
+        self.ended: list[int] = []                           # the lengths of the requests that left the batch
+
+    @property
+    def tokens(self) -> int:
+        return self.requests * self.tpr
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step: ``topk_ids [T, k]`` int32 and ``topk_weights [T, k]`` fp32 (CPU), T = requests x tokens."""
+        g = self.gen
+        end = torch.rand(self.requests, generator=g) < 1.0 / self.life
+        if bool(end.any()):
+            self.ended += self.age[end].tolist()
+            self.age[end] = 0
+            self.affinity[end] = torch.randn(int(end.sum()), self.E, generator=g, dtype=torch.float64) * self.sigma
+        self.age += 1
+        logits = (self.popularity.log()[None] + self.affinity).repeat_interleave(self.tpr, 0)
+        u = torch.rand(self.tokens, self.E, generator=g, dtype=torch.float64).clamp_min(1e-300)
+        ids = (logits - torch.log(-torch.log(u))).topk(self.k, dim=1).indices
+        w = torch.softmax(logits.gather(1, ids), dim=1)
+        return ids.to(torch.int32), w.float()
+
+
+TRAFFIC = {"decode": DecodeTraffic, "fresh": SeedTraffic}  # the decode-step benchmark's routing rows
+
+
 def routed_mass_experts(ids: list[torch.Tensor], E: int, mass: float = 0.9) -> int:
     """The fewest experts that receive ``mass`` of the routed (token, choice) pairs of the steps ``ids``."""
     cnt = torch.bincount(torch.cat([i.reshape(-1).long() for i in ids]), minlength=E).double()
