@@ -311,7 +311,7 @@ def choose_baseline(reports: Path, release: str, baseline: str | None,
     name = previous_release(reports, release, want)
     by_version = _version(release) is not None
     # the whole rule (most configurations and suites, newest among equals) is in the README; this is said often
-    rule = "pre-releases, dev and local versions are never taken; name one with --baseline"
+    rule = RELEASED_RULE + "; name another with --baseline"
     if name is None:
         return None, (f"no {'older ' if by_version else ''}released version under reports/ holds a record to compare "
                       f"with ({rule})")
@@ -323,7 +323,7 @@ def choose_baseline(reports: Path, release: str, baseline: str | None,
 
 def _version(name: str):
     """``name`` as a packaging Version ('v0.3.3' and '0.3.3' alike; one leading 'v' only), None when it is not
-    one."""
+    one. Any PEP 440 version: what a candidate's name is ordered by (the baselines are :func:`released_version`)."""
     from packaging.version import InvalidVersion, Version
 
     stem = name[1:] if name.startswith("v") else name
@@ -335,9 +335,30 @@ def _version(name: str):
         return None
 
 
+#: The rule for a folder name that is a released version, said in the notes and the docs.
+RELEASED_RULE = ("a released version is a folder named as a PEP 440 final release, optionally 'v'-prefixed, in "
+                 "canonical form with at least major.minor (v0.3.2, 1.0, v0.3.2.post1): never a pre-release (rc, a, "
+                 "b), dev or local version (+exp), an epoch, or a bare number such as a pull request's 1234")
+
+
+def released_version(name: str):
+    """``name`` as a packaging Version when it names a released version (:data:`RELEASED_RULE`), else None.
+
+    A post-release (v0.3.2.post1) is a release of the same version's code with a fix outside it, so it counts;
+    a name whose canonical form differs (v0.3.2-1, 01.2) or that has one release component (1234, a pull
+    request's folder) does not."""
+    k = _version(name)
+    stem = name[1:] if name.startswith("v") else name
+    if (k is None or str(k) != stem or len(k.release) < 2 or k.epoch or k.is_prerelease or k.is_devrelease
+            or k.local is not None):
+        return None
+    return k
+
+
 def previous_release(reports: Path, release: str, want: set[tuple[str, str]] | None = None) -> str | None:
-    """The baseline release under ``reports`` for ``release``: among the *released* versions (no pre-release
-    such as v0.2.0rc1, no dev release, no local version such as v0.3.1+exp) older than ``release`` by version order
+    """The baseline release under ``reports`` for ``release``: among the *released* versions
+    (:func:`released_version`: no pre-release such as v0.2.0rc1, no dev release, no local version such as
+    v0.3.1+exp, no bare number such as a pull request's 1234/) older than ``release`` by version order
     (v0.3.2 before v0.3.3, v0.9 before v0.10), or for a name that is not a version (such as ``candidate``) among
     every released version, the one that holds records a gate compares (a paired eval or BetterBench) of the most
     (configuration, suite kind) pairs of ``want`` (any such record, when None), the newest among equals. A
@@ -361,9 +382,8 @@ def _eligible(reports: Path, release: str) -> list:
     cur = _version(release)
     out = []
     for d in reports.iterdir():
-        k = _version(d.name) if d.is_dir() and d.name != release else None
-        if (k is None or k.is_prerelease or k.is_devrelease or k.local is not None
-                or (cur is not None and k >= cur)):
+        k = released_version(d.name) if d.is_dir() and d.name != release else None
+        if k is None or (cur is not None and k >= cur):
             continue
         out.append((k, d.name))
     return out

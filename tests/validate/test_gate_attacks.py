@@ -1,0 +1,92 @@
+"""Gates attacked with records built by the project's own record models: each way an output could say pass over
+a regression, run through the CLI in-process (``gate``, ``gate --perf``, ``render``) with ``--junit-xml`` and
+``GITHUB_STEP_SUMMARY`` set, and every output read: the exit status, the console's last line, JUnit, the step
+summary and the notes' opening line. None may be a pass, and all must say the same."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+from tests.validate.test_compare import eval_record, save
+from tests.validate.test_one_verdict import BASE, LOST_50, agree, bench, outputs
+from validate.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_cli(tmp_path: Path, monkeypatch, capsys, argv: list[str]) -> dict:
+    """Run ``r9k-validate argv`` in-process with --junit-xml and $GITHUB_STEP_SUMMARY set; return the exit status,
+    the console's last line, JUnit's (tests, failures, errors, skipped) and the summary's verdict line."""
+    summary, junit = tmp_path / "summary.md", tmp_path / "junit.xml"
+    summary.unlink(missing_ok=True)
+    junit.unlink(missing_ok=True)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    capsys.readouterr()
+    code = main(argv + ["--junit-xml", str(junit)])
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+    xml = JUnitXml.fromfile(str(junit))
+    md = summary.read_text()
+    return {"code": code, "last": lines[-1], "console": "\n".join(lines), "junit": (xml.tests, xml.failures,
+            xml.errors, xml.skipped), "summary": md, "head": md.splitlines()[2]}
+
+
+def notes_of(reports: Path, monkeypatch, capsys, release: str, baseline: str | None = None) -> dict:
+    """``render release [--baseline B]``: the notes' opening line and the console's line of the release's verdict."""
+    capsys.readouterr()
+    argv = ["render", release, "--reports", str(reports)] + (["--baseline", baseline] if baseline else [])
+    assert main(argv) == 0  # render itself exits 0; it says the verdict's
+    text = capsys.readouterr().out
+    last = " ".join(text[text.rfind("the release's verdict:"):].split())  # the console wraps it
+    notes = (reports / release / "RELEASE.md").read_text()
+    return {"opening": notes.split("\n")[2], "last": last, "notes": notes}
+
+
+def blocked(out: dict, code: int) -> None:
+    """The gate's outputs all say ``code`` (1: a finding, 2: not checked): none a pass."""
+    assert out["code"] == code
+    assert out["last"].startswith(f"exit status {code}:")
+    tests, failures, errors, skipped = out["junit"]
+    if code == 1:
+        assert failures > 0 and out["head"].startswith("**FAIL**")
+    else:
+        assert failures == 0 and errors > 0 and out["head"].startswith("**NOT CHECKED**")
+
+
+def notes_blocked(n: dict, code: int) -> None:
+    assert n["last"].startswith(f"the release's verdict: exit status {code} ")
+    assert n["opening"].startswith("**Not ready to ship:" + ("** " if code == 1 else " not everything could be checked:**"))
+
+
+# --- the automatic baseline --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", ["1234", "v1234", "0.3.2-1", "v0.3.3a1", "v0.3.3+pr7"])
+def test_a_folder_that_is_no_released_version_is_never_the_automatic_baseline(tmp_path, monkeypatch, capsys, folder):
+    """A pull request's earlier run in ``1234/`` (as regressed as the candidate) was taken as a released version:
+    ``candidate`` passed against it. The baseline is v0.3.2, and the 50-question loss is a finding everywhere."""
+    from validate.compare import previous_release, released_version
+
+    save(tmp_path, eval_record("v0.3.2", BASE), bench("v0.3.2", 38.0, 1))
+    save(tmp_path, eval_record(folder, LOST_50), bench(folder, 38.0 * 1.6, 3))
+    save(tmp_path, eval_record("candidate", LOST_50), bench("candidate", 38.0 * 1.6, 2))
+    assert released_version(folder) is None
+    assert previous_release(tmp_path, "candidate") == "v0.3.2"
+    out = outputs(tmp_path, "candidate")
+    agree(out)
+    assert out["code"] == 1 and out["verdict"].baseline == "v0.3.2"
+    assert "never a pre-release" in out["verdict"].baseline_why and "1234" in out["verdict"].baseline_why
+    n = notes_of(tmp_path, monkeypatch, capsys, "candidate")
+    notes_blocked(n, 1)
+    assert "paired gsm8k vs v0.3.2" in n["opening"]
+
+
+def test_released_versions_by_one_rule():
+    from validate.compare import released_version
+
+    assert [str(released_version(x)) for x in ("v0.3.2", "0.3.2", "v1.0", "v0.3.2.post1", "v0.3.10")] == [
+        "0.3.2", "0.3.2", "1.0", "0.3.2.post1", "0.3.10"]
+    for x in ("1234", "v7", "v0.3.2rc1", "v0.3.2.dev3", "v0.3.2+exp", "01.2", "v0.3.2-1", "1!1.0", "vv0.3.2", "dev"):
+        assert released_version(x) is None, x
+
