@@ -258,6 +258,29 @@ def _passes(records: list[Record], figure: str) -> list[float]:
             and math.isfinite(row[figure])]
 
 
+def unusable_passes(r: Record, figure: str, label: str) -> list[str]:
+    """Why ``figure``'s per-pass values in record ``r`` cannot be used, naming each pass: a value that is not a
+    positive finite number (NaN, Infinity, null, a string, a boolean, 0 or below), or the figure missing from
+    some passes of a record that measured it in others (the runner writes every figure of every pass it
+    completed). [] when every pass holds a positive finite number, or none holds the figure. ``label``:
+    "baseline" or "candidate", for the message."""
+    rows = _rows(r)
+    held = [row for row in rows if figure in row]
+    if not held:
+        return []
+    out = []
+    for i, row in enumerate(held):
+        v = row[figure]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            # a time or a rate is a positive finite number: 0 ms would read as faster than anything
+            out.append(f"pass {row.get('pass', i)!r} of the {label} holds {v!r}, not a positive finite number")
+    missing = [row.get("pass", i) for i, row in enumerate(rows) if figure not in row]
+    if missing:
+        out.append(f"the {label} measured it in {len(held)} of {len(rows)} passes (missing from pass "
+                   f"{', '.join(map(str, missing[:5]))}{' ...' if len(missing) > 5 else ''})")
+    return out
+
+
 @dataclass
 class PerfComparison:
     """The performance gate of one candidate against one baseline.
@@ -441,6 +464,11 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         for name in names:
             t = spec.threshold(name)
             if t is None:
+                continue
+            unusable = unusable_passes(b, name, "baseline") + unusable_passes(c, name, "candidate")
+            if unusable:  # dropping them would judge the passes left: a figure of 8 passes out of 20 may pass
+                out.unpaired.append(f"{where}: {name}: cannot judge: " + "; ".join(unusable[:4])
+                                    + (f" (and {len(unusable) - 4} more)" if len(unusable) > 4 else ""))
                 continue
             bv, cv = _passes(bruns, name), _passes(cruns, name)
             if bv and not cv:  # a gated figure the candidate lost is never a silent pass

@@ -90,3 +90,57 @@ def test_released_versions_by_one_rule():
     for x in ("1234", "v7", "v0.3.2rc1", "v0.3.2.dev3", "v0.3.2+exp", "01.2", "v0.3.2-1", "1!1.0", "vv0.3.2", "dev"):
         assert released_version(x) is None, x
 
+
+# --- the performance gate's pass values ------------------------------------------------------------------------
+
+
+def _edit(reports: Path, release: str, suite: str, fn, config: str = "cpu-smol") -> None:
+    """Edit a written record's JSON as a hand (or a script) would: ``fn(data)``; NaN and Infinity written as
+    Python's json writes them."""
+    import json
+
+    from validate.record import record_path
+
+    p = record_path(reports, release, config, suite)
+    data = json.loads(p.read_text())
+    fn(data)
+    p.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), None, "fast", 0])
+def test_a_pass_value_that_is_no_finite_number_is_exit_2_naming_the_pass(tmp_path, monkeypatch, capsys, value):
+    """12 of the candidate's 20 passes (its slow ones, +40 %) hold NaN, Infinity, null, a string or 0: dropping
+    them left 8 unchanged passes, and the gate passed."""
+    save(tmp_path, bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2))
+
+    def spoil(d):
+        for row in d["metrics"]["per_pass"][:12]:
+            row["decode_step_ms"] = value
+
+    _edit(tmp_path, "v0.2.0", "betterbench", spoil)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert f"decode_step_ms: cannot judge: pass 0 of the candidate holds {value!r}, not a positive finite number" \
+        in out["console"].replace("\n", "")
+    assert "cpu-smol / perf betterbench: cpu-smol/betterbench: decode_step_ms: cannot judge: pass 0 of the candidate" \
+        in out["summary"].replace("\\", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "cpu-smol / perf betterbench" in n["opening"]
+
+
+def test_a_figure_missing_from_some_passes_is_not_judged_on_the_rest(tmp_path, monkeypatch, capsys):
+    save(tmp_path, bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2))
+
+    def drop(d):
+        for row in d["metrics"]["per_pass"][:12]:
+            del row["decode_step_ms"]
+
+    _edit(tmp_path, "v0.2.0", "betterbench", drop)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert "the candidate measured it in 8 of 20 passes (missing from pass 0, 1, 2, 3, 4 ...)" in \
+        out["console"].replace("\n", "")
+
