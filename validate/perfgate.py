@@ -8,6 +8,10 @@ A figure regresses when both hold (and passes only when it moved by no more than
 2. significant: a one-sided Mann-Whitney rank test of the candidate's per-pass values against the baseline's
    (scipy.stats.mannwhitneyu, exact where no values tie) gives p < alpha.
 
+The median hides a shift of some passes (9 of 20 twice as slow leave it where it was): a significant rank test
+together with the mean or the bad tail (the 90th percentile of a time, the 10th of a rate) worse by more than the
+threshold is a regression too.
+
 A shift that is significant and larger than the threshold is a regression wherever it lies against the band:
 the band (:func:`run_band`: the 10th to 90th percentile of the baseline's passes where there are five or more,
 else their min and max) is shown to tell noise from a change, never to excuse one.
@@ -118,6 +122,8 @@ class PerfFigure:
     mark: str = "within the threshold"
     regression: bool = False
     cannot_tell: bool = False  # worse by more than the threshold without the evidence to call it: never a pass
+    mean_worse_pct: float = 0.0  # the mean's move, in the bad direction (percent of the baseline's mean)
+    tail_worse_pct: float = 0.0  # the bad tail's move (p90 of a time, p10 of a rate), in the bad direction
     suite: str = BENCH_KIND
     floor_pct: float = 0.0  # the run-to-run drift the move was held against
     message: str = ""
@@ -196,6 +202,7 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
         raise ValueError(f"{config}/{figure}: a pass value of {bad[0]!r} is no time or rate")
     f.change_pct = 100.0 * (f.cand_median - f.base_median) / f.base_median
     f.worse_pct = f.change_pct if lower else -f.change_pct
+    f.mean_worse_pct, f.tail_worse_pct = _spread_moves(base, cand, lower)
     f.base_band, f.cand_band = run_band(base), run_band(cand)
     lo, hi = f.base_band
     f.outside_band = (f.cand_median > hi) if lower else (f.cand_median < lo)
@@ -209,7 +216,10 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     f.min_p = 1.0 / math.comb(len(base) + len(cand), len(cand))
     f.cannot_tell = f.min_p >= alpha
     bar = max(threshold_pct, floor_pct)
-    f.regression = not f.cannot_tell and f.worse_pct > bar and f.p_value < alpha
+    # the median alone hides a shift of some passes (9 of 20 twice as slow leave it where it was): the rank test
+    # sees it, and the mean or the tail in the bad direction says how large it is
+    hidden = f.worse_pct <= bar and max(f.mean_worse_pct, f.tail_worse_pct) > bar
+    f.regression = not f.cannot_tell and (f.worse_pct > bar or hidden) and f.p_value < alpha
     band = "beyond the baseline's band" if f.outside_band or better_outside else "inside the baseline's band"
     move = f"{f.worse_pct:+.1f}% in the bad direction (threshold {threshold_pct:g}%), {band}"
     if f.cannot_tell:
@@ -222,6 +232,11 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     if f.regression:
         f.mark = "slower"
         f.message = f"a regression: {move}, rank-test p = {f.p_value:.3g} < {alpha:g}"
+        if hidden:
+            f.message = (f"a regression the median hides: the median {f.worse_pct:+.1f}%, the mean "
+                         f"{f.mean_worse_pct:+.1f}% and the {'90th' if lower else '10th'} percentile "
+                         f"{f.tail_worse_pct:+.1f}% in the bad direction (threshold {threshold_pct:g}%), rank-test "
+                         f"p = {f.p_value:.3g} < {alpha:g}")
         if floor_pct > threshold_pct:
             f.message += f"; beyond the run-to-run drift of {floor_pct:g}% too"
     elif -f.worse_pct > bar and p_better < alpha:
@@ -243,6 +258,21 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
         f.message = (f"{-f.worse_pct:+.1f}% in the good direction, {band}, not separated by the rank test "
                      f"(p = {p_better:.3g})")
     return f
+
+
+def _spread_moves(base: list[float], cand: list[float], lower: bool) -> tuple[float, float]:
+    """(the mean's move, the bad-direction tail's move), each in percent of the baseline's and counted in the bad
+    direction: the tail is the 90th percentile for a time (slow passes), the 10th for a rate (numpy's linear
+    interpolation)."""
+    import numpy as np
+
+    q = 90 if lower else 10
+    out = []
+    for b, c in ((statistics.fmean(base), statistics.fmean(cand)),
+                 (float(np.percentile(base, q)), float(np.percentile(cand, q)))):
+        move = 100.0 * (c - b) / b if b > 0 else 0.0
+        out.append(move if lower else -move)
+    return out[0], out[1]
 
 
 def _rows(r: Record) -> list[dict]:

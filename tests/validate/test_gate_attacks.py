@@ -144,3 +144,37 @@ def test_a_figure_missing_from_some_passes_is_not_judged_on_the_rest(tmp_path, m
     assert "the candidate measured it in 8 of 20 passes (missing from pass 0, 1, 2, 3, 4 ...)" in \
         out["console"].replace("\n", "")
 
+
+def _steps(r, steps: list[float]):
+    """Set a BetterBench record's per-pass decode steps (and the combined decode they imply)."""
+    import statistics
+
+    r.metrics["per_pass"] = [{"pass": i, "decode_step_ms": s, "combined_decode_tok_s": 1e3 / s,
+                              "prefill_1024_tok_s": 5000.0 + i} for i, s in enumerate(steps)]
+    r.metrics["summary"] = {"decode_step_ms": {"median": statistics.median(steps), "min": min(steps), "max": max(steps)}}
+    r.metrics["passes"] = len(steps)
+    return r
+
+
+def test_a_shift_the_median_hides_is_a_regression(tmp_path, monkeypatch, capsys):
+    """9 of 20 candidate passes twice as slow, 11 unchanged: the median did not move (+0.3 %), the figure passed
+    "within the 3 % threshold". The rank test separates them and the mean (+45 %) and p90 (+100 %) say by how
+    much: a finding in every output."""
+    base = [38.0 + 0.02 * i for i in range(20)]
+    cand = [38.01 + 0.02 * i for i in range(5, 16)] + [2 * (38.0 + 0.02 * i) for i in range(9)]
+    save(tmp_path, _steps(bench("v0.1.0", 38.0, 1), base), _steps(bench("v0.2.0", 38.0, 2), cand))
+    from validate.perfgate import compare_perf
+
+    f = next(x for x in compare_perf(tmp_path, "v0.2.0", "v0.1.0").figures if x.figure == "decode_step_ms")
+    assert f.worse_pct == pytest.approx(100 * (38.30 - 38.19) / 38.19)
+    assert f.p_value == pytest.approx(0.0028088834612991884, rel=1e-9) and f.regression and f.mark == "slower"
+    assert ("a regression the median hides: the median +0.3%, the mean +44.8% and the 90th percentile +98.9% in the "
+            "bad direction (threshold 3%), rank-test p = 0.00281 < 0.05") == f.message
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 1)
+    assert "cpu-smol/perf decode_step_ms" in out["last"]
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 1)
+    assert "perf decode_step_ms" in n["opening"]
+
