@@ -178,3 +178,25 @@ def test_a_shift_the_median_hides_is_a_regression(tmp_path, monkeypatch, capsys)
     notes_blocked(n, 1)
     assert "perf decode_step_ms" in n["opening"]
 
+
+
+# --- every output says the same ------------------------------------------------------------------------------
+
+
+def test_a_limited_check_is_a_skipped_testcase_with_its_reason(tmp_path, monkeypatch, capsys):
+    """A subset pair whose baseline got 3 of 200 right cannot detect a regression: the console and the summary
+    called it limited, JUnit a passed testcase (tests=1, failures=0, skipped=0)."""
+    save(tmp_path, eval_record("v0.1.0", {0, 1, 2}, subset=True), eval_record("v0.2.0", {0, 1, 2}, subset=True))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    assert out["code"] == 0
+    assert out["last"] == ("exit status 0: no finding; 2 check(s) limited or not run: cpu-smol/gsm8k (tree) other-tree, "
+                           "cpu-smol/paired gsm8k vs v0.1.0 not significant; too few questions to detect a regression")
+    assert out["junit"] == (2, 0, 0, 2)  # the pair and the record another tree made (--accept-other-tree)
+    case = next(c for s in JUnitXml.fromfile(str(tmp_path / "junit.xml")) for c in s if c.name.startswith("paired"))
+    [skip] = case.result
+    assert skip.type == "limited" and skip.message == ("not a full check: a subset; too few questions to detect a "
+                                                        "regression")
+    assert out["head"].startswith("**NO FINDING, NOT FULLY CHECKED**")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    assert n["opening"].startswith("No finding in what was checked") and "exit status 0 " in n["last"]
