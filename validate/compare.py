@@ -58,6 +58,7 @@ class PairedTask:
     min_flaggable_drop: int | None = None  # fewest questions lost (none gained) that the gate would flag
     mdr: float | None = None  # drop detected with 80% power at the observed discordant rate; inf: none; None: b+c=0
     power: float = 0.8
+    baseline_task: str | None = None  # the baseline's suite, where it was renamed (validate.pairing)
 
     @property
     def acc_baseline(self) -> float:
@@ -215,6 +216,7 @@ class Comparison:
     # the unpaired of them that no subset explains: both full sets (or the baseline's record incomplete), yet not
     # comparable (other scoring params, data, prompts). In a release these are "cannot check", not "Not checked"
     blocking: list[str] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)  # tasks paired by kind with a baseline suite of another name
 
 
 def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
@@ -240,24 +242,32 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         raise InputError(f"{candidate} against itself: a release is never its own baseline (to compare two "
                          "configurations of one release, name the baseline's with --against-config)")
 
+    from validate.pairing import match_records
+
     kinds = paired_eval_kinds()
     cand = [r for r in release_records(reports, candidate) if r.suite_kind in kinds]
-    base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline, skipped)
-            if r.suite_kind in kinds}
+    base_list = [r for r in release_records(reports_baseline or reports, baseline, skipped) if r.suite_kind in kinds]
     if configs:
         cand = [r for r in cand if r.config in configs]
     if tasks:
         cand = [r for r in cand if r.suite in tasks]
-        base = {k: v for k, v in base.items() if k[1] in tasks}
+        base_list = [r for r in base_list if r.suite in tasks]
     if not cand:
         raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
-    if not base:
+    if not base_list:
         raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
-    tasks, unpaired, blocking = [], [], []
+    tasks, unpaired, blocking, renamed = [], [], [], []
     same_folder = reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()
-    for r in cand:
-        key = (against_config or r.config, r.suite)
-        b = base.get(key)
+    matching = match_records(cand, base_list, against_config, configs)
+    for m in matching.pairs:
+        r, b = m.cand, m.base
+        key = (b.config, b.suite) if b is not None else (against_config or r.config, r.suite)
+        if m.refused:
+            unpaired.append(m.refused)
+            blocking.append(m.refused)
+            continue
+        if m.renamed:
+            renamed.append(m.renamed)
         if b is not None and candidate == baseline and same_folder and key == (r.config, r.suite):
             unpaired.append(f"{r.config}/{r.suite}: a record is never its own baseline")
             blocking.append(unpaired[-1])
@@ -272,6 +282,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             continue
         try:
             tasks.append(pair(b, r, across_thinking))
+            tasks[-1].baseline_task = b.suite
         except PairingError as e:
             unpaired.append(str(e))
             # a quick subset of the candidate against a full baseline is the run's own choice (listed); anything
@@ -279,15 +290,17 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             cand_subset = r.dataset is not None and r.dataset.subset
             if r.verdict.status in ("pass", "fail") and not (cand_subset and any(SUBSET_REASON in w for w in e.reasons)):
                 blocking.append(str(e))
-    # A task the baseline has and the candidate lacks is a gap, never a silent pass.
-    have = {(against_config or r.config, r.suite) for r in cand}
-    for cfg, suite in sorted(base):
-        in_scope = cfg == against_config if against_config else (not configs or cfg in configs)
-        if in_scope and (cfg, suite) not in have:
-            unpaired.append(f"{cfg}/{suite}: the candidate {candidate} has no record of it (the baseline {baseline} has)")
+    # A task the baseline has and the candidate lacks is a gap, never a silent pass: it blocks where the candidate
+    # ran the configuration (a configuration left out of the run is limited in a release)
+    for b, config_run in sorted(matching.lacking, key=lambda x: (x[0].config, x[0].suite)):
+        unpaired.append(f"{b.config}/{b.suite}: the candidate {candidate} has no record of it (the baseline {baseline} "
+                        f"has, of suite kind {b.suite_kind!r})" + ("" if config_run else
+                                                                 f"; the candidate ran no eval on {b.config}"))
+        if config_run:
+            blocking.append(unpaired[-1])
     apply_holm(tasks, alpha)
     attach_sensitivity(tasks, alpha)
-    return Comparison(candidate, baseline, tasks, unpaired, alpha, blocking)
+    return Comparison(candidate, baseline, tasks, unpaired, alpha, blocking, renamed)
 
 
 #: ``--baseline none``: compare with no baseline (the automatic choice is :func:`previous_release`).

@@ -211,15 +211,37 @@ def judge_acceptance(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -
     return f, None
 
 
+def gated_shares(r: Record) -> list[str]:
+    """The shares a record holds that the share gates judge: "the SLO share" (an arrivals record), "the draft
+    acceptance" (a server that speculated)."""
+    return ((["the SLO share"] if r.suite_kind == ARRIVALS_KIND else [])
+            + (["the draft acceptance"] if spec_counts(r) is not None else []))
+
+
 def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list[Record],
-                   checkout: dict[str, ShareGateSpec] | None = None) -> ShareComparison:
+                   checkout: dict[str, ShareGateSpec] | None = None,
+                   configs: list[str] | None = None) -> ShareComparison:
     """Judge every share of the candidate's records against the baseline's record of the same configuration and
-    suite (``checkout``: the suite files' share gates by suite name). Never raises for a malformed record."""
+    suite, or the one it was renamed from (validate.pairing) (``checkout``: the suite files' share gates by suite
+    name). A gated share of a baseline record the candidate lacks is named: unpaired where the candidate ran the
+    configuration, else limited (``configs``: the configurations in scope). Never raises for a malformed
+    record."""
+    from validate.pairing import match_records
+
     out = ShareComparison(candidate, baseline)
-    by = {(r.config, r.suite): r for r in base}
-    for c in cand:
-        b = by.get((c.config, c.suite))
+    matching = match_records(cand, base, configs=configs)
+    for b, config_run in matching.lacking:
+        for what in gated_shares(b):
+            (out.unpaired if config_run else out.limited).append(
+                f"{b.config}/{b.suite}: {what} is gated and the candidate {candidate} has no such record (the "
+                f"baseline {baseline} has)" + ("" if config_run else f"; the candidate ran nothing on {b.config}"))
+    for m in matching.pairs:
+        c, b = m.cand, m.base
         where = f"{c.config}/{c.suite}"
+        if m.refused:
+            if gated_shares(c):
+                out.unpaired.append(m.refused)
+            continue
         if b is None:
             if c.suite_kind == ARRIVALS_KIND:
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")

@@ -446,19 +446,29 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
     if candidate == baseline and (reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()):
         raise InputError(f"{candidate} against itself: a release is never its own baseline")
     breports = reports_baseline or reports
+    from validate.pairing import match_records
+
     cand = [r for r in (records if records is not None else release_records(reports, candidate))
             if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
-    base = {(r.config, r.suite): r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND}
+    base = [r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND]
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
     out = PerfComparison(candidate, baseline)
-    have = {(c.config, c.suite) for c in cand}
-    for (cfg, suite), b in sorted(base.items()):  # a BetterBench record the baseline has and the candidate lacks
-        if (cfg, suite) not in have and (not configs or cfg in configs):
-            out.limited.append(f"{cfg}/{suite}: the candidate {candidate} has no such record (the baseline {baseline} has)")
-    for c in cand:
-        b = base.get((c.config, c.suite))
+    matching = match_records(cand, base, configs=configs)
+    # a BetterBench record the baseline has and the candidate lacks: it blocks where the candidate ran the
+    # configuration (a configuration left out of the run is limited in a release)
+    for b, config_run in matching.lacking:
+        (out.unpaired if config_run else out.limited).append(
+            f"{b.config}/{b.suite}: the candidate {candidate} has no such record (the baseline {baseline} has)"
+            + ("" if config_run else f"; the candidate ran no BetterBench on {b.config}"))
+    for m in matching.pairs:
+        c, b = m.cand, m.base
         where = f"{c.config}/{c.suite}"
+        if m.refused:
+            out.unpaired.append(m.refused)
+            continue
+        if m.renamed:
+            out.notes.append(m.renamed)
         if b is None:
             out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue

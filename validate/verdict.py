@@ -251,6 +251,8 @@ def _paired_lines(x, cmp) -> list[str]:
         lines.append(f"difference {100 * (x.acc_candidate - x.acc_baseline):+.1f} points, "
                      f"95% interval {100 * x.diff_ci[0]:+.1f} to {100 * x.diff_ci[1]:+.1f}")
     lines.append(f"verdict: {x.verdict_text}" + (f"; {x.sensitivity}" if x.sensitivity else ""))
+    if x.baseline_task and x.baseline_task != x.task:
+        lines.append(f"paired with the baseline's {x.baseline_config}/{x.baseline_task} (the same suite kind; renamed)")
     if x.lost:
         lines.append(f"right only in {cmp.baseline}: " + ", ".join(x.lost[:40]) + (" ..." if len(x.lost) > 40 else ""))
     return lines
@@ -283,6 +285,8 @@ def paired_checks(cmp, strict: bool, records: list[Record] = ()) -> list[Check]:
         if x.diff_ci:
             props.update({"diff_ci_low": f"{x.diff_ci[0]:.6g}", "diff_ci_high": f"{x.diff_ci[1]:.6g}"})
         name = paired_name(x.task, cmp.baseline, x.baseline_config, x.config)
+        if x.baseline_task and x.baseline_task != x.task:  # paired by kind (validate.pairing): both names said
+            props["baseline_task"] = x.baseline_task
         if x.regression:
             out.append(Check(x.config, name, "paired", "finding", "regression",
                              f"{x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, one-sided p = {x.p_one_sided:.3g}, Holm-adjusted "
@@ -311,6 +315,27 @@ def not_compared(gate: str, unpaired: list[str], limited: list[str], strict: boo
                                                                       for r in limited]:
         cfg, suite = _task_of(reason)
         out.append(Check(cfg, f"{gate} {suite}", "perf", outcome, "not compared", reason, [reason]))
+    return out
+
+
+def baseline_lacks(cand: list[Record], base: list[Record], kinds: set[str], gate: str, area: Area,
+                   configs: list[str] | None = None, strict: bool = False) -> list[Check]:
+    """Lines for the baseline's records of ``kinds`` that the candidate has no record of (not even one renamed:
+    validate.pairing), for a gate that did not run because the candidate holds no record of those kinds: each
+    named, not-checked where the candidate ran the configuration (or ``strict``: a gate on its own), else
+    limited (the configuration was left out of the run). ``gate``: the lines' name, "<gate> <suite>"."""
+    from validate.pairing import match_records
+
+    m = match_records([r for r in cand if r.suite_kind in kinds], [b for b in base if b.suite_kind in kinds],
+                      configs=configs)
+    ran = {r.config for r in cand}
+    out = []
+    for b, _ in m.lacking:
+        msg = (f"{b.config}/{b.suite}: the baseline holds a record of suite kind {b.suite_kind!r} and the candidate "
+               f"none: the {gate} compared nothing" + ("" if b.config in ran else
+                                                       f" (the candidate ran nothing on {b.config})"))
+        out.append(Check(b.config, f"{gate} {b.suite}", area, "not-checked" if strict or b.config in ran else "limited",
+                         "not compared", msg, [msg]))
     return out
 
 
@@ -524,6 +549,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
                 v.checks.append(Check(cfg, s, "suite", "limited", "not run", "did not run (no record)"))
     if comparison is not None:
         v.checks += paired_checks(comparison, strict, records)
+        v.notes += getattr(comparison, "renamed", [])
     if perf is not None:
         v.checks += perf_checks(perf, strict)
         v.notes += perf.notes
@@ -601,6 +627,10 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                                                        f"under {reports}"))
         kinds = paired_eval_kinds()
         has_evals = any(r.suite_kind in kinds for r in records)
+        if not has_evals:  # what the baseline has and the candidate lacks is named, never left out
+            extra += baseline_lacks(records, base_records, set(kinds), "paired", "paired", configs)
+        if not any(r.suite_kind == BENCH_KIND for r in records):
+            extra += baseline_lacks(records, base_records, {BENCH_KIND}, "perf", "perf", configs)
         if has_evals:
             try:
                 cmp = compare_releases(reports, release, base, configs=configs, skipped=[],
@@ -622,7 +652,8 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         try:
             from validate.suite import share_gate_specs
 
-            shares = compare_shares(release, records, base, base_records, share_gate_specs(root) if root else None)
+            shares = compare_shares(release, records, base, base_records, share_gate_specs(root) if root else None,
+                                    configs=configs)
         except Exception as e:
             extra.append(release_check("share gates", f"the share gates could not run: {type(e).__name__}: {e}"))
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")

@@ -200,3 +200,99 @@ def test_a_limited_check_is_a_skipped_testcase_with_its_reason(tmp_path, monkeyp
     assert out["head"].startswith("**NO FINDING, NOT FULLY CHECKED**")
     n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
     assert n["opening"].startswith("No finding in what was checked") and "exit status 0 " in n["last"]
+
+
+# --- what the baseline has and the candidate lacks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", ["the SLO share", "the draft acceptance"])
+def test_a_gated_share_the_candidate_lacks_blocks(tmp_path, monkeypatch, capsys, share):
+    """The baseline holds an arrivals record (the SLO share is gated) or a suite whose server speculated (draft
+    acceptance), the candidate none: gate --perf exited 0 and nothing named the share not compared."""
+    from tests.validate.test_loadgate import arrivals, with_spec
+
+    gated = arrivals("v0.1.0", 1.0, 40, 40) if share == "the SLO share" else with_spec("v0.1.0", 600, 900, "sanity")
+    save(tmp_path, bench("v0.1.0", 38.0, 1), gated, bench("v0.2.0", 38.0, 2))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    line = (f"cpu-smol/{gated.suite}: {share} is gated and the candidate v0.2.0 has no such record (the baseline "
+            "v0.1.0 has)")
+    assert line in out["console"].replace("\n", "") and f"cpu-smol/share gate {gated.suite}" in out["last"]
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert f"cpu-smol / share gate {gated.suite}" in n["opening"]
+
+
+def test_a_kind_the_candidate_lacks_entirely_blocks(tmp_path, monkeypatch, capsys):
+    """The baseline holds BetterBench and arrivals records, the candidate arrivals only: the performance gate
+    did not run and nothing named the figures it did not compare."""
+    from tests.validate.test_loadgate import arrivals
+
+    save(tmp_path, bench("v0.1.0", 38.0, 1), arrivals("v0.1.0", 1.0, 40, 40), arrivals("v0.2.0", 1.0, 40, 40))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert ("cpu-smol/betterbench: the baseline holds a record of suite kind 'betterbench' and the candidate none: "
+            "the perf compared nothing") in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "cpu-smol / perf betterbench" in n["opening"]
+
+
+def test_a_configuration_left_out_of_the_run_stays_not_run(tmp_path):
+    """The baseline ran cpu-smol and gpu-box, the candidate (release --config cpu-smol) only cpu-smol: gpu-box's
+    BetterBench record is named, limited in the release (not a finding, not a block)."""
+    other = bench("v0.1.0", 38.0, 3)
+    other.config = "gpu-box"
+    save(tmp_path, bench("v0.1.0", 38.0, 1), other, bench("v0.2.0", 38.0, 2))
+    out = outputs(tmp_path, "v0.2.0")
+    lim = [c for c in out["verdict"].checks if c.config == "gpu-box"]
+    assert [(c.name, c.outcome) for c in lim] == [("perf betterbench", "limited")]
+    assert "the candidate ran no BetterBench on gpu-box" in lim[0].message
+
+
+def _renamed(tmp_path, base_evals=("gsm8k-cot",)):
+    """The baseline's suites named gsm8k-cot and bb (kinds gsm8k, betterbench), the candidate's gsm8k and
+    betterbench, 25 points lower and 40 % slower."""
+    for suite in base_evals:
+        e = eval_record("v0.1.0", BASE, suite=suite)
+        e.suite_kind = "gsm8k"
+        save(tmp_path, e)
+    b = bench("v0.1.0", 38.0, 1)
+    b.suite = "bb"
+    save(tmp_path, b, eval_record("v0.2.0", LOST_50), bench("v0.2.0", 38.0 * 1.4, 2))
+
+
+def test_a_renamed_suite_is_paired_by_kind(tmp_path, monkeypatch, capsys):
+    """Every line was "limited" and the release exited 0."""
+    _renamed(tmp_path)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 1)
+    assert "cpu-smol/paired gsm8k vs v0.1.0 regression" in out["last"]
+    [fail] = next(c for s in JUnitXml.fromfile(str(tmp_path / "junit.xml")) for c in s if c.name.startswith("paired")).result
+    assert "paired with the baseline's cpu-smol/gsm8k-cot (the same suite kind; renamed)" in fail.text
+    assert ("cpu-smol/gsm8k: paired with the baseline's cpu-smol/gsm8k-cot (the same suite kind 'gsm8k' and "
+            "configuration; the suite was renamed)") in out["summary"].replace("\\", "")
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 1)
+    assert "cpu-smol/perf decode_step_ms regression" in out["last"]
+    assert "paired with the baseline's cpu-smol/bb" in out["summary"]
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0")  # the automatic baseline
+    notes_blocked(n, 1)
+    assert "paired gsm8k vs v0.1.0" in n["opening"] and "perf decode_step_ms" in n["opening"]
+
+
+def test_a_rename_that_cannot_be_told_is_refused_with_both_names(tmp_path, monkeypatch, capsys):
+    _renamed(tmp_path, ("gsm8k-cot", "gsm8k-8shot"))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert ("cpu-smol/gsm8k: the baseline has no record of this name, and which of its suites of kind 'gsm8k' on "
+            "cpu-smol (gsm8k-8shot, gsm8k-cot) the candidate's (gsm8k) were renamed from cannot be told") in \
+        out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 1)  # the performance gate's finding (bb -> betterbench) and the refused pair, named
+    assert "could not be made" not in n["opening"] and "perf decode_step_ms" in n["opening"]
