@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from validate.errors import InputError
+from validate.pairing import apart
 from validate.reasoning import pairing_reasons
 from validate.record import Record, release_records, same_run
 from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
@@ -102,10 +103,13 @@ class PairedTask:
         return "no significant regression"
 
 
-def pair(base: Record, cand: Record, across_thinking: bool = False) -> PairedTask:
+def pair(base: Record, cand: Record, across_thinking: bool = False, configuration: bool = True) -> PairedTask:
     """Pair two records of one task. Raises PairingError naming every difference that forbids it.
     ``across_thinking``: pair a thinking record with one that does not think, or across end-of-thinking
-    markers (refused otherwise: validate.reasoning.pairing_reasons)."""
+    markers (refused otherwise: validate.reasoning.pairing_reasons). The model, the configuration's settings as
+    run (``configuration``: False where two configurations are compared on purpose, ``--against-config``) and
+    the metrics formula must be the same (validate.pairing.apart; the machine may differ: each question's answer
+    is judged)."""
     what = f"{cand.config}/{cand.suite} ({cand.release}) against {base.config}/{base.suite} ({base.release})"
     reasons = []
     for label, r in (("baseline", base), ("candidate", cand)):
@@ -128,6 +132,8 @@ def pair(base: Record, cand: Record, across_thinking: bool = False) -> PairedTas
             if k not in NON_SCORING_PARAMS and base.params.get(k) != cand.params.get(k)]
     if diff:
         reasons.append("suite parameters differ (" + ", ".join(diff[:5]) + ")")
+    reasons += [x for x in apart(base, cand, machine=False, configuration=configuration)
+                if not x.startswith("other suite kinds")]  # another model or dtype must not pair (said above)
     if not across_thinking:
         reasons += pairing_reasons(base, cand)  # thinking against none, or other end-of-thinking markers
     for label, r in (("baseline", base), ("candidate", cand)):
@@ -281,7 +287,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
             continue
         try:
-            tasks.append(pair(b, r, across_thinking))
+            tasks.append(pair(b, r, across_thinking, configuration=against_config is None))
             tasks[-1].baseline_task = b.suite
         except PairingError as e:
             unpaired.append(str(e))

@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from validate.record import Record, measures_apart
+from validate.pairing import apart
+from validate.record import Record
 from validate.stats import two_proportion_drop
 
 ARRIVALS_KIND = "arrivals"
@@ -256,7 +257,7 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
         spec = rule(b, (checkout or {}).get(c.suite))
         params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(
             sorted(set(b.params) | set(c.params)))
-        bad = measures_apart(b, c, params)
+        bad = apart(b, c, params)
         jobs = ([judge_slo] if c.suite_kind == ARRIVALS_KIND else []) + [judge_acceptance]
         for job in jobs:
             if bad:

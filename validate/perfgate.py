@@ -39,7 +39,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.errors import InputError
-from validate.record import Record, measures_apart, release_records, same_run
+from validate.pairing import apart
+from validate.record import Record, release_records, same_run
 
 BENCH_KIND = "betterbench"
 # Suite parameters that decide what a figure measures; records that differ in one never compare.
@@ -332,16 +333,33 @@ class PerfComparison:
 def comparable(b: Record, c: Record) -> list[str]:
     """Why the figures of record ``b`` (baseline) and ``c`` (candidate) of one suite measure different things, or
     [] when they measure the same: the measuring parameters as run (:func:`measuring_params`; a row parameter
-    compares only where both records hold the rows), :func:`validate.record.measures_apart` (completion, kind,
-    server settings, model, hardware), and the same metrics formula. The performance gate, the notes' Numbers table,
-    their title and the pictures pair by this one rule."""
+    compares only where both records hold the rows) and :func:`validate.pairing.apart` (completion, kind, the
+    configuration's settings as run, model and dtype, the machine, the metrics formula)."""
     pb, pc = measuring_params(b), measuring_params(c)
-    bad = measures_apart(b, c, ())
+    bad = apart(b, c)
     diff = [k for k in MEASURING_PARAMS if k in pb and k in pc and pb[k] != pc[k]]
     if diff:
         bad.insert(0, "suite parameters differ (" + ", ".join(f"{k}: {pb[k]!r} vs {pc[k]!r}" for k in diff) + ")")
-    if b.metrics_formula_version != c.metrics_formula_version:
-        bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
+    return bad
+
+
+def refusal(b: Record, c: Record) -> list[str]:
+    """Why the performance gate refuses to compare ``c`` with ``b``, or []: :func:`comparable`, a baseline that
+    is a copy of the candidate (validate.record.same_run), a completed BetterBench record without per-pass
+    values, a stored ``perf_gate`` that is not a valid one. The gate, the notes' Numbers table, their title and
+    the figures compare and draw a pair only where this is empty: a refused baseline is compared nowhere."""
+    if same_run(b, c):
+        return ["the baseline's record is a copy of the candidate's (the same run: tree, start time and outputs): "
+                "a record is never its own baseline"]
+    bad = comparable(b, c)
+    for label, r in (("baseline", b), ("candidate", c)):
+        if r.suite_kind == BENCH_KIND and r.verdict.status in ("pass", "fail") and not _rows(r):
+            bad.append(f"the {label} record holds no per-pass values")
+        if r.perf_gate is not None:
+            try:
+                PerfGateSpec.model_validate(r.perf_gate)
+            except ValueError as e:
+                bad.append(f"the {label}'s stored perf_gate is not a valid one ({' '.join(str(e).split())[:200]})")
     return bad
 
 
@@ -472,14 +490,11 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         if b is None:
             out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
+        bad = refusal(b, c)  # the one rule the notes' Numbers table, title and figures read too
         if same_run(b, c):
             out.unpaired.append(f"{where}: the baseline {baseline}'s record is a copy of the candidate's (the same "
                                 "run: tree, start time and outputs): a record is never its own baseline")
             continue
-        bad = comparable(b, c)
-        for label, r in (("baseline", b), ("candidate", c)):
-            if r.verdict.status in ("pass", "fail") and not _rows(r):
-                bad.append(f"the {label} record holds no per-pass values")
         if bad:
             # only a quick candidate against a full baseline is the run's own choice, and only where the profile
             # explains every difference (its parameters); anything else should have been compared and was not

@@ -337,11 +337,11 @@ def server_row(records: dict[str, Record]) -> ServerRow:
 
 def attach_numbers(view: ReleaseView, reports: Path) -> None:
     """Baseline against candidate, figure by figure, per configuration, pairing only records that measured the
-    same thing (:func:`validate.perfgate.comparable`, the rule the performance gate pairs by): the baseline's
-    record of the same suite. A suite whose baseline record is of another kind of measurement shows the
+    same thing and that the performance gate would compare (:func:`validate.perfgate.refusal`, the rule the gate
+    pairs by): the baseline's record of the same suite. A suite whose baseline record is refused shows the
     candidate alone and says why in ``view.numbers_notes``. Figures the performance gate judged carry its mark."""
     from validate.figures import compare_figures, setting_changes
-    from validate.perfgate import comparable
+    from validate.perfgate import refusal
     from validate.record import record_history, release_records
 
     base_by: dict[str, dict[str, Record]] = {}
@@ -357,7 +357,7 @@ def attach_numbers(view: ReleaseView, reports: Path) -> None:
             b = base_by.get(cfg, {}).get(s)
             if b is None:
                 continue
-            why = comparable(b, c)
+            why = refusal(b, c)
             if why:
                 notes.append(f"{s}: not compared with {view.baseline}'s record: {'; '.join(why)}")
             else:

@@ -296,3 +296,90 @@ def test_a_rename_that_cannot_be_told_is_refused_with_both_names(tmp_path, monke
     n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
     notes_blocked(n, 1)  # the performance gate's finding (bb -> betterbench) and the refused pair, named
     assert "could not be made" not in n["opening"] and "perf decode_step_ms" in n["opening"]
+
+
+# --- one comparability rule ---------------------------------------------------------------------------------
+
+
+def _slower_elsewhere(tmp_path, change):
+    """The candidate's decode step 40 % slower, its record changed by ``change(base, cand)``."""
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.4, 2)
+    for r in (b, c):
+        r.config_snapshot = {"server": {"max_num_seqs": 8, "max_model_len": 4096, "dtype": "bfloat16",
+                                        "extra_args": []}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+    change(b, c)
+    save(tmp_path, b, c)
+
+
+def _machines(b, c):
+    b.versions["cpu"], b.hardware["power"] = "AMD EPYC 7B13, 2 cores", "210 W"
+    c.versions["cpu"], c.hardware["power"] = "AMD EPYC 9654, 96 cores", None
+
+
+def _fp8(b, c):
+    c.config_snapshot["server"]["extra_args"] = ["--kv-cache-dtype", "fp8"]
+
+
+def _env(b, c):
+    c.config_snapshot["env"]["VLLM_CPU_KVCACHE_SPACE"] = "8"
+
+
+@pytest.mark.parametrize("change, why", [
+    (_machines, "the hardware differ (power: '210 W' vs None); the machine and its software differ (cpu: 'AMD EPYC "
+                "7B13, 2 cores' vs 'AMD EPYC 9654, 96 cores')"),
+    (_fp8, "the configuration's settings as run differ (server.extra_args: [] vs ['--kv-cache-dtype', 'fp8'])"),
+    (_env, "the configuration's settings as run differ (env.VLLM_CPU_KVCACHE_SPACE: '2' vs '8')"),
+])
+def test_a_pair_of_other_machines_or_settings_is_refused_and_drawn_nowhere(tmp_path, monkeypatch, capsys, change, why):
+    """A 2-core EPYC capped at 210 W against a 96-core one, uncapped; --kv-cache-dtype fp8 in the candidate's
+    extra args; another KV cache size: gate --perf exited 0 over a 40 % slower step (only hardware kind, GPU
+    count and four server settings were compared)."""
+    _slower_elsewhere(tmp_path, change)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert f"cpu-smol/betterbench: cannot compare: {why}" in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert f"betterbench: not compared with v0.1.0's record: {why}" in n["notes"].replace("\\", "")
+    assert "->" not in n["notes"].split("\n")[0]  # the title compares nothing
+
+
+def test_another_model_or_dtype_never_pairs_in_the_eval_gate(tmp_path, monkeypatch, capsys):
+    """SmolLM2-360M in float32 against 135M in bf16: the paired gate said PASS everywhere."""
+    b, c = eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE)
+    for r, model, dtype in ((b, "SmolLM2-135M-Instruct.Q4_1.gguf", "bfloat16"),
+                            (c, "SmolLM2-360M-Instruct.Q4_1.gguf", "float32")):
+        r.model = model
+        r.config_snapshot = {"server": {"max_num_seqs": 8, "dtype": dtype}, "model": {"path": model}}
+    save(tmp_path, b, c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    con = out["console"].replace("\n", "")
+    assert "the model differs ('SmolLM2-135M-Instruct.Q4_1.gguf' vs 'SmolLM2-360M-Instruct.Q4_1.gguf')" in con
+    assert "server.dtype: 'bfloat16' vs 'float32'" in con
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "paired gsm8k vs v0.1.0" in n["opening"]
+
+
+@pytest.mark.parametrize("spoil", ["gate", "rows"])
+def test_a_baseline_the_gate_refused_is_compared_and_drawn_nowhere(tmp_path, monkeypatch, capsys, spoil):
+    """A malformed stored perf_gate, or no per-pass rows: the gate refused the baseline, and the title and the
+    Numbers table compared it all the same."""
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 30.0, 2)
+    if spoil == "gate":
+        b.perf_gate = {"thresholds_pct": {"decode_step_ms": -3}}
+    else:
+        b.metrics["per_pass"] = []
+    save(tmp_path, b, c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "->" not in n["notes"].split("\n")[0]
+    row = next(x for x in n["notes"].splitlines() if x.startswith("| decode step p50 (BetterBench) |"))
+    assert row.startswith("| decode step p50 (BetterBench) | – |"), row
+    assert "betterbench: not compared with v0.1.0's record:" in n["notes"]

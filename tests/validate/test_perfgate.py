@@ -132,7 +132,7 @@ def test_a_lost_figure_a_nan_or_other_server_settings_are_never_a_pass(tmp_path)
     moved.config_snapshot = {"server": {"max_num_seqs": 4}}
     write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), moved)
     (u,) = compare_perf(tmp_path, "v4", "v1").unpaired
-    assert "the server settings that define the figures differ (max_num_seqs: None vs 4)" in u
+    assert "the configuration's settings as run differ (server.max_num_seqs: None vs 4)" in u
 
 
 def test_a_candidate_serving_another_model_dtype_or_hardware_is_not_compared(tmp_path):
