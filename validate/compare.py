@@ -262,6 +262,10 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
     if not base_list:
         raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
+    from validate.suite import audit_records
+
+    audit_records(cand, reports)  # each item judged again from its output, the counts recounted (Runner.audit)
+    audit_records(base_list, reports_baseline or reports)
     tasks, unpaired, blocking, renamed = [], [], [], []
     same_folder = reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()
     matching = match_records(cand, base_list, against_config, configs)
@@ -285,6 +289,12 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             continue
         if b is None:
             unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
+            continue
+        stand = [f"the {label}'s record does not stand on what it holds: {x.audit_failed}"
+                 for label, x in (("candidate", r), ("baseline", b)) if x.audit_failed]
+        if stand:  # a flag or a count the data do not give decides nothing, either way
+            unpaired.append(f"{r.config}/{r.suite}: cannot pair: " + "; ".join(stand))
+            blocking.append(unpaired[-1])
             continue
         try:
             tasks.append(pair(b, r, across_thinking, configuration=against_config is None))

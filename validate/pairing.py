@@ -99,9 +99,11 @@ def match_records(cand: list[Record], base: list[Record], base_config: str | Non
 #: figures and must be the same.
 SNAPSHOT_MAY_DIFFER = ("name", "description", "launch_timeout_s", "perf_noise_pct", "slo", "server.port",
                        "model.served_name", "hardware.resources")
-#: What a record's ``versions`` MAY differ in: the plugin under validation itself. The rest (vLLM, torch,
-#: Python, GPU driver, the CPU model and core count) is the machine and its software, and must be the same.
-VERSIONS_MAY_DIFFER = ("r9k",)
+#: What a record's ``versions`` MAY differ in: the plugin under validation and the software stack a release
+#: ships with it (vLLM, torch, Python: a release may upgrade them, and the notes list the change). The rest (the
+#: CPU model and core count, the GPU driver, and whatever else the record holds) is the machine, and must be the
+#: same.
+VERSIONS_MAY_DIFFER = ("r9k", "vllm", "torch", "python")
 #: What a record's ``hardware`` MAY differ in (Ray's placement resources); kind, GPU count and power cap must not.
 HARDWARE_MAY_DIFFER = ("resources",)
 
@@ -129,7 +131,7 @@ def _diff(what: str, b: object, c: object, may: tuple[str, ...]) -> str | None:
     moved = [k for k in sorted(set(fb) | set(fc)) if not _skipped(k, may) and fb.get(k) != fc.get(k)]
     if not moved:
         return None
-    return (f"{what} differ (" + "; ".join(f"{k}: {fb.get(k)!r} vs {fc.get(k)!r}" for k in moved[:6])
+    return (f"{what} (" + "; ".join(f"{k}: {fb.get(k)!r} vs {fc.get(k)!r}" for k in moved[:6])
             + (f"; and {len(moved) - 6} more" if len(moved) > 6 else "") + ")")
 
 
@@ -143,8 +145,8 @@ def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machin
       settings, extra args, env, memory utilisation, model and dtype, hardware, ...); False where two
       configurations are compared on purpose (``--against-config``);
     - ``machine``: the machine, as the records hold it: ``hardware`` (kind, GPU count, power cap; not
-      :data:`HARDWARE_MAY_DIFFER`) and ``versions`` (the CPU model and core count, GPU driver, vLLM, torch,
-      Python; not :data:`VERSIONS_MAY_DIFFER`). False for the paired evals, which judge each question's answer
+      :data:`HARDWARE_MAY_DIFFER`) and ``versions`` (the CPU model and core count, the GPU driver; not
+      :data:`VERSIONS_MAY_DIFFER`). False for the paired evals, which judge each question's answer
       (a numerics difference shows as discordant questions, counted both ways); the snapshot's hardware is then
       left out too.
 
@@ -171,11 +173,11 @@ def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machin
             if not isinstance(s, dict):
                 bad.append(f"the {label}'s configuration snapshot holds no server settings (server = {s!r:.40})")
         may = SNAPSHOT_MAY_DIFFER + (() if machine else ("hardware",))
-        why = _diff("the configuration's settings as run", b.config_snapshot, c.config_snapshot, may)
+        why = _diff("the configuration's settings as run differ", b.config_snapshot, c.config_snapshot, may)
         if why:
             bad.append(why)
     if machine:
-        hw = _diff("the hardware", b.hardware, c.hardware, HARDWARE_MAY_DIFFER)
-        vs = _diff("the machine and its software", b.versions, c.versions, VERSIONS_MAY_DIFFER)
+        hw = _diff("the hardware differs", b.hardware, c.hardware, HARDWARE_MAY_DIFFER)
+        vs = _diff("the machine differs", b.versions, c.versions, VERSIONS_MAY_DIFFER)
         bad += [x for x in (hw, vs) if x]
     return bad

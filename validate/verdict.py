@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from validate.errors import EXIT_FAIL, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError, combine_exit
 from validate.record import FINDING_STATUSES, Record, Tree, recheck
+from validate.suite import audit_records, config_digest  # noqa: F401 - the verdict's, kept here for its callers
 
 Outcome = Literal["pass", "finding", "not-checked", "limited"]
 Area = Literal["suite", "paired", "perf", "release"]
@@ -225,13 +226,13 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
         chk.outcome, chk.status, chk.message = "not-checked", "server-restarted", restart
     if limit and chk.outcome == "pass":
         chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
+    stale = other_tree(rec, tree)
+    if rec.gate_mismatch and not stale and chk.outcome == "pass":  # said first: it explains an audit that fails
+        chk.outcome, chk.status = "not-checked", "gate-mismatch"
+        chk.message = f"the record of this tree does not match its suite file: {rec.gate_mismatch}"
     if rec.audit_failed and chk.outcome == "pass":
         chk.outcome, chk.status = "not-checked", "audit-failed"
         chk.message = f"the record does not stand on what it holds: {rec.audit_failed}"
-    stale = other_tree(rec, tree)
-    if rec.gate_mismatch and not stale and chk.outcome == "pass":
-        chk.outcome, chk.status = "not-checked", "gate-mismatch"
-        chk.message = f"the record of this tree does not match its suite file: {rec.gate_mismatch}"
     if stale and chk.outcome != "finding":
         why = f"made by another tree ({stale})"
         if accept_other_tree:
@@ -374,42 +375,6 @@ def share_checks(shares, strict: bool) -> list[Check]:
                          "regression" if f.regression else "within the threshold", f.message, [f.message],
                          properties=props))
     return out + not_compared("share gate", shares.unpaired, shares.limited, strict)
-
-
-def config_digest(snapshot: dict) -> str:
-    """The hash a record's ``config_hash`` holds for its ``config_snapshot`` (validate.config.ServeConfig.digest);
-    '-' for a snapshot that is not a configuration."""
-    from validate.config import ServeConfig
-
-    try:
-        return ServeConfig.model_validate(snapshot).digest()
-    except Exception:  # noqa: BLE001 - any malformed snapshot matches no hash
-        return "-"
-
-
-def audit_records(records: list[Record], reports: Path) -> None:
-    """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
-    does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
-    from validate.record import record_path
-    from validate.suite import get_runner, params_digest
-
-    for r in records:
-        try:
-            runner = get_runner(r.suite_kind)
-        except KeyError:
-            continue
-        if runner.audit is None:
-            continue
-        try:
-            why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
-        except Exception as e:
-            why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
-        if params_digest(r.params) != r.params_hash:  # the audits read their params: an edit there moves them
-            why = [f"its params do not match the params_hash {r.params_hash!r} it holds (edited)"] + list(why)
-        if r.config_snapshot and config_digest(r.config_snapshot) != r.config_hash:  # its SLO, for one
-            why = [f"its config_snapshot does not match the config_hash {r.config_hash!r} it holds (edited)"] + list(why)
-        if why:
-            r.audit_failed = "; ".join(why)
 
 
 def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: bool, what: str) -> list[Check]:

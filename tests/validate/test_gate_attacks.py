@@ -325,8 +325,8 @@ def _env(b, c):
 
 
 @pytest.mark.parametrize("change, why", [
-    (_machines, "the hardware differ (power: '210 W' vs None); the machine and its software differ (cpu: 'AMD EPYC "
-                "7B13, 2 cores' vs 'AMD EPYC 9654, 96 cores')"),
+    (_machines, "the hardware differs (power: '210 W' vs None); the machine differs (cpu: 'AMD EPYC 7B13, 2 "
+                "cores' vs 'AMD EPYC 9654, 96 cores')"),
     (_fp8, "the configuration's settings as run differ (server.extra_args: [] vs ['--kv-cache-dtype', 'fp8'])"),
     (_env, "the configuration's settings as run differ (env.VLLM_CPU_KVCACHE_SPACE: '2' vs '8')"),
 ])
@@ -383,3 +383,82 @@ def test_a_baseline_the_gate_refused_is_compared_and_drawn_nowhere(tmp_path, mon
     row = next(x for x in n["notes"].splitlines() if x.startswith("| decode step p50 (BetterBench) |"))
     assert row.startswith("| decode step p50 (BetterBench) | – |"), row
     assert "betterbench: not compared with v0.1.0's record:" in n["notes"]
+
+
+# --- records re-derived on read ---------------------------------------------------------------------------------
+
+
+def test_items_flagged_right_against_their_output_are_never_passed(tmp_path, monkeypatch, capsys):
+    """The 50 questions the candidate lost, flagged correct: true while their answer is "-1" for an expected
+    "10" (and so on): every output passed."""
+    c = eval_record("v0.2.0", LOST_50)
+    for i in range(50):
+        c.items[i].correct = True
+    save(tmp_path, eval_record("v0.1.0", BASE), c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert ("50 of its 200 items are not judged as their outputs give: test-0 says right with answer '-1'; its "
+            "output gives '-1' for the expected '10'") in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "cpu-smol / gsm8k" in n["opening"]
+    assert "cpu-smol / gsm8k: pass" not in n["notes"].split("## Checked")[1].split("##")[0]
+
+
+def test_metrics_that_are_not_the_items_counts_are_never_passed(tmp_path, monkeypatch, capsys):
+    """Items say 150 of 200, metrics 100 (50 %): the gate passed while the notes' title read 50 %."""
+    b, c = eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE)
+    for r, k in ((b, 150), (c, 100)):
+        r.metrics = {"n": 200, "errors": 0, "primary": "strict", "correct": k, "accuracy": k / 200}
+    save(tmp_path, b, c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert "its metrics are not its items' counts: correct = 100, its items give 150; accuracy = 0.5, its items give " \
+           "0.75" in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+
+
+def _soak(release, slope_mib_min=40.0, said_slope=None, status="pass"):
+    """A soak record of 10 minutes sampled every 10 s, the server's memory growing ``slope_mib_min`` MiB/min,
+    its stored slope ``said_slope`` (default: the true one) and verdict ``status``."""
+    from tests.validate.test_records_render import rec
+
+    samples = [[float(t), {"server_rss": 1000.0 + slope_mib_min * t / 60}] for t in range(0, 600, 10)]
+    said = slope_mib_min if said_slope is None else said_slope
+    r = rec("cpu-smol", "soak", status=status, metrics={
+        "clients": 4, "duration_s": 600.0, "served": 900, "errors": 0, "prompt_tok_s": 100.0, "output_tok_s": 50.0,
+        "prompt_tokens_range": [100, 400], "memory": {"server_rss": {
+            "peak": samples[-1][1]["server_rss"], "first": 1000.0, "last": samples[-1][1]["server_rss"],
+            "slope_mib_per_min": said, "total": None, "flat": said <= 32.0, "below_total": True}},
+        "memory_backends": ["psutil"], "max_slope_mib_per_min": 32.0, "samples": samples,
+        "memory_samples_in_life": len(samples)})
+    r.release, r.params = release, {"max_slope_mib_per_min": 32.0, "slope_skip_fraction": 0.5}
+    return r
+
+
+@pytest.mark.parametrize("edit", ["verdict", "verdict and slope"])
+def test_a_soak_whose_verdict_was_edited_to_pass_is_never_checked(tmp_path, monkeypatch, capsys, edit):
+    """A soak that leaked 40 MiB/min, its verdict edited from fail to pass (and its slope to 2 MiB/min): render
+    listed it under "Checked" and release --resume reused it (the release's verdict reads its records through
+    the same audit)."""
+    from validate.runners.soak import audit
+
+    r = _soak("v0.2.0", said_slope=None if edit == "verdict" else 2.0)
+    assert audit(_soak("v0.2.0", 1.0), None) == []  # a flat soak stands on its samples
+    save(tmp_path, r)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2
+    chk = next(c for c in out["verdict"].checks if c.name == "soak")
+    assert chk.outcome == "not-checked" and chk.status == "audit-failed"
+    assert "the record says pass, but its memory series and counts give: memory not flat: server_rss grows 40.0 " \
+           "MiB/min > 32.0" in chk.message
+    if edit != "verdict":
+        assert "memory.server_rss.slope_mib_per_min = 2.0, its samples give 40.0" in chk.message
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "none")
+    notes_blocked(n, 2)
+    assert "cpu-smol / soak" in n["opening"]
+    assert "cpu-smol / soak" not in n["notes"].split("## Checked")[1].split("##")[0]
