@@ -167,9 +167,6 @@ def record_limits(rec: Record) -> str | None:
         reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
     if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
         reasons.append("provenance not verified (external server)")
-    dropped = _dropped_depths(rec)
-    if dropped:
-        reasons.append(dropped)
     skipped = sum(1 for i in rec.items if (i.model_extra or {}).get("outcome") == "skipped")
     if skipped:  # a skipped test checked nothing (a GPU test on a CPU machine, a world size not set)
         reasons.append(f"{skipped:,} of {len(rec.items):,} tests skipped")
@@ -178,7 +175,9 @@ def record_limits(rec: Record) -> str | None:
 
 def _dropped_depths(rec: Record) -> str | None:
     """BetterBench's prefill depths the server's max_model_len left out (the runner measures only those up to
-    max_model_len - 8), said as a limit of the pass; None where none was."""
+    max_model_len - 8); None where none was. They are the configuration's reach, not a limit of the check: a
+    comparison holds the configuration's settings the same on both sides (validate.pairing.apart), so neither
+    side measured them; the verdict says them once, in its notes (:func:`depth_notes`)."""
     if rec.suite_kind != "betterbench":
         return None
     depths = rec.params.get("prefill_depths") if isinstance(rec.params, dict) else None
@@ -189,6 +188,18 @@ def _dropped_depths(rec: Record) -> str | None:
     out = [d for d in depths if isinstance(d, int) and d > mml - 8]
     return (f"prefill depths {', '.join(f'{d:,}' for d in out)} not measured (above max_model_len {mml:,} - 8)"
             if out else None)
+
+
+def depth_notes(records: list[Record]) -> list[str]:
+    """One note per BetterBench record whose configuration cannot host some of its prefill depths (its
+    max_model_len): said once beside the verdict, never a limited line of every gate on it."""
+    out = []
+    for r in records:
+        d = _dropped_depths(r)
+        if d:
+            out.append(f"{r.config}/{r.suite}: {d}: the configuration cannot host them, so no run of it measures "
+                       "them (sized to it)")
+    return list(dict.fromkeys(out))
 
 
 def other_tree(rec: Record, tree: Tree | None) -> str | None:
@@ -499,7 +510,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
         notes: lines to say beside the verdict.
     """
     v = ReleaseVerdict(release, baseline=baseline, baseline_why=baseline_why, comparison=comparison, perf=perf,
-                       notes=list(notes or []), what=what)
+                       notes=list(notes or []) + depth_notes(records), what=what)
     seen = set()
     for r in records:
         seen.add((r.config, r.suite))
