@@ -462,3 +462,31 @@ def test_a_soak_whose_verdict_was_edited_to_pass_is_never_checked(tmp_path, monk
     notes_blocked(n, 2)
     assert "cpu-smol / soak" in n["opening"]
     assert "cpu-smol / soak" not in n["notes"].split("## Checked")[1].split("##")[0]
+
+
+@pytest.mark.timeout(240)
+def test_resume_runs_again_a_record_that_does_not_stand_on_its_items(scratch, tmp_path, monkeypatch, capsys):
+    """A GSM8K record whose count was edited after the run: release --resume kept it and its verdict; it is said,
+    not kept, and run again."""
+    import json
+
+    from tests.conftest import tiny_gsm8k
+    from validate.record import record_path
+
+    scratch.config("fake-ok")
+    cl = scratch.root / "suites" / "release.yaml"
+    cl.write_text(cl.read_text().replace("- suite: fake-sanity", "- suite: fake-sanity\n- suite: gsm8k"))
+    monkeypatch.setenv("R9K_DATA_DIR", str(tiny_gsm8k(tmp_path / "data")))
+    args = ["release", "ra", "--config", "fake-ok", "--suite", "gsm8k", "--profile", "quick", "--baseline", "none"]
+    main(args)
+    p = record_path(scratch.root / "reports", "ra", "fake-ok", "gsm8k")
+    data = json.loads(p.read_text())
+    data["metrics"]["correct"] += 1
+    p.write_text(json.dumps(data))
+    capsys.readouterr()
+    main(args + ["--resume"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fake-ok/gsm8k: the record found is not kept (--resume): it does not stand on what it holds: its metrics " \
+           "are not its items' counts: correct =" in out
+    assert "gsm8k: complete record found" not in out
+    assert json.loads(p.read_text())["metrics"]["correct"] == data["metrics"]["correct"] - 1  # run again
