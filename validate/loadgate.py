@@ -247,12 +247,15 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
             if c.suite_kind == ARRIVALS_KIND:
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
+        shared = gated_shares(c) or gated_shares(b)  # a record with no gated share is the other gates' business
         if c.audit_failed:  # a candidate that does not stand on what it holds is judged on nothing
-            out.unpaired.append(f"{where}: the candidate's record does not stand on what it holds: {c.audit_failed}")
+            if shared:
+                out.unpaired.append(f"{where}: the candidate's record does not stand on what it holds: {c.audit_failed}")
             continue
         if b.audit_failed:  # an edited baseline must not decide the gate either way
-            out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on what it holds: "
-                                f"{b.audit_failed}")
+            if shared:
+                out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on what it holds: "
+                                    f"{b.audit_failed}")
             continue
         spec = rule(b, (checkout or {}).get(c.suite))
         params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(

@@ -419,6 +419,8 @@ def test_metrics_that_are_not_the_items_counts_are_never_passed(tmp_path, monkey
            "0.75" in out["console"].replace("\n", "")
     n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
     notes_blocked(n, 2)
+    assert "50.0" not in n["notes"].split("\n")[0] and "50.00%" not in n["notes"]  # shown nowhere, title included
+    assert "share gate gsm8k" not in n["notes"]  # said once per gate that would judge it, not by the share gates
 
 
 def _soak(release, slope_mib_min=40.0, said_slope=None, status="pass"):
