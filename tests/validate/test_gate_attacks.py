@@ -492,3 +492,23 @@ def test_resume_runs_again_a_record_that_does_not_stand_on_its_items(scratch, tm
            "are not its items' counts: correct =" in out
     assert "gsm8k: complete record found" not in out
     assert json.loads(p.read_text())["metrics"]["correct"] == data["metrics"]["correct"] - 1  # run again
+
+
+def test_a_soak_cut_short_on_paper_or_items_failed_under_a_pass_do_not_stand():
+    """Attacks on the audits themselves: memory_samples_in_life set to 0 (no series left to fit), a series left
+    out of the samples, and a GSM8K pass whose items failed to run (the runner makes that an error)."""
+    from validate.runners.gsm8k import audit as gsm_audit
+    from validate.runners.soak import audit as soak_audit
+
+    r = _soak("v0.2.0", said_slope=2.0)
+    r.metrics["memory_samples_in_life"] = 0
+    got = soak_audit(r, None)
+    assert got[0] == "memory_samples_in_life = 0 of 60 samples, and the server did not die"
+    assert any("memory not flat: server_rss grows 40.0 MiB/min > 32.0" in x for x in got)
+    r = _soak("v0.2.0", 1.0)
+    for _, row in r.metrics["samples"]:
+        row["gpu0"] = row.pop("server_rss")
+    assert "its memory holds server_rss, which its samples of the server's life do not" in soak_audit(r, None)
+    e = eval_record("v0.2.0", BASE, errors=range(150, 200))
+    e.metrics = {"n": 200, "errors": 50, "correct": 150, "accuracy": 0.75}
+    assert gsm_audit(e, None) == ["the record says pass, but 50 of its items failed to run"]

@@ -146,6 +146,8 @@ def audit(rec, folder) -> list[str]:
             and not (isinstance(m[k], (int, float)) and not isinstance(m[k], bool) and abs(m[k] - v) <= 1e-6)]
     if said:
         out.append("its metrics are not its items' counts: " + "; ".join(said[:4]))
+    if errors and rec.verdict.status == "pass":  # the runner's rule: a request that failed is an error of the run
+        out.append(f"the record says pass, but {errors} of its items failed to run")
     return out
 
 

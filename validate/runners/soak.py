@@ -136,7 +136,14 @@ def audit(rec, folder) -> list[str]:
     if "max_slope_mib_per_min" in params and params["max_slope_mib_per_min"] != bound:
         out.append(f"its metrics' bound {bound} MiB/min is not its params' {params['max_slope_mib_per_min']!r}")
     died = m.get("server_died_at_s") is not None
+    if not died and life_n != len(samples) or not 0 <= life_n <= len(samples):  # the runner cuts only at a death
+        out.append(f"memory_samples_in_life = {life_n} of {len(samples)} samples" + ("" if died else
+                                                                                    ", and the server did not die"))
+        life_n = len(samples) if not died else max(0, min(life_n, len(samples)))
     findings, errs, slopes = derived_findings(samples, life_n, bound, skip, totals, errors, died)
+    lost = sorted(set(memory) - set(slopes))
+    if lost:
+        out.append(f"its memory holds {', '.join(lost)}, which its samples of the server's life do not")
     for name, slope in slopes.items():
         stored = memory.get(name) if isinstance(memory.get(name), dict) else {}
         s = stored.get("slope_mib_per_min")
