@@ -43,10 +43,11 @@ from validate.pairing import apart
 from validate.record import Record, release_records, same_run
 
 BENCH_KIND = "betterbench"
-# Suite parameters that decide what a figure measures; records that differ in one never compare.
+# Suite parameters that decide what a figure measures; records that differ in one never compare. Only the number
+# of passes may differ (the rank test takes the counts as they are).
 MEASURING_PARAMS = ("decode_tokens", "prefill_depths", "concurrency", "requests_per_client", "prompt_tokens", "agg_tokens",
                     "shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",
-                    "prefix_output_tokens")
+                    "prefix_output_tokens", "seed")
 #: The shared-prompt and prefix rows' parameters: a baseline recorded before the rows existed holds none of them;
 #: its other figures still compare, and the rows' figures are "not measured by the baseline" (limited).
 ROW_PARAMS = ("shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",

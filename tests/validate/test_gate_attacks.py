@@ -324,11 +324,16 @@ def _env(b, c):
     c.config_snapshot["env"]["VLLM_CPU_KVCACHE_SPACE"] = "8"
 
 
+def _seed(b, c):
+    b.params["seed"], c.params["seed"] = 0, 1
+
+
 @pytest.mark.parametrize("change, why", [
     (_machines, "the hardware differs (power: '210 W' vs None); the machine differs (cpu: 'AMD EPYC 7B13, 2 "
                 "cores' vs 'AMD EPYC 9654, 96 cores')"),
     (_fp8, "the configuration's settings as run differ (server.extra_args: [] vs ['--kv-cache-dtype', 'fp8'])"),
     (_env, "the configuration's settings as run differ (env.VLLM_CPU_KVCACHE_SPACE: '2' vs '8')"),
+    (_seed, "suite parameters differ (seed: 0 vs 1)"),
 ])
 def test_a_pair_of_other_machines_or_settings_is_refused_and_drawn_nowhere(tmp_path, monkeypatch, capsys, change, why):
     """A 2-core EPYC capped at 210 W against a 96-core one, uncapped; --kv-cache-dtype fp8 in the candidate's
