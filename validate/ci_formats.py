@@ -7,7 +7,10 @@ write is a check whose outcome is pass. Outcomes map onto JUnit results as follo
 ==================================  ==========================================================================
 check outcome                       JUnit testcase
 ==================================  ==========================================================================
-pass                                passed (no result element); its figures and limits in ``<system-out>``
+pass                                passed (no result element); its figures in ``<system-out>``
+pass with limits                    ``<skipped type="limited" message="not a full check: <limits>">``: a
+                                    quick profile, a subset, too few questions to detect a regression (the
+                                    console and the summary call it limited: never a passed testcase)
 finding                             ``<failure type="<status>" message="<message>">``: fail, wrong-tree,
                                     plugin-inactive, regression (a paired eval), perf-regression (a figure)
 not-checked                         ``<error type="<status>">``: a suite that did not complete, evals or
@@ -130,12 +133,14 @@ def _check_case(c: Check, release: str) -> ET.Element:
     props = _record_properties(c.record, with_profile=c.area == "suite") if c.record else {"release": release}
     _properties(case, props | c.properties)
     tag = _TAG.get(c.outcome)
-    if tag is not None:
+    if c.outcome == "pass" and c.limits:  # limited, as the console and the summary call it: not a pass
+        _result(case, "skipped", "limited", f"not a full check: {c.limits}", _capped_lines(list(c.detail)))
+    elif tag is not None:
         kind = "perf-regression" if c.area == "perf" and c.outcome == "finding" else c.status
         lines = ([c.message] if c.message and c.message not in c.detail else []) + list(c.detail)
         _result(case, tag, kind, c.message or c.status, _capped_lines(lines))
     else:
-        lines = list(c.detail) + ([f"not a full check: {c.limits}"] if c.limits else [])
+        lines = list(c.detail)
         if lines:
             _system_out(case, _capped_lines(lines))
     return case

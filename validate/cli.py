@@ -560,7 +560,7 @@ def _perf_gate(args) -> int:
     from validate.perfgate import BENCH_KIND, compare_perf
     from validate.record import release_records
     from validate.suite import perf_gate_specs, share_gate_specs
-    from validate.verdict import assess, audit_records, release_check
+    from validate.verdict import assess, audit_records, baseline_lacks, release_check
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
     base_reports = Path(args.baseline_reports) if args.baseline_reports else reports
@@ -576,8 +576,10 @@ def _perf_gate(args) -> int:
     base = release_records(base_reports, args.against, skipped=[])
     audit_records(cand, reports)
     audit_records(base, base_reports)
-    shares = compare_shares(args.release, cand, args.against, base, share_gate_specs(_root()))
+    shares = compare_shares(args.release, cand, args.against, base, share_gate_specs(_root()), configs=args.config)
     extra = _gate_tree(args, {BENCH_KIND, ARRIVALS_KIND})
+    if perf is None:  # the candidate holds no BetterBench record: the baseline's are named, never left out
+        extra += baseline_lacks(cand, base, {BENCH_KIND}, "perf", "perf", args.config, strict=True)
     if not shares.figures and not shares.unpaired and (perf is None or not (perf.figures or perf.unpaired
                                                                             or perf.limited)):
         extra.append(release_check("performance gate", "no figure to compare"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from validate.errors import InputError
+from validate.pairing import apart
 from validate.reasoning import pairing_reasons
 from validate.record import Record, release_records, same_run
 from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
@@ -58,6 +59,7 @@ class PairedTask:
     min_flaggable_drop: int | None = None  # fewest questions lost (none gained) that the gate would flag
     mdr: float | None = None  # drop detected with 80% power at the observed discordant rate; inf: none; None: b+c=0
     power: float = 0.8
+    baseline_task: str | None = None  # the baseline's suite, where it was renamed (validate.pairing)
 
     @property
     def acc_baseline(self) -> float:
@@ -101,10 +103,13 @@ class PairedTask:
         return "no significant regression"
 
 
-def pair(base: Record, cand: Record, across_thinking: bool = False) -> PairedTask:
+def pair(base: Record, cand: Record, across_thinking: bool = False, configuration: bool = True) -> PairedTask:
     """Pair two records of one task. Raises PairingError naming every difference that forbids it.
     ``across_thinking``: pair a thinking record with one that does not think, or across end-of-thinking
-    markers (refused otherwise: validate.reasoning.pairing_reasons)."""
+    markers (refused otherwise: validate.reasoning.pairing_reasons). The model, the configuration's settings as
+    run (``configuration``: False where two configurations are compared on purpose, ``--against-config``) and
+    the metrics formula must be the same (validate.pairing.apart; the machine may differ: each question's answer
+    is judged)."""
     what = f"{cand.config}/{cand.suite} ({cand.release}) against {base.config}/{base.suite} ({base.release})"
     reasons = []
     for label, r in (("baseline", base), ("candidate", cand)):
@@ -127,6 +132,8 @@ def pair(base: Record, cand: Record, across_thinking: bool = False) -> PairedTas
             if k not in NON_SCORING_PARAMS and base.params.get(k) != cand.params.get(k)]
     if diff:
         reasons.append("suite parameters differ (" + ", ".join(diff[:5]) + ")")
+    reasons += [x for x in apart(base, cand, machine=False, configuration=configuration)
+                if not x.startswith("other suite kinds")]  # another model or dtype must not pair (said above)
     if not across_thinking:
         reasons += pairing_reasons(base, cand)  # thinking against none, or other end-of-thinking markers
     for label, r in (("baseline", base), ("candidate", cand)):
@@ -215,6 +222,7 @@ class Comparison:
     # the unpaired of them that no subset explains: both full sets (or the baseline's record incomplete), yet not
     # comparable (other scoring params, data, prompts). In a release these are "cannot check", not "Not checked"
     blocking: list[str] = field(default_factory=list)
+    renamed: list[str] = field(default_factory=list)  # tasks paired by kind with a baseline suite of another name
 
 
 def compare_releases(reports: Path, candidate: str, baseline: str, configs: list[str] | None = None,
@@ -240,24 +248,36 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         raise InputError(f"{candidate} against itself: a release is never its own baseline (to compare two "
                          "configurations of one release, name the baseline's with --against-config)")
 
+    from validate.pairing import match_records
+
     kinds = paired_eval_kinds()
     cand = [r for r in release_records(reports, candidate) if r.suite_kind in kinds]
-    base = {(r.config, r.suite): r for r in release_records(reports_baseline or reports, baseline, skipped)
-            if r.suite_kind in kinds}
+    base_list = [r for r in release_records(reports_baseline or reports, baseline, skipped) if r.suite_kind in kinds]
     if configs:
         cand = [r for r in cand if r.config in configs]
     if tasks:
         cand = [r for r in cand if r.suite in tasks]
-        base = {k: v for k, v in base.items() if k[1] in tasks}
+        base_list = [r for r in base_list if r.suite in tasks]
     if not cand:
         raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
-    if not base:
+    if not base_list:
         raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
-    tasks, unpaired, blocking = [], [], []
+    from validate.suite import audit_records
+
+    audit_records(cand, reports)  # each item judged again from its output, the counts recounted (Runner.audit)
+    audit_records(base_list, reports_baseline or reports)
+    tasks, unpaired, blocking, renamed = [], [], [], []
     same_folder = reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()
-    for r in cand:
-        key = (against_config or r.config, r.suite)
-        b = base.get(key)
+    matching = match_records(cand, base_list, against_config, configs)
+    for m in matching.pairs:
+        r, b = m.cand, m.base
+        key = (b.config, b.suite) if b is not None else (against_config or r.config, r.suite)
+        if m.refused:
+            unpaired.append(m.refused)
+            blocking.append(m.refused)
+            continue
+        if m.renamed:
+            renamed.append(m.renamed)
         if b is not None and candidate == baseline and same_folder and key == (r.config, r.suite):
             unpaired.append(f"{r.config}/{r.suite}: a record is never its own baseline")
             blocking.append(unpaired[-1])
@@ -270,8 +290,15 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         if b is None:
             unpaired.append(f"{r.config}/{r.suite}: the baseline {baseline} has no record of {key[0]}/{key[1]}")
             continue
+        stand = [f"the {label}'s record does not stand on what it holds: {x.audit_failed}"
+                 for label, x in (("candidate", r), ("baseline", b)) if x.audit_failed]
+        if stand:  # a flag or a count the data do not give decides nothing, either way
+            unpaired.append(f"{r.config}/{r.suite}: cannot pair: " + "; ".join(stand))
+            blocking.append(unpaired[-1])
+            continue
         try:
-            tasks.append(pair(b, r, across_thinking))
+            tasks.append(pair(b, r, across_thinking, configuration=against_config is None))
+            tasks[-1].baseline_task = b.suite
         except PairingError as e:
             unpaired.append(str(e))
             # a quick subset of the candidate against a full baseline is the run's own choice (listed); anything
@@ -279,15 +306,17 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
             cand_subset = r.dataset is not None and r.dataset.subset
             if r.verdict.status in ("pass", "fail") and not (cand_subset and any(SUBSET_REASON in w for w in e.reasons)):
                 blocking.append(str(e))
-    # A task the baseline has and the candidate lacks is a gap, never a silent pass.
-    have = {(against_config or r.config, r.suite) for r in cand}
-    for cfg, suite in sorted(base):
-        in_scope = cfg == against_config if against_config else (not configs or cfg in configs)
-        if in_scope and (cfg, suite) not in have:
-            unpaired.append(f"{cfg}/{suite}: the candidate {candidate} has no record of it (the baseline {baseline} has)")
+    # A task the baseline has and the candidate lacks is a gap, never a silent pass: it blocks where the candidate
+    # ran the configuration (a configuration left out of the run is limited in a release)
+    for b, config_run in sorted(matching.lacking, key=lambda x: (x[0].config, x[0].suite)):
+        unpaired.append(f"{b.config}/{b.suite}: the candidate {candidate} has no record of it (the baseline {baseline} "
+                        f"has, of suite kind {b.suite_kind!r})" + ("" if config_run else
+                                                                 f"; the candidate ran no eval on {b.config}"))
+        if config_run:
+            blocking.append(unpaired[-1])
     apply_holm(tasks, alpha)
     attach_sensitivity(tasks, alpha)
-    return Comparison(candidate, baseline, tasks, unpaired, alpha, blocking)
+    return Comparison(candidate, baseline, tasks, unpaired, alpha, blocking, renamed)
 
 
 #: ``--baseline none``: compare with no baseline (the automatic choice is :func:`previous_release`).
@@ -311,7 +340,7 @@ def choose_baseline(reports: Path, release: str, baseline: str | None,
     name = previous_release(reports, release, want)
     by_version = _version(release) is not None
     # the whole rule (most configurations and suites, newest among equals) is in the README; this is said often
-    rule = "pre-releases, dev and local versions are never taken; name one with --baseline"
+    rule = RELEASED_RULE + "; name another with --baseline"
     if name is None:
         return None, (f"no {'older ' if by_version else ''}released version under reports/ holds a record to compare "
                       f"with ({rule})")
@@ -323,7 +352,7 @@ def choose_baseline(reports: Path, release: str, baseline: str | None,
 
 def _version(name: str):
     """``name`` as a packaging Version ('v0.3.3' and '0.3.3' alike; one leading 'v' only), None when it is not
-    one."""
+    one. Any PEP 440 version: what a candidate's name is ordered by (the baselines are :func:`released_version`)."""
     from packaging.version import InvalidVersion, Version
 
     stem = name[1:] if name.startswith("v") else name
@@ -335,9 +364,30 @@ def _version(name: str):
         return None
 
 
+#: The rule for a folder name that is a released version, said in the notes and the docs.
+RELEASED_RULE = ("a released version is a folder named as a PEP 440 final release, optionally 'v'-prefixed, in "
+                 "canonical form with at least major.minor (v0.3.2, 1.0, v0.3.2.post1): never a pre-release (rc, a, "
+                 "b), dev or local version (+exp), an epoch, or a bare number such as a pull request's 1234")
+
+
+def released_version(name: str):
+    """``name`` as a packaging Version when it names a released version (:data:`RELEASED_RULE`), else None.
+
+    A post-release (v0.3.2.post1) is a release of the same version's code with a fix outside it, so it counts;
+    a name whose canonical form differs (v0.3.2-1, 01.2) or that has one release component (1234, a pull
+    request's folder) does not."""
+    k = _version(name)
+    stem = name[1:] if name.startswith("v") else name
+    if (k is None or str(k) != stem or len(k.release) < 2 or k.epoch or k.is_prerelease or k.is_devrelease
+            or k.local is not None):
+        return None
+    return k
+
+
 def previous_release(reports: Path, release: str, want: set[tuple[str, str]] | None = None) -> str | None:
-    """The baseline release under ``reports`` for ``release``: among the *released* versions (no pre-release
-    such as v0.2.0rc1, no dev release, no local version such as v0.3.1+exp) older than ``release`` by version order
+    """The baseline release under ``reports`` for ``release``: among the *released* versions
+    (:func:`released_version`: no pre-release such as v0.2.0rc1, no dev release, no local version such as
+    v0.3.1+exp, no bare number such as a pull request's 1234/) older than ``release`` by version order
     (v0.3.2 before v0.3.3, v0.9 before v0.10), or for a name that is not a version (such as ``candidate``) among
     every released version, the one that holds records a gate compares (a paired eval or BetterBench) of the most
     (configuration, suite kind) pairs of ``want`` (any such record, when None), the newest among equals. A
@@ -361,9 +411,8 @@ def _eligible(reports: Path, release: str) -> list:
     cur = _version(release)
     out = []
     for d in reports.iterdir():
-        k = _version(d.name) if d.is_dir() and d.name != release else None
-        if (k is None or k.is_prerelease or k.is_devrelease or k.local is not None
-                or (cur is not None and k >= cur)):
+        k = released_version(d.name) if d.is_dir() and d.name != release else None
+        if k is None or (cur is not None and k >= cur):
             continue
         out.append((k, d.name))
     return out

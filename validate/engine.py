@@ -32,7 +32,7 @@ from validate.provenance_checks import (check_dispatch, check_provenance, curren
 from validate.record import (FINDING_STATUSES, Record, ServerInfo, Verdict, now_iso, read_record, record_path,
                              write_record)
 from validate.runners.base import RunContext, SuiteResult
-from validate.suite import LoadedSuite, find_suite, get_runner
+from validate.suite import LoadedSuite, audit_records, find_suite, get_runner
 
 
 SERVER_DIED = "server died during the suite"
@@ -327,6 +327,12 @@ class Engine:
                 same = runner.dataset_hash(s.params, self.o.root, self.o.data_dir) == rec.dataset.sha256
             except InputError:
                 same = False
+        if same:  # a record whose verdict, flags or counts its own data do not give is run again, never kept
+            audit_records([rec], self.o.reports)
+            if rec.audit_failed:
+                self.say(f"[yellow]{cfg.name}/{s.spec.name}: the record found is not kept (--resume): it does not "
+                         f"stand on what it holds: {esc(rec.audit_failed)}[/yellow]")
+                return None
         return rec if same else None
 
     def _start(self, cfg: ServeConfig, folder: Path) -> srvmod.Server:

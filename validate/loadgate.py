@@ -25,7 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from validate.record import Record, measures_apart
+from validate.pairing import apart
+from validate.record import Record
 from validate.stats import two_proportion_drop
 
 ARRIVALS_KIND = "arrivals"
@@ -211,30 +212,55 @@ def judge_acceptance(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -
     return f, None
 
 
+def gated_shares(r: Record) -> list[str]:
+    """The shares a record holds that the share gates judge: "the SLO share" (an arrivals record), "the draft
+    acceptance" (a server that speculated)."""
+    return ((["the SLO share"] if r.suite_kind == ARRIVALS_KIND else [])
+            + (["the draft acceptance"] if spec_counts(r) is not None else []))
+
+
 def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list[Record],
-                   checkout: dict[str, ShareGateSpec] | None = None) -> ShareComparison:
+                   checkout: dict[str, ShareGateSpec] | None = None,
+                   configs: list[str] | None = None) -> ShareComparison:
     """Judge every share of the candidate's records against the baseline's record of the same configuration and
-    suite (``checkout``: the suite files' share gates by suite name). Never raises for a malformed record."""
+    suite, or the one it was renamed from (validate.pairing) (``checkout``: the suite files' share gates by suite
+    name). A gated share of a baseline record the candidate lacks is named: unpaired where the candidate ran the
+    configuration, else limited (``configs``: the configurations in scope). Never raises for a malformed
+    record."""
+    from validate.pairing import match_records
+
     out = ShareComparison(candidate, baseline)
-    by = {(r.config, r.suite): r for r in base}
-    for c in cand:
-        b = by.get((c.config, c.suite))
+    matching = match_records(cand, base, configs=configs)
+    for b, config_run in matching.lacking:
+        for what in gated_shares(b):
+            (out.unpaired if config_run else out.limited).append(
+                f"{b.config}/{b.suite}: {what} is gated and the candidate {candidate} has no such record (the "
+                f"baseline {baseline} has)" + ("" if config_run else f"; the candidate ran nothing on {b.config}"))
+    for m in matching.pairs:
+        c, b = m.cand, m.base
         where = f"{c.config}/{c.suite}"
+        if m.refused:
+            if gated_shares(c):
+                out.unpaired.append(m.refused)
+            continue
         if b is None:
             if c.suite_kind == ARRIVALS_KIND:
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
+        shared = gated_shares(c) or gated_shares(b)  # a record with no gated share is the other gates' business
         if c.audit_failed:  # a candidate that does not stand on what it holds is judged on nothing
-            out.unpaired.append(f"{where}: the candidate's record does not stand on what it holds: {c.audit_failed}")
+            if shared:
+                out.unpaired.append(f"{where}: the candidate's record does not stand on what it holds: {c.audit_failed}")
             continue
         if b.audit_failed:  # an edited baseline must not decide the gate either way
-            out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on what it holds: "
-                                f"{b.audit_failed}")
+            if shared:
+                out.unpaired.append(f"{where}: the baseline {baseline}'s record does not stand on what it holds: "
+                                    f"{b.audit_failed}")
             continue
         spec = rule(b, (checkout or {}).get(c.suite))
         params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(
             sorted(set(b.params) | set(c.params)))
-        bad = measures_apart(b, c, params)
+        bad = apart(b, c, params)
         jobs = ([judge_slo] if c.suite_kind == ARRIVALS_KIND else []) + [judge_acceptance]
         for job in jobs:
             if bad:

@@ -8,6 +8,10 @@ A figure regresses when both hold (and passes only when it moved by no more than
 2. significant: a one-sided Mann-Whitney rank test of the candidate's per-pass values against the baseline's
    (scipy.stats.mannwhitneyu, exact where no values tie) gives p < alpha.
 
+The median hides a shift of some passes (9 of 20 twice as slow leave it where it was): a significant rank test
+together with the mean or the bad tail (the 90th percentile of a time, the 10th of a rate) worse by more than the
+threshold is a regression too.
+
 A shift that is significant and larger than the threshold is a regression wherever it lies against the band:
 the band (:func:`run_band`: the 10th to 90th percentile of the baseline's passes where there are five or more,
 else their min and max) is shown to tell noise from a change, never to excuse one.
@@ -35,13 +39,15 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from validate.errors import InputError
-from validate.record import Record, measures_apart, release_records, same_run
+from validate.pairing import apart
+from validate.record import Record, release_records, same_run
 
 BENCH_KIND = "betterbench"
-# Suite parameters that decide what a figure measures; records that differ in one never compare.
+# Suite parameters that decide what a figure measures; records that differ in one never compare. Only the number
+# of passes may differ (the rank test takes the counts as they are).
 MEASURING_PARAMS = ("decode_tokens", "prefill_depths", "concurrency", "requests_per_client", "prompt_tokens", "agg_tokens",
                     "shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",
-                    "prefix_output_tokens")
+                    "prefix_output_tokens", "seed")
 #: The shared-prompt and prefix rows' parameters: a baseline recorded before the rows existed holds none of them;
 #: its other figures still compare, and the rows' figures are "not measured by the baseline" (limited).
 ROW_PARAMS = ("shared_copies", "shared_tokens", "prefix_tokens", "prefix_suffix_tokens", "prefix_concurrency",
@@ -118,6 +124,8 @@ class PerfFigure:
     mark: str = "within the threshold"
     regression: bool = False
     cannot_tell: bool = False  # worse by more than the threshold without the evidence to call it: never a pass
+    mean_worse_pct: float = 0.0  # the mean's move, in the bad direction (percent of the baseline's mean)
+    tail_worse_pct: float = 0.0  # the bad tail's move (p90 of a time, p10 of a rate), in the bad direction
     suite: str = BENCH_KIND
     floor_pct: float = 0.0  # the run-to-run drift the move was held against
     message: str = ""
@@ -196,6 +204,7 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
         raise ValueError(f"{config}/{figure}: a pass value of {bad[0]!r} is no time or rate")
     f.change_pct = 100.0 * (f.cand_median - f.base_median) / f.base_median
     f.worse_pct = f.change_pct if lower else -f.change_pct
+    f.mean_worse_pct, f.tail_worse_pct = _spread_moves(base, cand, lower)
     f.base_band, f.cand_band = run_band(base), run_band(cand)
     lo, hi = f.base_band
     f.outside_band = (f.cand_median > hi) if lower else (f.cand_median < lo)
@@ -209,7 +218,10 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     f.min_p = 1.0 / math.comb(len(base) + len(cand), len(cand))
     f.cannot_tell = f.min_p >= alpha
     bar = max(threshold_pct, floor_pct)
-    f.regression = not f.cannot_tell and f.worse_pct > bar and f.p_value < alpha
+    # the median alone hides a shift of some passes (9 of 20 twice as slow leave it where it was): the rank test
+    # sees it, and the mean or the tail in the bad direction says how large it is
+    hidden = f.worse_pct <= bar and max(f.mean_worse_pct, f.tail_worse_pct) > bar
+    f.regression = not f.cannot_tell and (f.worse_pct > bar or hidden) and f.p_value < alpha
     band = "beyond the baseline's band" if f.outside_band or better_outside else "inside the baseline's band"
     move = f"{f.worse_pct:+.1f}% in the bad direction (threshold {threshold_pct:g}%), {band}"
     if f.cannot_tell:
@@ -222,6 +234,11 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     if f.regression:
         f.mark = "slower"
         f.message = f"a regression: {move}, rank-test p = {f.p_value:.3g} < {alpha:g}"
+        if hidden:
+            f.message = (f"a regression the median hides: the median {f.worse_pct:+.1f}%, the mean "
+                         f"{f.mean_worse_pct:+.1f}% and the {'90th' if lower else '10th'} percentile "
+                         f"{f.tail_worse_pct:+.1f}% in the bad direction (threshold {threshold_pct:g}%), rank-test "
+                         f"p = {f.p_value:.3g} < {alpha:g}")
         if floor_pct > threshold_pct:
             f.message += f"; beyond the run-to-run drift of {floor_pct:g}% too"
     elif -f.worse_pct > bar and p_better < alpha:
@@ -245,6 +262,21 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     return f
 
 
+def _spread_moves(base: list[float], cand: list[float], lower: bool) -> tuple[float, float]:
+    """(the mean's move, the bad-direction tail's move), each in percent of the baseline's and counted in the bad
+    direction: the tail is the 90th percentile for a time (slow passes), the 10th for a rate (numpy's linear
+    interpolation)."""
+    import numpy as np
+
+    q = 90 if lower else 10
+    out = []
+    for b, c in ((statistics.fmean(base), statistics.fmean(cand)),
+                 (float(np.percentile(base, q)), float(np.percentile(cand, q)))):
+        move = 100.0 * (c - b) / b if b > 0 else 0.0
+        out.append(move if lower else -move)
+    return out[0], out[1]
+
+
 def _rows(r: Record) -> list[dict]:
     """A record's per-pass rows, those that are mappings (a record edited by hand may hold anything)."""
     rows = r.metrics.get("per_pass") if isinstance(r.metrics, dict) else None
@@ -256,6 +288,29 @@ def _passes(records: list[Record], figure: str) -> list[float]:
     return [float(row[figure]) for r in records for row in _rows(r)
             if isinstance(row.get(figure), (int, float)) and not isinstance(row.get(figure), bool)
             and math.isfinite(row[figure])]
+
+
+def unusable_passes(r: Record, figure: str, label: str) -> list[str]:
+    """Why ``figure``'s per-pass values in record ``r`` cannot be used, naming each pass: a value that is not a
+    positive finite number (NaN, Infinity, null, a string, a boolean, 0 or below), or the figure missing from
+    some passes of a record that measured it in others (the runner writes every figure of every pass it
+    completed). [] when every pass holds a positive finite number, or none holds the figure. ``label``:
+    "baseline" or "candidate", for the message."""
+    rows = _rows(r)
+    held = [row for row in rows if figure in row]
+    if not held:
+        return []
+    out = []
+    for i, row in enumerate(held):
+        v = row[figure]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            # a time or a rate is a positive finite number: 0 ms would read as faster than anything
+            out.append(f"pass {row.get('pass', i)!r} of the {label} holds {v!r}, not a positive finite number")
+    missing = [row.get("pass", i) for i, row in enumerate(rows) if figure not in row]
+    if missing:
+        out.append(f"the {label} measured it in {len(held)} of {len(rows)} passes (missing from pass "
+                   f"{', '.join(map(str, missing[:5]))}{' ...' if len(missing) > 5 else ''})")
+    return out
 
 
 @dataclass
@@ -279,16 +334,33 @@ class PerfComparison:
 def comparable(b: Record, c: Record) -> list[str]:
     """Why the figures of record ``b`` (baseline) and ``c`` (candidate) of one suite measure different things, or
     [] when they measure the same: the measuring parameters as run (:func:`measuring_params`; a row parameter
-    compares only where both records hold the rows), :func:`validate.record.measures_apart` (completion, kind,
-    server settings, model, hardware), and the same metrics formula. The performance gate, the notes' Numbers table,
-    their title and the pictures pair by this one rule."""
+    compares only where both records hold the rows) and :func:`validate.pairing.apart` (completion, kind, the
+    configuration's settings as run, model and dtype, the machine, the metrics formula)."""
     pb, pc = measuring_params(b), measuring_params(c)
-    bad = measures_apart(b, c, ())
+    bad = apart(b, c)
     diff = [k for k in MEASURING_PARAMS if k in pb and k in pc and pb[k] != pc[k]]
     if diff:
         bad.insert(0, "suite parameters differ (" + ", ".join(f"{k}: {pb[k]!r} vs {pc[k]!r}" for k in diff) + ")")
-    if b.metrics_formula_version != c.metrics_formula_version:
-        bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
+    return bad
+
+
+def refusal(b: Record, c: Record) -> list[str]:
+    """Why the performance gate refuses to compare ``c`` with ``b``, or []: :func:`comparable`, a baseline that
+    is a copy of the candidate (validate.record.same_run), a completed BetterBench record without per-pass
+    values, a stored ``perf_gate`` that is not a valid one. The gate, the notes' Numbers table, their title and
+    the figures compare and draw a pair only where this is empty: a refused baseline is compared nowhere."""
+    if same_run(b, c):
+        return ["the baseline's record is a copy of the candidate's (the same run: tree, start time and outputs): "
+                "a record is never its own baseline"]
+    bad = comparable(b, c)
+    for label, r in (("baseline", b), ("candidate", c)):
+        if r.suite_kind == BENCH_KIND and r.verdict.status in ("pass", "fail") and not _rows(r):
+            bad.append(f"the {label} record holds no per-pass values")
+        if r.perf_gate is not None:
+            try:
+                PerfGateSpec.model_validate(r.perf_gate)
+            except ValueError as e:
+                bad.append(f"the {label}'s stored perf_gate is not a valid one ({' '.join(str(e).split())[:200]})")
     return bad
 
 
@@ -393,30 +465,37 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
     if candidate == baseline and (reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()):
         raise InputError(f"{candidate} against itself: a release is never its own baseline")
     breports = reports_baseline or reports
+    from validate.pairing import match_records
+
     cand = [r for r in (records if records is not None else release_records(reports, candidate))
             if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
-    base = {(r.config, r.suite): r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND}
+    base = [r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND]
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
     out = PerfComparison(candidate, baseline)
-    have = {(c.config, c.suite) for c in cand}
-    for (cfg, suite), b in sorted(base.items()):  # a BetterBench record the baseline has and the candidate lacks
-        if (cfg, suite) not in have and (not configs or cfg in configs):
-            out.limited.append(f"{cfg}/{suite}: the candidate {candidate} has no such record (the baseline {baseline} has)")
-    for c in cand:
-        b = base.get((c.config, c.suite))
+    matching = match_records(cand, base, configs=configs)
+    # a BetterBench record the baseline has and the candidate lacks: it blocks where the candidate ran the
+    # configuration (a configuration left out of the run is limited in a release)
+    for b, config_run in matching.lacking:
+        (out.unpaired if config_run else out.limited).append(
+            f"{b.config}/{b.suite}: the candidate {candidate} has no such record (the baseline {baseline} has)"
+            + ("" if config_run else f"; the candidate ran no BetterBench on {b.config}"))
+    for m in matching.pairs:
+        c, b = m.cand, m.base
         where = f"{c.config}/{c.suite}"
+        if m.refused:
+            out.unpaired.append(m.refused)
+            continue
+        if m.renamed:
+            out.notes.append(m.renamed)
         if b is None:
             out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
+        bad = refusal(b, c)  # the one rule the notes' Numbers table, title and figures read too
         if same_run(b, c):
             out.unpaired.append(f"{where}: the baseline {baseline}'s record is a copy of the candidate's (the same "
                                 "run: tree, start time and outputs): a record is never its own baseline")
             continue
-        bad = comparable(b, c)
-        for label, r in (("baseline", b), ("candidate", c)):
-            if r.verdict.status in ("pass", "fail") and not _rows(r):
-                bad.append(f"the {label} record holds no per-pass values")
         if bad:
             # only a quick candidate against a full baseline is the run's own choice, and only where the profile
             # explains every difference (its parameters); anything else should have been compared and was not
@@ -441,6 +520,11 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         for name in names:
             t = spec.threshold(name)
             if t is None:
+                continue
+            unusable = unusable_passes(b, name, "baseline") + unusable_passes(c, name, "candidate")
+            if unusable:  # dropping them would judge the passes left: a figure of 8 passes out of 20 may pass
+                out.unpaired.append(f"{where}: {name}: cannot judge: " + "; ".join(unusable[:4])
+                                    + (f" (and {len(unusable) - 4} more)" if len(unusable) > 4 else ""))
                 continue
             bv, cv = _passes(bruns, name), _passes(cruns, name)
             if bv and not cv:  # a gated figure the candidate lost is never a silent pass

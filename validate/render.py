@@ -180,6 +180,8 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
                        tree_hash=hashes.most_common(1)[0][0] if hashes else None)
     for cfg, suites in by_config.items():
         for r in suites.values():
+            if r.audit_failed:  # figures its own data do not give are shown in no table and no title
+                continue
             view.by_kind.setdefault(cfg, {}).setdefault(r.suite_kind, r)
     if records:
         view.first_started = min(r.started_at for r in records).replace("T", " ").replace("+00:00", "")
@@ -337,27 +339,35 @@ def server_row(records: dict[str, Record]) -> ServerRow:
 
 def attach_numbers(view: ReleaseView, reports: Path) -> None:
     """Baseline against candidate, figure by figure, per configuration, pairing only records that measured the
-    same thing (:func:`validate.perfgate.comparable`, the rule the performance gate pairs by): the baseline's
-    record of the same suite. A suite whose baseline record is of another kind of measurement shows the
+    same thing and that the performance gate would compare (:func:`validate.perfgate.refusal`, the rule the gate
+    pairs by): the baseline's record of the same suite. A suite whose baseline record is refused shows the
     candidate alone and says why in ``view.numbers_notes``. Figures the performance gate judged carry its mark."""
     from validate.figures import compare_figures, setting_changes
-    from validate.perfgate import comparable
+    from validate.perfgate import refusal
     from validate.record import record_history, release_records
+    from validate.suite import audit_records
 
     base_by: dict[str, dict[str, Record]] = {}
     if view.baseline:
-        for r in release_records(reports, view.baseline, skipped=[]):
+        base_all = release_records(reports, view.baseline, skipped=[])
+        audit_records(base_all, reports)
+        for r in base_all:
             base_by.setdefault(r.config, {})[r.suite] = r
     marks = {(f.config, f.suite, f.figure): f.mark for f in (view.perf.figures if view.perf else [])}
     for cfg, suites in view.by_config.items():
         cand = {s: record_history(reports, view.release, cfg, s) for s in suites}
         base: dict[str, list[Record]] = {}
         notes = []
-        for s, c in suites.items():
+        for s, c in list(suites.items()):
+            if c.audit_failed:  # figures its own data do not give are shown nowhere (re-derived on read)
+                notes.append(f"{s}: not shown: the record does not stand on what it holds: {c.audit_failed}")
+                cand.pop(s, None)
+                continue
             b = base_by.get(cfg, {}).get(s)
             if b is None:
                 continue
-            why = comparable(b, c)
+            why = refusal(b, c) + ([f"the baseline's record does not stand on what it holds: {b.audit_failed}"]
+                                   if b.audit_failed else [])
             if why:
                 notes.append(f"{s}: not compared with {view.baseline}'s record: {'; '.join(why)}")
             else:
@@ -388,6 +398,8 @@ def headline(view: ReleaseView) -> str:
     from validate.suite import ordered_kinds
 
     def phrase(runner, rec) -> str | None:
+        if rec.audit_failed:  # its own data do not give its figures: the title never shows them
+            return None
         try:
             return runner.headline(rec)
         except (TypeError, ValueError, KeyError, AttributeError):  # a record edited by hand: no phrase, no crash

@@ -115,6 +115,8 @@ class Runner:
             ``RunContext.baseline_hint``; the arrivals kind: the baseline's SLO rate, to probe it again).
         audit: ``audit(record, folder) -> [reason]``: why a record read from ``folder`` does not stand on its items or
             attachments (empty when it does); the verdict makes such a record not-checked.
+        audit_hashes: the audit reads the record's params and configuration, so they must give its ``params_hash``
+            and ``config_hash`` too (an audit that re-derives from what the metrics repeat of them sets False).
     """
 
     kind: str
@@ -131,6 +133,7 @@ class Runner:
     dataset_hash: Callable[..., str] | None = None
     baseline_hint: Callable[[Any], Any] | None = None
     audit: Callable[[Any, Path], list[str]] | None = None
+    audit_hashes: bool = True
 
 
 RUNNERS: dict[str, Runner] = {}
@@ -215,6 +218,43 @@ def params_digest(params: Any) -> str:
         return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
     except (TypeError, ValueError):
         return "-"
+
+
+def config_digest(snapshot: dict) -> str:
+    """The hash a record's ``config_hash`` holds for its ``config_snapshot`` (validate.config.ServeConfig.digest);
+    '-' for a snapshot that is not a configuration."""
+    from validate.config import ServeConfig
+
+    try:
+        return ServeConfig.model_validate(snapshot).digest()
+    except Exception:  # noqa: BLE001 - any malformed snapshot matches no hash
+        return "-"
+
+
+def audit_records(records: list[Record], reports: Path) -> None:
+    """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
+    does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
+    from validate.record import record_path
+
+    for r in records:
+        try:
+            runner = get_runner(r.suite_kind)
+        except KeyError:
+            continue
+        if runner.audit is None:
+            continue
+        try:
+            why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
+        except Exception as e:
+            why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
+        if not runner.audit_hashes:
+            pass
+        elif params_digest(r.params) != r.params_hash:  # the audits read their params: an edit there moves them
+            why = [f"its params do not match the params_hash {r.params_hash!r} it holds (edited)"] + list(why)
+        if runner.audit_hashes and r.config_snapshot and config_digest(r.config_snapshot) != r.config_hash:
+            why = [f"its config_snapshot does not match the config_hash {r.config_hash!r} it holds (edited)"] + list(why)
+        if why:
+            r.audit_failed = "; ".join(why)
 
 
 @dataclass

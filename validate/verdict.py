@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from validate.errors import EXIT_FAIL, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError, combine_exit
 from validate.record import FINDING_STATUSES, Record, Tree, recheck
+from validate.suite import audit_records, config_digest  # noqa: F401 - the verdict's, kept here for its callers
 
 Outcome = Literal["pass", "finding", "not-checked", "limited"]
 Area = Literal["suite", "paired", "perf", "release"]
@@ -166,9 +167,6 @@ def record_limits(rec: Record) -> str | None:
         reasons.append(f"a subset: {rec.dataset.n_used:,} of {rec.dataset.n_total:,} items (seed {rec.dataset.seed})")
     if rec.server.launched is False and rec.server.provenance_ok is None and rec.server.url:
         reasons.append("provenance not verified (external server)")
-    dropped = _dropped_depths(rec)
-    if dropped:
-        reasons.append(dropped)
     skipped = sum(1 for i in rec.items if (i.model_extra or {}).get("outcome") == "skipped")
     if skipped:  # a skipped test checked nothing (a GPU test on a CPU machine, a world size not set)
         reasons.append(f"{skipped:,} of {len(rec.items):,} tests skipped")
@@ -177,7 +175,9 @@ def record_limits(rec: Record) -> str | None:
 
 def _dropped_depths(rec: Record) -> str | None:
     """BetterBench's prefill depths the server's max_model_len left out (the runner measures only those up to
-    max_model_len - 8), said as a limit of the pass; None where none was."""
+    max_model_len - 8); None where none was. They are the configuration's reach, not a limit of the check: a
+    comparison holds the configuration's settings the same on both sides (validate.pairing.apart), so neither
+    side measured them; the verdict says them once, in its notes (:func:`depth_notes`)."""
     if rec.suite_kind != "betterbench":
         return None
     depths = rec.params.get("prefill_depths") if isinstance(rec.params, dict) else None
@@ -188,6 +188,18 @@ def _dropped_depths(rec: Record) -> str | None:
     out = [d for d in depths if isinstance(d, int) and d > mml - 8]
     return (f"prefill depths {', '.join(f'{d:,}' for d in out)} not measured (above max_model_len {mml:,} - 8)"
             if out else None)
+
+
+def depth_notes(records: list[Record]) -> list[str]:
+    """One note per BetterBench record whose configuration cannot host some of its prefill depths (its
+    max_model_len): said once beside the verdict, never a limited line of every gate on it."""
+    out = []
+    for r in records:
+        d = _dropped_depths(r)
+        if d:
+            out.append(f"{r.config}/{r.suite}: {d}: the configuration cannot host them, so no run of it measures "
+                       "them (sized to it)")
+    return list(dict.fromkeys(out))
 
 
 def other_tree(rec: Record, tree: Tree | None) -> str | None:
@@ -225,13 +237,13 @@ def suite_check(rec: Record, tree: Tree | None = None, accept_other_tree: bool =
         chk.outcome, chk.status, chk.message = "not-checked", "server-restarted", restart
     if limit and chk.outcome == "pass":
         chk.limits = "; ".join(x for x in (chk.limits, limit) if x)
+    stale = other_tree(rec, tree)
+    if rec.gate_mismatch and not stale and chk.outcome == "pass":  # said first: it explains an audit that fails
+        chk.outcome, chk.status = "not-checked", "gate-mismatch"
+        chk.message = f"the record of this tree does not match its suite file: {rec.gate_mismatch}"
     if rec.audit_failed and chk.outcome == "pass":
         chk.outcome, chk.status = "not-checked", "audit-failed"
         chk.message = f"the record does not stand on what it holds: {rec.audit_failed}"
-    stale = other_tree(rec, tree)
-    if rec.gate_mismatch and not stale and chk.outcome == "pass":
-        chk.outcome, chk.status = "not-checked", "gate-mismatch"
-        chk.message = f"the record of this tree does not match its suite file: {rec.gate_mismatch}"
     if stale and chk.outcome != "finding":
         why = f"made by another tree ({stale})"
         if accept_other_tree:
@@ -251,6 +263,8 @@ def _paired_lines(x, cmp) -> list[str]:
         lines.append(f"difference {100 * (x.acc_candidate - x.acc_baseline):+.1f} points, "
                      f"95% interval {100 * x.diff_ci[0]:+.1f} to {100 * x.diff_ci[1]:+.1f}")
     lines.append(f"verdict: {x.verdict_text}" + (f"; {x.sensitivity}" if x.sensitivity else ""))
+    if x.baseline_task and x.baseline_task != x.task:
+        lines.append(f"paired with the baseline's {x.baseline_config}/{x.baseline_task} (the same suite kind; renamed)")
     if x.lost:
         lines.append(f"right only in {cmp.baseline}: " + ", ".join(x.lost[:40]) + (" ..." if len(x.lost) > 40 else ""))
     return lines
@@ -283,6 +297,8 @@ def paired_checks(cmp, strict: bool, records: list[Record] = ()) -> list[Check]:
         if x.diff_ci:
             props.update({"diff_ci_low": f"{x.diff_ci[0]:.6g}", "diff_ci_high": f"{x.diff_ci[1]:.6g}"})
         name = paired_name(x.task, cmp.baseline, x.baseline_config, x.config)
+        if x.baseline_task and x.baseline_task != x.task:  # paired by kind (validate.pairing): both names said
+            props["baseline_task"] = x.baseline_task
         if x.regression:
             out.append(Check(x.config, name, "paired", "finding", "regression",
                              f"{x.config}/{x.task} regressed: {x.b} lost vs {x.c} gained, one-sided p = {x.p_one_sided:.3g}, Holm-adjusted "
@@ -311,6 +327,27 @@ def not_compared(gate: str, unpaired: list[str], limited: list[str], strict: boo
                                                                       for r in limited]:
         cfg, suite = _task_of(reason)
         out.append(Check(cfg, f"{gate} {suite}", "perf", outcome, "not compared", reason, [reason]))
+    return out
+
+
+def baseline_lacks(cand: list[Record], base: list[Record], kinds: set[str], gate: str, area: Area,
+                   configs: list[str] | None = None, strict: bool = False) -> list[Check]:
+    """Lines for the baseline's records of ``kinds`` that the candidate has no record of (not even one renamed:
+    validate.pairing), for a gate that did not run because the candidate holds no record of those kinds: each
+    named, not-checked where the candidate ran the configuration (or ``strict``: a gate on its own), else
+    limited (the configuration was left out of the run). ``gate``: the lines' name, "<gate> <suite>"."""
+    from validate.pairing import match_records
+
+    m = match_records([r for r in cand if r.suite_kind in kinds], [b for b in base if b.suite_kind in kinds],
+                      configs=configs)
+    ran = {r.config for r in cand}
+    out = []
+    for b, _ in m.lacking:
+        msg = (f"{b.config}/{b.suite}: the baseline holds a record of suite kind {b.suite_kind!r} and the candidate "
+               f"none: the {gate} compared nothing" + ("" if b.config in ran else
+                                                       f" (the candidate ran nothing on {b.config})"))
+        out.append(Check(b.config, f"{gate} {b.suite}", area, "not-checked" if strict or b.config in ran else "limited",
+                         "not compared", msg, [msg]))
     return out
 
 
@@ -349,42 +386,6 @@ def share_checks(shares, strict: bool) -> list[Check]:
                          "regression" if f.regression else "within the threshold", f.message, [f.message],
                          properties=props))
     return out + not_compared("share gate", shares.unpaired, shares.limited, strict)
-
-
-def config_digest(snapshot: dict) -> str:
-    """The hash a record's ``config_hash`` holds for its ``config_snapshot`` (validate.config.ServeConfig.digest);
-    '-' for a snapshot that is not a configuration."""
-    from validate.config import ServeConfig
-
-    try:
-        return ServeConfig.model_validate(snapshot).digest()
-    except Exception:  # noqa: BLE001 - any malformed snapshot matches no hash
-        return "-"
-
-
-def audit_records(records: list[Record], reports: Path) -> None:
-    """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
-    does not stand on them; a kind that cannot be found or an audit that raises says so the same way."""
-    from validate.record import record_path
-    from validate.suite import get_runner, params_digest
-
-    for r in records:
-        try:
-            runner = get_runner(r.suite_kind)
-        except KeyError:
-            continue
-        if runner.audit is None:
-            continue
-        try:
-            why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
-        except Exception as e:
-            why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
-        if params_digest(r.params) != r.params_hash:  # the audits read their params: an edit there moves them
-            why = [f"its params do not match the params_hash {r.params_hash!r} it holds (edited)"] + list(why)
-        if r.config_snapshot and config_digest(r.config_snapshot) != r.config_hash:  # its SLO, for one
-            why = [f"its config_snapshot does not match the config_hash {r.config_hash!r} it holds (edited)"] + list(why)
-        if why:
-            r.audit_failed = "; ".join(why)
 
 
 def tree_checks(records: list[Record], tree: Tree | None, accept_other_tree: bool, what: str) -> list[Check]:
@@ -509,7 +510,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
         notes: lines to say beside the verdict.
     """
     v = ReleaseVerdict(release, baseline=baseline, baseline_why=baseline_why, comparison=comparison, perf=perf,
-                       notes=list(notes or []), what=what)
+                       notes=list(notes or []) + depth_notes(records), what=what)
     seen = set()
     for r in records:
         seen.add((r.config, r.suite))
@@ -524,6 +525,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
                 v.checks.append(Check(cfg, s, "suite", "limited", "not run", "did not run (no record)"))
     if comparison is not None:
         v.checks += paired_checks(comparison, strict, records)
+        v.notes += getattr(comparison, "renamed", [])
     if perf is not None:
         v.checks += perf_checks(perf, strict)
         v.notes += perf.notes
@@ -601,6 +603,10 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                                                        f"under {reports}"))
         kinds = paired_eval_kinds()
         has_evals = any(r.suite_kind in kinds for r in records)
+        if not has_evals:  # what the baseline has and the candidate lacks is named, never left out
+            extra += baseline_lacks(records, base_records, set(kinds), "paired", "paired", configs)
+        if not any(r.suite_kind == BENCH_KIND for r in records):
+            extra += baseline_lacks(records, base_records, {BENCH_KIND}, "perf", "perf", configs)
         if has_evals:
             try:
                 cmp = compare_releases(reports, release, base, configs=configs, skipped=[],
@@ -622,7 +628,8 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         try:
             from validate.suite import share_gate_specs
 
-            shares = compare_shares(release, records, base, base_records, share_gate_specs(root) if root else None)
+            shares = compare_shares(release, records, base, base_records, share_gate_specs(root) if root else None,
+                                    configs=configs)
         except Exception as e:
             extra.append(release_check("share gates", f"the share gates could not run: {type(e).__name__}: {e}"))
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")

@@ -303,10 +303,13 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
 
 
 @pytest.mark.timeout(180)
-def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch):
+def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch, monkeypatch):
     from validate.cli import main
 
-    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=2)
+    # the server's speed comes from outside its configuration, as a slower plugin's would: a configuration whose
+    # env differs is another configuration, never compared (validate.pairing.apart)
+    monkeypatch.setenv("FAKE_VLLM_ITL_MS", "2")
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99})
     assert main(["suite", "arr", "--config", "fake-arr", "--release", "v1.0.0"]) == 0
     # the candidate's release probes the baseline's SLO rate again, with the same schedule and prompts
     assert main(["release", "v1.1.0", "--baseline", "v1.0.0"]) == 0
@@ -336,7 +339,8 @@ def test_the_slo_share_at_the_baselines_rate_gates_the_release(scratch):
     assert main(["gate", "v1.1.0", "--against", "v1.0.0", "--perf"]) == 2
     att.write_bytes(kept)
     # a slower decode (TPOT 80 ms against the 50 ms limit): no request meets the SLO at the baseline's rate
-    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99}, FAKE_VLLM_ITL_MS=80)
+    monkeypatch.setenv("FAKE_VLLM_ITL_MS", "80")
+    arrivals_checkout(scratch, "fake-arr", {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99})
     assert main(["release", "v1.2.0", "--baseline", "v1.0.0"]) == 1
     notes = (scratch.root / "reports" / "v1.2.0" / "RELEASE.md").read_text()
     assert "slo arr at 4 req/s" in notes and "100.0% -> 0.0% of requests met the SLO at 4 req/s" in notes

@@ -139,16 +139,20 @@ def test_junit_counts_per_configuration_and_in_total():
     xml = parse(text)
     got = {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in xml}
     # a skipped suite is an error: the release exits 2 on it, so the report must not read green
-    assert got == {"cpu-smol": (3, 1, 1, 0), "gpu-box": (2, 1, 1, 0)}
-    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (5, 2, 2, 0)
+    # a quick-profile pass is limited: skipped with its reason, as the console and the summary say it
+    assert got == {"cpu-smol": (3, 1, 1, 1), "gpu-box": (2, 1, 1, 0)}
+    assert (xml.tests, xml.failures, xml.errors, xml.skipped) == (5, 2, 2, 1)
     # the written counts agree with junitparser's own count of the testcases
     again = recount(text)
     assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in again} == got
-    assert (again.tests, again.failures, again.errors, again.skipped) == (5, 2, 2, 0)
+    assert (again.tests, again.failures, again.errors, again.skipped) == (5, 2, 2, 1)
     c = cases(xml)
     assert list(c) == [("cpu-smol", "sanity"), ("cpu-smol", "gsm8k"), ("cpu-smol", "probe"),
                        ("gpu-box", "sanity"), ("gpu-box", "probe")]
-    assert c["cpu-smol", "probe"].is_passed
+    [lim] = c["cpu-smol", "probe"].result
+    assert isinstance(lim, Skipped) and lim.type == "limited" and lim.message == "not a full check: quick profile"
+    full = cases(parse(junit_xml(assess("v9", [rec("cpu-smol", "probe", profile="full")]))))
+    assert full["cpu-smol", "probe"].is_passed
     assert c["cpu-smol", "gsm8k"].time == 3.25 and c["cpu-smol", "sanity"].time == 12.5
     s = {x.name: x for x in xml}
     assert s["cpu-smol"].time == pytest.approx(28.25) and xml.time == pytest.approx(53.25)
@@ -232,7 +236,7 @@ def test_a_paired_regression_is_one_failure_and_an_unpaired_task_an_error():
     xml = parse(text)
     # in a release a task only the candidate has is limited (a skip); a gate on its own (strict) cannot pass it
     assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in xml} == \
-        {"cpu-smol": (4, 1, 0, 0), "gpu-box": (1, 0, 0, 1)}
+        {"cpu-smol": (4, 1, 0, 3), "gpu-box": (1, 0, 0, 1)}  # quick records and a subset pair: limited
     assert (xml.tests, xml.failures, xml.errors) == (5, 1, 0)
     strict = parse(junit_xml(assess("v9", records, comparison=cmp, strict=True)))
     assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in strict}["gpu-box"] == (1, 0, 1, 0)
@@ -243,8 +247,10 @@ def test_a_paired_regression_is_one_failure_and_an_unpaired_task_an_error():
                          f"Holm-adjusted {gsm.p_holm:.3g} < alpha 0.05")
     assert "b = right only in v8, c = right only in v9" in f.text and gsm.sensitivity in f.text
     assert f"verdict: regression; {gsm.sensitivity}" in f.text and "95% interval" in f.text
-    ok = c["cpu-smol", "paired humaneval vs v8"]
-    assert ok.is_passed and cmp.tasks[1].sensitivity in ok.system_out and cmp.tasks[1].verdict_text in ok.system_out
+    [ok] = c["cpu-smol", "paired humaneval vs v8"].result  # a subset pair, too few questions: limited, never passed
+    assert isinstance(ok, Skipped) and ok.type == "limited"
+    assert ok.message == "not a full check: a subset; too few questions to detect a regression"
+    assert cmp.tasks[1].sensitivity in ok.text and cmp.tasks[1].verdict_text in ok.text
     [u] = c["gpu-box", "paired gsm8k vs v8"].result
     assert isinstance(u, Skipped) and u.type == "not paired" and u.message == cmp.unpaired[0]
     root = ET.fromstring(text)
@@ -267,7 +273,7 @@ def test_performance_gate_results():
                           unpaired=["gpu-box/betterbench: cannot compare: suite parameters differ (decode_tokens: 128 vs 512)"])
     xml = parse(junit_xml(assess("v9", [rec("cpu-smol", "betterbench")], perf=perf)))
     assert {s.name: (s.tests, s.failures, s.errors, s.skipped) for s in xml} == \
-        {"cpu-smol": (4, 1, 0, 1), "gpu-box": (1, 0, 1, 0)}
+        {"cpu-smol": (4, 1, 0, 2), "gpu-box": (1, 0, 1, 0)}  # the quick record: limited
     c = cases(xml)
     [f] = c["cpu-smol", "perf combined_decode_tok_s"].result
     assert isinstance(f, Failure) and f.type == "perf-regression" and f.message == slow.message

@@ -22,6 +22,12 @@ def eval_record(release, right: set[int], *, config="cpu-smol", suite="gsm8k", s
     r.items = [Item(id=f"test-{i}", prompt_hash=f"h{i}{prompt_salt if i == 7 else ''}", gen={"max_tokens": max_tokens},
                     output=(outputs or {}).get(i, f"answer {i}"), correct=i in right, error="HTTP 500" if i in errors else None)
                for i in range(N)]
+    if "gsm8k" in suite and outputs is None:  # as the runner writes them: the audit judges each item again
+        for i, item in enumerate(r.items):
+            item.expected = str(i + 10)
+            if item.error is None:
+                item.answer = item.expected if item.correct else "-1"
+                item.output = f"So the answer is 7 + {i + 3}.\n#### {item.answer}"
     return r
 
 
@@ -41,7 +47,7 @@ def save(tmp_path, *records):
 def test_pair_counts_and_exact_p():
     base_right = set(range(0, 120))                      # 120 right
     cand_right = (base_right - set(range(0, 14))) | set(range(120, 136))  # loses 14, gains 16
-    t = pair(eval_record("v1", base_right), eval_record("v2", cand_right, outputs={i: f"other {i}" for i in range(50)}))
+    t = pair(eval_record("v1", base_right, outputs={}), eval_record("v2", cand_right, outputs={i: f"other {i}" for i in range(50)}))
     assert (t.n, t.b, t.c, t.correct_baseline, t.correct_candidate) == (N, 14, 16, 120, 122)
     assert t.lost == [f"test-{i}" for i in sorted(range(14), key=lambda i: f"test-{i}")]
     assert round(t.p_two_sided, 2) == 0.86  # the seeds' v0.3.0 table: 14 vs 16, p = 0.86

@@ -106,11 +106,21 @@ def test_requests_the_living_server_fails_under_load_fail_the_soak(scratch):
 
 
 def _forge_better_baseline(scratch, cand_rel: str, base_rel: str, cfg: str = "fake-ok", suite: str = "gsm8k"):
-    """The baseline: the candidate's own record with every question right (a release the candidate regressed from)."""
+    """The baseline: the candidate's own record with every question right (a release the candidate regressed from),
+    its outputs giving the expected answers and its counts recounted, as the audit re-derives them on read."""
     rec = json.loads((scratch.root / "reports" / cand_rel / cfg / f"{suite}.json").read_text())
     rec["release"] = base_rel
     for it in rec["items"]:
         it["correct"] = True
+        if suite == "gsm8k":
+            it["output"] = f"#### {it['expected']}"
+            for k in ("answer", "answer_strict", "answer_flexible"):
+                it[k] = it["expected"]
+            it["correct_strict"] = it["correct_flexible"] = True
+    if suite == "gsm8k":
+        n = len(rec["items"])
+        rec["metrics"].update(correct=n, correct_strict=n, correct_flexible=n, accuracy=1.0, accuracy_strict=1.0,
+                              accuracy_flexible=1.0)
     dst = scratch.root / "reports" / base_rel / cfg / f"{suite}.json"
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_text(json.dumps(rec))

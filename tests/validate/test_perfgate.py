@@ -125,12 +125,14 @@ def test_a_lost_figure_a_nan_or_other_server_settings_are_never_a_pass(tmp_path)
     write_record(record_path(tmp_path, "v2", "cpu-smol", "betterbench"), lost)
     cmp = compare_perf(tmp_path, "v2", "v1")
     assert "decode_step_ms" not in {f.figure for f in cmp.figures}
-    assert any("decode_step_ms is gated and measured in the baseline but missing from the candidate" in u for u in cmp.unpaired)
+    # written as null: every pass holds a value that is no number, named
+    assert any("decode_step_ms: cannot judge: pass 0 of the candidate holds None, not a positive finite number" in u
+               for u in cmp.unpaired)
     moved = _bench("v4", 38.0, 4)
     moved.config_snapshot = {"server": {"max_num_seqs": 4}}
     write_record(record_path(tmp_path, "v4", "cpu-smol", "betterbench"), moved)
     (u,) = compare_perf(tmp_path, "v4", "v1").unpaired
-    assert "the server settings that define the figures differ (max_num_seqs: None vs 4)" in u
+    assert "the configuration's settings as run differ (server.max_num_seqs: None vs 4)" in u
 
 
 def test_a_candidate_serving_another_model_dtype_or_hardware_is_not_compared(tmp_path):

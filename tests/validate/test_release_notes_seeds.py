@@ -42,9 +42,11 @@ def make(release: str, cfg: str, suite: str, side: int) -> Record:
              "accuracy_flexible": GSM_RIGHT / 1319, "errors": 0}
         dataset = Dataset(name="gsm8k-test", sha256="g" * 64, n_total=1319, n_used=1319, subset=False)
         # the same answers on both sides but for 10 questions lost and 10 gained (McNemar p = 1.00), and
-        # byte-identical outputs on 1,019 of 1,319 questions
-        right = set(range(GSM_RIGHT)) if side == 0 else (set(range(GSM_RIGHT)) - set(range(10))) | set(range(GSM_RIGHT, GSM_RIGHT + 10))
-        items = [Item(id=f"test-{i}", prompt_hash=f"p{i}", gen={"max_tokens": 1024}, output=f"o{i}-{side if i < 300 else 0}",
+        # byte-identical outputs on 1,019 of 1,319 questions; each output gives its answer as the runner reads it
+        right = set(range(GSM_RIGHT + 10)) - set(range(290, 300) if side == 0 else range(10))
+        items = [Item(id=f"test-{i}", prompt_hash=f"p{i}", gen={"max_tokens": 1024}, expected=str(1000 + i),
+                      answer=str(1000 + i) if i in right else "-1",
+                      output=f"o{i}-{side if i < 300 else 0}\n#### {1000 + i if i in right else -1}",
                       correct=i in right) for i in range(1319)]
     elif suite == "humaneval":
         m = {"n": 164, "passed": HE_PASSED, "correct": HE_PASSED, "accuracy": HE_PASSED / 164, "timeout": 0}
@@ -56,9 +58,13 @@ def make(release: str, cfg: str, suite: str, side: int) -> Record:
              "aggregate_tok_s": f["c16"][side], "prefill_depth": 8192, "prefill_tok_s": 6740.0, "ttft_ms_p50": 44.0,
              "decode_tokens": 512, "repeats": 3}
     elif suite == "soak":
+        # a warm-up over the first half, then 0.4 MiB/min: the slope the verdict fits over the second half
+        samples = [[10.0 * k, {"gpu0_mib": 30000.0 + (1280.0 * k / 75 if k < 75 else 1280.0 + 0.4 * (k - 75) / 6)}]
+                   for k in range(150)]
         m = {"served": f["soak"][side], "errors": 0, "clients": 16, "duration_s": 1500.0, "prompt_tok_s": 6666.0,
              "memory": {"gpu0_mib": {"peak": 31301.0, "total": 32624.0, "slope_mib_per_min": 0.4, "flat": True,
-                                     "below_total": True, "first": 30000.0, "last": 31300.0}}}
+                                     "below_total": True, "first": 30000.0, "last": 31300.0}},
+             "max_slope_mib_per_min": 32.0, "samples": samples, "memory_samples_in_life": len(samples)}
     elif suite == "betterbench":
         if f["combined"] is None:
             return None

@@ -62,7 +62,7 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
         release: the candidate release.
         baseline: the release to draw beside it, or None for none (pass the notes' baseline, e.g.
             ``validate.compare.resolve_baseline(reports, release, None)``). Its record of a suite is drawn only
-            where it measured the same thing (:func:`validate.perfgate.comparable`, the performance gate's rule).
+            where the performance gate would compare it (:func:`validate.perfgate.refusal`, the gate's rule).
         notes: where given, a line per figure that could not be drawn (a record holding values no figure can
             show) or per baseline left out, and why; the figure is then not written, and nothing raises.
 
@@ -74,7 +74,7 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
             other releases that do not read are left out of the history).
         OSError: the figures folder cannot be written.
     """
-    from validate.perfgate import comparable
+    from validate.perfgate import refusal
 
     check_release_name(release)
     if baseline == release:
@@ -105,10 +105,10 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
         recs = [r for r in cand if r.config == cfg and r.verdict.status in DRAWN]
         for rec in sorted((r for r in recs if r.suite_kind == "betterbench"), key=lambda r: r.suite):
             b = base_by.get((cfg, rec.suite))
-            if b is not None and comparable(b, rec):
+            why = refusal(b, rec) if b is not None else []
+            if why:
                 if notes is not None:
-                    notes.append(f"{cfg}/{rec.suite}: {b.release}'s record is not drawn beside it: "
-                                 + "; ".join(comparable(b, rec)))
+                    notes.append(f"{cfg}/{rec.suite}: {b.release}'s record is not drawn beside it: " + "; ".join(why))
                 b = None
             stem = f"{_safe(cfg)}/{_safe(rec.suite)}"
             who = f"{b.release} vs {release}" if b else release
@@ -133,7 +133,7 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
             if cur is None:
                 continue
             b = base_by.get((cfg, rec.suite))
-            bc = rate_curve(b, b.release) if b is not None and not comparable(b, rec) else None
+            bc = rate_curve(b, b.release) if b is not None and not refusal(b, rec) else None
             slo = rec.metrics.get("slo") if isinstance(rec.metrics.get("slo"), dict) else {}
             who = f"{b.release} vs {release}" if bc else release
             emit(f"{_safe(cfg)}/{_safe(rec.suite)}-rate.png",

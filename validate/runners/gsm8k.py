@@ -90,8 +90,70 @@ def dataset_hash(p: GSM8KParams, root, data_dir) -> str:
     return sha256_file(require_file(data_dir, "gsm8k/test.jsonl"))
 
 
+def answers(reply) -> tuple[str | None, str | None]:
+    """(strict, flexible) answer of a split reply (validate.reasoning.split_reply): thinking that never ended
+    holds no answer. The runner judges each reply by it, and :func:`audit` each item again from its output."""
+    said = reply.answer or ""
+    return g.extract_answer(said, "strict"), g.extract_answer(said, "flexible")
+
+
+def audit(rec, folder) -> list[str]:
+    """Why a GSM8K record does not stand on its items (empty when it does): each item is judged again from its
+    output against its expected answer (:func:`answers` after the record's end-of-thinking marker: the answer the
+    server sent apart from its thinking does not move it), so an item flagged right whose output gives another
+    answer is named; and the counts in ``metrics`` (n, errors, correct, correct_strict, correct_flexible and the
+    accuracies) are recounted from the items. A record without items has nothing to recount (the paired gate
+    refuses it). ``folder`` is not read."""
+    from validate.reasoning import DEFAULT_THINK_END
+
+    if not rec.items:
+        return []
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    snap = rec.config_snapshot if isinstance(rec.config_snapshot, dict) else {}
+    primary = m.get("primary", (rec.params or {}).get("primary", "strict"))
+    if primary not in ("strict", "flexible"):
+        return [f"its primary extraction {primary!r} is neither strict nor flexible"]
+    think_end = m.get("think_end") or snap.get("think_end") or DEFAULT_THINK_END
+    if not isinstance(think_end, str):
+        return [f"its end-of-thinking marker {think_end!r} is not text"]
+    right = {"strict": 0, "flexible": 0}
+    errors, wrong = 0, []
+    for i in rec.items:
+        if i.error:
+            errors += 1
+            if i.correct:
+                wrong.append(f"{i.id} failed to run ({i.error}) and says right")
+            continue
+        if not isinstance(i.expected, str):
+            wrong.append(f"{i.id} holds no expected answer to judge it by")
+            continue
+        s, f = answers(split_reply(i.output or "", "", think_end))
+        right["strict"] += s == i.expected
+        right["flexible"] += f == i.expected
+        ans = s if primary == "strict" else f
+        if bool(i.correct) != (ans == i.expected) or i.answer != ans:
+            wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'} with answer {i.answer!r}; its output gives "
+                         f"{ans!r} for the expected {i.expected!r}")
+    out = []
+    if wrong:
+        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outputs give: "
+                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    n = len(rec.items)
+    want = {"n": n, "errors": errors, "correct": right[primary], "correct_strict": right["strict"],
+            "correct_flexible": right["flexible"], "accuracy": round(right[primary] / n, 6),
+            "accuracy_strict": round(right["strict"] / n, 6), "accuracy_flexible": round(right["flexible"] / n, 6)}
+    said = [f"{k} = {m[k]!r}, its items give {v!r}" for k, v in want.items() if k in m
+            and not (isinstance(m[k], (int, float)) and not isinstance(m[k], bool) and abs(m[k] - v) <= 1e-6)]
+    if said:
+        out.append("its metrics are not its items' counts: " + "; ".join(said[:4]))
+    if errors and rec.verdict.status == "pass":  # the runner's rule: a request that failed is an error of the run
+        out.append(f"the record says pass, but {errors} of its items failed to run")
+    return out
+
+
 @register_runner("gsm8k", GSM8KParams, preflight=preflight, metrics_model=GSM8KMetrics, figures=figures,
-                 headline=headline, summary=summary, paired_eval=True, order=30, dataset_hash=dataset_hash)
+                 headline=headline, summary=summary, paired_eval=True, order=30, dataset_hash=dataset_hash,
+                 audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
     test_path = require_file(ctx.data_dir, "gsm8k/test.jsonl")
     questions = g.load_split(test_path, "test")
@@ -117,8 +179,7 @@ async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
             errors += 1
         else:
             reply = split_reply(r.text, r.reasoning, ctx.think_end)
-            said = reply.answer or ""  # thinking that never ended holds no answer
-            s, f = g.extract_answer(said, "strict"), g.extract_answer(said, "flexible")
+            s, f = answers(reply)
             item.answer_strict, item.answer_flexible = s, f
             item.correct_strict, item.correct_flexible = s == q.gold, f == q.gold
             right["strict"] += s == q.gold

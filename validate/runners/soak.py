@@ -131,8 +131,79 @@ def summary(rec) -> str:
     return f"{m['served']} served, {m['errors']} errors"
 
 
+def derived_findings(samples: list, life_n: int, max_slope: float, skip: float, totals: dict[str, Any],
+                     errors: int, died: bool) -> tuple[list[str], list[str], dict[str, float | None]]:
+    """The runner's rule over a soak's memory samples: (findings, errors, slope per series in MiB/min). ``samples``:
+    [[t_s, {series: MiB}], ...]; ``life_n``: how many of them fall in the server's life (the rest show a process
+    tree torn down); ``totals``: each series' total where known; ``errors``: requests the living server failed;
+    ``died``: the server died during the soak (an unfitted slope is then no error of its own). The runner judges
+    its run by it, and :func:`audit` the record again."""
+    life = [(t, row) for t, row in samples[:life_n]]
+    findings, errs, slopes = [], [], {}
+    if errors:
+        findings.append(f"{errors} requests failed while the server lived")
+    for name in sorted({k for _, row in life for k in row}):
+        vals = [row[name] for _, row in life if name in row]
+        slope = slope_mib_per_min(life, name, skip)
+        slopes[name] = slope
+        total = totals.get(name)
+        if slope is None and not died:
+            errs.append(f"memory slope of {name} not fitted: {len(vals)} samples, fewer than {MIN_FIT_SAMPLES} after the "
+                        f"skipped {skip:.0%}")
+        elif slope is not None and slope > max_slope:
+            findings.append(f"memory not flat: {name} grows {round(slope, 2)} MiB/min > {max_slope}")
+        if total is not None and max(vals) >= total:
+            findings.append(f"memory peak {max(vals)} MiB of {name} reaches the total {total} MiB")
+    if not samples:
+        findings.append("no memory samples (no local server process and no GPU tool)")
+    return findings, errs, slopes
+
+
+def audit(rec, folder) -> list[str]:
+    """Why a soak record does not stand on its memory series (empty when it does): its verdict re-derived from its
+    samples by the runner's rule (:func:`derived_findings`, at the bound and skipped share the record holds), and
+    each series' stored slope and flag against its samples'. ``folder`` is not read."""
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    params = rec.params if isinstance(rec.params, dict) else {}
+    try:
+        samples = [(float(t), {str(k): float(v) for k, v in row.items()}) for t, row in m.get("samples") or []]
+        life_n = int(m.get("memory_samples_in_life", len(samples)))
+        bound = float(m["max_slope_mib_per_min"])
+        skip = float(params.get("slope_skip_fraction", SoakParams.model_fields["slope_skip_fraction"].default))
+        memory = m.get("memory") or {}
+        totals = {k: v.get("total") for k, v in memory.items() if isinstance(v, dict)}
+        errors = int(m.get("errors") or 0)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return [f"its memory series cannot be read back ({type(e).__name__}: {e})"]
+    out = []
+    if "max_slope_mib_per_min" in params and params["max_slope_mib_per_min"] != bound:
+        out.append(f"its metrics' bound {bound} MiB/min is not its params' {params['max_slope_mib_per_min']!r}")
+    died = m.get("server_died_at_s") is not None
+    if not died and life_n != len(samples) or not 0 <= life_n <= len(samples):  # the runner cuts only at a death
+        out.append(f"memory_samples_in_life = {life_n} of {len(samples)} samples" + ("" if died else
+                                                                                    ", and the server did not die"))
+        life_n = len(samples) if not died else max(0, min(life_n, len(samples)))
+    findings, errs, slopes = derived_findings(samples, life_n, bound, skip, totals, errors, died)
+    lost = sorted(set(memory) - set(slopes))
+    if lost:
+        out.append(f"its memory holds {', '.join(lost)}, which its samples of the server's life do not")
+    for name, slope in slopes.items():
+        stored = memory.get(name) if isinstance(memory.get(name), dict) else {}
+        s = stored.get("slope_mib_per_min")
+        if (s is None) != (slope is None) or (slope is not None and not (isinstance(s, (int, float))
+                                                                           and abs(s - slope) <= 0.01)):
+            out.append(f"memory.{name}.slope_mib_per_min = {s!r}, its samples give "
+                       f"{None if slope is None else round(slope, 2)!r}")
+        flat = None if slope is None else slope <= bound
+        if stored.get("flat") != flat:
+            out.append(f"memory.{name}.flat = {stored.get('flat')!r}, its samples give {flat!r}")
+    if rec.verdict.status == "pass" and (findings or errs):
+        out.append("the record says pass, but its memory series and counts give: " + "; ".join((findings + errs)[:3]))
+    return out
+
+
 @register_runner("soak", SoakParams, preflight=needs_train_text, sample_server_s=5.0, metrics_model=SoakMetrics,
-                 figures=figures, summary=summary, order=60)
+                 figures=figures, summary=summary, order=60, audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
     s = ctx.config.server
     cap = prompt_cap(p, s.max_model_len, measured_prefill_tok_s(ctx))

@@ -1,0 +1,519 @@
+"""Gates attacked with records built by the project's own record models: each way an output could say pass over
+a regression, run through the CLI in-process (``gate``, ``gate --perf``, ``render``) with ``--junit-xml`` and
+``GITHUB_STEP_SUMMARY`` set, and every output read: the exit status, the console's last line, JUnit, the step
+summary and the notes' opening line. None may be a pass, and all must say the same."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+from tests.validate.test_compare import eval_record, save
+from tests.validate.test_one_verdict import BASE, LOST_50, agree, bench, outputs
+from validate.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run_cli(tmp_path: Path, monkeypatch, capsys, argv: list[str]) -> dict:
+    """Run ``r9k-validate argv`` in-process with --junit-xml and $GITHUB_STEP_SUMMARY set; return the exit status,
+    the console's last line, JUnit's (tests, failures, errors, skipped) and the summary's verdict line."""
+    summary, junit = tmp_path / "summary.md", tmp_path / "junit.xml"
+    summary.unlink(missing_ok=True)
+    junit.unlink(missing_ok=True)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    capsys.readouterr()
+    code = main(argv + ["--junit-xml", str(junit)])
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip()]
+    xml = JUnitXml.fromfile(str(junit))
+    md = summary.read_text()
+    return {"code": code, "last": lines[-1], "console": "\n".join(lines), "junit": (xml.tests, xml.failures,
+            xml.errors, xml.skipped), "summary": md, "head": md.splitlines()[2]}
+
+
+def notes_of(reports: Path, monkeypatch, capsys, release: str, baseline: str | None = None) -> dict:
+    """``render release [--baseline B]``: the notes' opening line and the console's line of the release's verdict."""
+    capsys.readouterr()
+    argv = ["render", release, "--reports", str(reports)] + (["--baseline", baseline] if baseline else [])
+    assert main(argv) == 0  # render itself exits 0; it says the verdict's
+    text = capsys.readouterr().out
+    last = " ".join(text[text.rfind("the release's verdict:"):].split())  # the console wraps it
+    notes = (reports / release / "RELEASE.md").read_text()
+    return {"opening": notes.split("\n")[2], "last": last, "notes": notes}
+
+
+def blocked(out: dict, code: int) -> None:
+    """The gate's outputs all say ``code`` (1: a finding, 2: not checked): none a pass."""
+    assert out["code"] == code
+    assert out["last"].startswith(f"exit status {code}:")
+    tests, failures, errors, skipped = out["junit"]
+    if code == 1:
+        assert failures > 0 and out["head"].startswith("**FAIL**")
+    else:
+        assert failures == 0 and errors > 0 and out["head"].startswith("**NOT CHECKED**")
+
+
+def notes_blocked(n: dict, code: int) -> None:
+    assert n["last"].startswith(f"the release's verdict: exit status {code} ")
+    assert n["opening"].startswith("**Not ready to ship:" + ("** " if code == 1 else " not everything could be checked:**"))
+
+
+# --- the automatic baseline --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("folder", ["1234", "v1234", "0.3.2-1", "v0.3.3a1", "v0.3.3+pr7"])
+def test_a_folder_that_is_no_released_version_is_never_the_automatic_baseline(tmp_path, monkeypatch, capsys, folder):
+    """A pull request's earlier run in ``1234/`` (as regressed as the candidate) was taken as a released version:
+    ``candidate`` passed against it. The baseline is v0.3.2, and the 50-question loss is a finding everywhere."""
+    from validate.compare import previous_release, released_version
+
+    save(tmp_path, eval_record("v0.3.2", BASE), bench("v0.3.2", 38.0, 1))
+    save(tmp_path, eval_record(folder, LOST_50), bench(folder, 38.0 * 1.6, 3))
+    save(tmp_path, eval_record("candidate", LOST_50), bench("candidate", 38.0 * 1.6, 2))
+    assert released_version(folder) is None
+    assert previous_release(tmp_path, "candidate") == "v0.3.2"
+    out = outputs(tmp_path, "candidate")
+    agree(out)
+    assert out["code"] == 1 and out["verdict"].baseline == "v0.3.2"
+    assert "never a pre-release" in out["verdict"].baseline_why and "1234" in out["verdict"].baseline_why
+    n = notes_of(tmp_path, monkeypatch, capsys, "candidate")
+    notes_blocked(n, 1)
+    assert "paired gsm8k vs v0.3.2" in n["opening"]
+
+
+def test_released_versions_by_one_rule():
+    from validate.compare import released_version
+
+    assert [str(released_version(x)) for x in ("v0.3.2", "0.3.2", "v1.0", "v0.3.2.post1", "v0.3.10")] == [
+        "0.3.2", "0.3.2", "1.0", "0.3.2.post1", "0.3.10"]
+    for x in ("1234", "v7", "v0.3.2rc1", "v0.3.2.dev3", "v0.3.2+exp", "01.2", "v0.3.2-1", "1!1.0", "vv0.3.2", "dev"):
+        assert released_version(x) is None, x
+
+
+# --- the performance gate's pass values ------------------------------------------------------------------------
+
+
+def _edit(reports: Path, release: str, suite: str, fn, config: str = "cpu-smol") -> None:
+    """Edit a written record's JSON as a hand (or a script) would: ``fn(data)``; NaN and Infinity written as
+    Python's json writes them."""
+    import json
+
+    from validate.record import record_path
+
+    p = record_path(reports, release, config, suite)
+    data = json.loads(p.read_text())
+    fn(data)
+    p.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), None, "fast", 0])
+def test_a_pass_value_that_is_no_finite_number_is_exit_2_naming_the_pass(tmp_path, monkeypatch, capsys, value):
+    """12 of the candidate's 20 passes (its slow ones, +40 %) hold NaN, Infinity, null, a string or 0: dropping
+    them left 8 unchanged passes, and the gate passed."""
+    save(tmp_path, bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2))
+
+    def spoil(d):
+        for row in d["metrics"]["per_pass"][:12]:
+            row["decode_step_ms"] = value
+
+    _edit(tmp_path, "v0.2.0", "betterbench", spoil)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert f"decode_step_ms: cannot judge: pass 0 of the candidate holds {value!r}, not a positive finite number" \
+        in out["console"].replace("\n", "")
+    assert "cpu-smol / perf betterbench: cpu-smol/betterbench: decode_step_ms: cannot judge: pass 0 of the candidate" \
+        in out["summary"].replace("\\", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "cpu-smol / perf betterbench" in n["opening"]
+
+
+def test_a_figure_missing_from_some_passes_is_not_judged_on_the_rest(tmp_path, monkeypatch, capsys):
+    save(tmp_path, bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2))
+
+    def drop(d):
+        for row in d["metrics"]["per_pass"][:12]:
+            del row["decode_step_ms"]
+
+    _edit(tmp_path, "v0.2.0", "betterbench", drop)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert "the candidate measured it in 8 of 20 passes (missing from pass 0, 1, 2, 3, 4 ...)" in \
+        out["console"].replace("\n", "")
+
+
+def _steps(r, steps: list[float]):
+    """Set a BetterBench record's per-pass decode steps (and the combined decode they imply)."""
+    import statistics
+
+    r.metrics["per_pass"] = [{"pass": i, "decode_step_ms": s, "combined_decode_tok_s": 1e3 / s,
+                              "prefill_1024_tok_s": 5000.0 + i} for i, s in enumerate(steps)]
+    r.metrics["summary"] = {"decode_step_ms": {"median": statistics.median(steps), "min": min(steps), "max": max(steps)}}
+    r.metrics["passes"] = len(steps)
+    return r
+
+
+def test_a_shift_the_median_hides_is_a_regression(tmp_path, monkeypatch, capsys):
+    """9 of 20 candidate passes twice as slow, 11 unchanged: the median did not move (+0.3 %), the figure passed
+    "within the 3 % threshold". The rank test separates them and the mean (+45 %) and p90 (+100 %) say by how
+    much: a finding in every output."""
+    base = [38.0 + 0.02 * i for i in range(20)]
+    cand = [38.01 + 0.02 * i for i in range(5, 16)] + [2 * (38.0 + 0.02 * i) for i in range(9)]
+    save(tmp_path, _steps(bench("v0.1.0", 38.0, 1), base), _steps(bench("v0.2.0", 38.0, 2), cand))
+    from validate.perfgate import compare_perf
+
+    f = next(x for x in compare_perf(tmp_path, "v0.2.0", "v0.1.0").figures if x.figure == "decode_step_ms")
+    assert f.worse_pct == pytest.approx(100 * (38.30 - 38.19) / 38.19)
+    assert f.p_value == pytest.approx(0.0028088834612991884, rel=1e-9) and f.regression and f.mark == "slower"
+    assert ("a regression the median hides: the median +0.3%, the mean +44.8% and the 90th percentile +98.9% in the "
+            "bad direction (threshold 3%), rank-test p = 0.00281 < 0.05") == f.message
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 1)
+    assert "cpu-smol/perf decode_step_ms" in out["last"]
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 1)
+    assert "perf decode_step_ms" in n["opening"]
+
+
+
+# --- every output says the same ------------------------------------------------------------------------------
+
+
+def test_a_limited_check_is_a_skipped_testcase_with_its_reason(tmp_path, monkeypatch, capsys):
+    """A subset pair whose baseline got 3 of 200 right cannot detect a regression: the console and the summary
+    called it limited, JUnit a passed testcase (tests=1, failures=0, skipped=0)."""
+    save(tmp_path, eval_record("v0.1.0", {0, 1, 2}, subset=True), eval_record("v0.2.0", {0, 1, 2}, subset=True))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    assert out["code"] == 0
+    assert out["last"] == ("exit status 0: no finding; 2 check(s) limited or not run: cpu-smol/gsm8k (tree) other-tree, "
+                           "cpu-smol/paired gsm8k vs v0.1.0 not significant; too few questions to detect a regression")
+    assert out["junit"] == (2, 0, 0, 2)  # the pair and the record another tree made (--accept-other-tree)
+    case = next(c for s in JUnitXml.fromfile(str(tmp_path / "junit.xml")) for c in s if c.name.startswith("paired"))
+    [skip] = case.result
+    assert skip.type == "limited" and skip.message == ("not a full check: a subset; too few questions to detect a "
+                                                        "regression")
+    assert out["head"].startswith("**NO FINDING, NOT FULLY CHECKED**")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    assert n["opening"].startswith("No finding in what was checked") and "exit status 0 " in n["last"]
+
+
+# --- what the baseline has and the candidate lacks ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("share", ["the SLO share", "the draft acceptance"])
+def test_a_gated_share_the_candidate_lacks_blocks(tmp_path, monkeypatch, capsys, share):
+    """The baseline holds an arrivals record (the SLO share is gated) or a suite whose server speculated (draft
+    acceptance), the candidate none: gate --perf exited 0 and nothing named the share not compared."""
+    from tests.validate.test_loadgate import arrivals, with_spec
+
+    gated = arrivals("v0.1.0", 1.0, 40, 40) if share == "the SLO share" else with_spec("v0.1.0", 600, 900, "sanity")
+    save(tmp_path, bench("v0.1.0", 38.0, 1), gated, bench("v0.2.0", 38.0, 2))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    line = (f"cpu-smol/{gated.suite}: {share} is gated and the candidate v0.2.0 has no such record (the baseline "
+            "v0.1.0 has)")
+    assert line in out["console"].replace("\n", "") and f"cpu-smol/share gate {gated.suite}" in out["last"]
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert f"cpu-smol / share gate {gated.suite}" in n["opening"]
+
+
+def test_a_kind_the_candidate_lacks_entirely_blocks(tmp_path, monkeypatch, capsys):
+    """The baseline holds BetterBench and arrivals records, the candidate arrivals only: the performance gate
+    did not run and nothing named the figures it did not compare."""
+    from tests.validate.test_loadgate import arrivals
+
+    save(tmp_path, bench("v0.1.0", 38.0, 1), arrivals("v0.1.0", 1.0, 40, 40), arrivals("v0.2.0", 1.0, 40, 40))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert ("cpu-smol/betterbench: the baseline holds a record of suite kind 'betterbench' and the candidate none: "
+            "the perf compared nothing") in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "cpu-smol / perf betterbench" in n["opening"]
+
+
+def test_a_configuration_left_out_of_the_run_stays_not_run(tmp_path):
+    """The baseline ran cpu-smol and gpu-box, the candidate (release --config cpu-smol) only cpu-smol: gpu-box's
+    BetterBench record is named, limited in the release (not a finding, not a block)."""
+    other = bench("v0.1.0", 38.0, 3)
+    other.config = "gpu-box"
+    save(tmp_path, bench("v0.1.0", 38.0, 1), other, bench("v0.2.0", 38.0, 2))
+    out = outputs(tmp_path, "v0.2.0")
+    lim = [c for c in out["verdict"].checks if c.config == "gpu-box"]
+    assert [(c.name, c.outcome) for c in lim] == [("perf betterbench", "limited")]
+    assert "the candidate ran no BetterBench on gpu-box" in lim[0].message
+
+
+def _renamed(tmp_path, base_evals=("gsm8k-cot",)):
+    """The baseline's suites named gsm8k-cot and bb (kinds gsm8k, betterbench), the candidate's gsm8k and
+    betterbench, 25 points lower and 40 % slower."""
+    for suite in base_evals:
+        e = eval_record("v0.1.0", BASE, suite=suite)
+        e.suite_kind = "gsm8k"
+        save(tmp_path, e)
+    b = bench("v0.1.0", 38.0, 1)
+    b.suite = "bb"
+    save(tmp_path, b, eval_record("v0.2.0", LOST_50), bench("v0.2.0", 38.0 * 1.4, 2))
+
+
+def test_a_renamed_suite_is_paired_by_kind(tmp_path, monkeypatch, capsys):
+    """Every line was "limited" and the release exited 0."""
+    _renamed(tmp_path)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 1)
+    assert "cpu-smol/paired gsm8k vs v0.1.0 regression" in out["last"]
+    [fail] = next(c for s in JUnitXml.fromfile(str(tmp_path / "junit.xml")) for c in s if c.name.startswith("paired")).result
+    assert "paired with the baseline's cpu-smol/gsm8k-cot (the same suite kind; renamed)" in fail.text
+    assert ("cpu-smol/gsm8k: paired with the baseline's cpu-smol/gsm8k-cot (the same suite kind 'gsm8k' and "
+            "configuration; the suite was renamed)") in out["summary"].replace("\\", "")
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 1)
+    assert "cpu-smol/perf decode_step_ms regression" in out["last"]
+    assert "paired with the baseline's cpu-smol/bb" in out["summary"]
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0")  # the automatic baseline
+    notes_blocked(n, 1)
+    assert "paired gsm8k vs v0.1.0" in n["opening"] and "perf decode_step_ms" in n["opening"]
+
+
+def test_a_rename_that_cannot_be_told_is_refused_with_both_names(tmp_path, monkeypatch, capsys):
+    _renamed(tmp_path, ("gsm8k-cot", "gsm8k-8shot"))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert ("cpu-smol/gsm8k: the baseline has no record of this name, and which of its suites of kind 'gsm8k' on "
+            "cpu-smol (gsm8k-8shot, gsm8k-cot) the candidate's (gsm8k) were renamed from cannot be told") in \
+        out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 1)  # the performance gate's finding (bb -> betterbench) and the refused pair, named
+    assert "could not be made" not in n["opening"] and "perf decode_step_ms" in n["opening"]
+
+
+# --- one comparability rule ---------------------------------------------------------------------------------
+
+
+def _slower_elsewhere(tmp_path, change):
+    """The candidate's decode step 40 % slower, its record changed by ``change(base, cand)``."""
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.4, 2)
+    for r in (b, c):
+        r.config_snapshot = {"server": {"max_num_seqs": 8, "max_model_len": 4096, "dtype": "bfloat16",
+                                        "extra_args": []}, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+    change(b, c)
+    save(tmp_path, b, c)
+
+
+def _machines(b, c):
+    b.versions["cpu"], b.hardware["power"] = "AMD EPYC 7B13, 2 cores", "210 W"
+    c.versions["cpu"], c.hardware["power"] = "AMD EPYC 9654, 96 cores", None
+
+
+def _fp8(b, c):
+    c.config_snapshot["server"]["extra_args"] = ["--kv-cache-dtype", "fp8"]
+
+
+def _env(b, c):
+    c.config_snapshot["env"]["VLLM_CPU_KVCACHE_SPACE"] = "8"
+
+
+def _seed(b, c):
+    b.params["seed"], c.params["seed"] = 0, 1
+
+
+@pytest.mark.parametrize("change, why", [
+    (_machines, "the hardware differs (power: '210 W' vs None); the machine differs (cpu: 'AMD EPYC 7B13, 2 "
+                "cores' vs 'AMD EPYC 9654, 96 cores')"),
+    (_fp8, "the configuration's settings as run differ (server.extra_args: [] vs ['--kv-cache-dtype', 'fp8'])"),
+    (_env, "the configuration's settings as run differ (env.VLLM_CPU_KVCACHE_SPACE: '2' vs '8')"),
+    (_seed, "suite parameters differ (seed: 0 vs 1)"),
+])
+def test_a_pair_of_other_machines_or_settings_is_refused_and_drawn_nowhere(tmp_path, monkeypatch, capsys, change, why):
+    """A 2-core EPYC capped at 210 W against a 96-core one, uncapped; --kv-cache-dtype fp8 in the candidate's
+    extra args; another KV cache size: gate --perf exited 0 over a 40 % slower step (only hardware kind, GPU
+    count and four server settings were compared)."""
+    _slower_elsewhere(tmp_path, change)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert f"cpu-smol/betterbench: cannot compare: {why}" in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert f"betterbench: not compared with v0.1.0's record: {why}" in n["notes"].replace("\\", "")
+    assert "->" not in n["notes"].split("\n")[0]  # the title compares nothing
+
+
+def test_another_model_or_dtype_never_pairs_in_the_eval_gate(tmp_path, monkeypatch, capsys):
+    """SmolLM2-360M in float32 against 135M in bf16: the paired gate said PASS everywhere."""
+    b, c = eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE)
+    for r, model, dtype in ((b, "SmolLM2-135M-Instruct.Q4_1.gguf", "bfloat16"),
+                            (c, "SmolLM2-360M-Instruct.Q4_1.gguf", "float32")):
+        r.model = model
+        r.config_snapshot = {"server": {"max_num_seqs": 8, "dtype": dtype}, "model": {"path": model}}
+    save(tmp_path, b, c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    con = out["console"].replace("\n", "")
+    assert "the model differs ('SmolLM2-135M-Instruct.Q4_1.gguf' vs 'SmolLM2-360M-Instruct.Q4_1.gguf')" in con
+    assert "server.dtype: 'bfloat16' vs 'float32'" in con
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "paired gsm8k vs v0.1.0" in n["opening"]
+
+
+@pytest.mark.parametrize("spoil", ["gate", "rows"])
+def test_a_baseline_the_gate_refused_is_compared_and_drawn_nowhere(tmp_path, monkeypatch, capsys, spoil):
+    """A malformed stored perf_gate, or no per-pass rows: the gate refused the baseline, and the title and the
+    Numbers table compared it all the same."""
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 30.0, 2)
+    if spoil == "gate":
+        b.perf_gate = {"thresholds_pct": {"decode_step_ms": -3}}
+    else:
+        b.metrics["per_pass"] = []
+    save(tmp_path, b, c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "->" not in n["notes"].split("\n")[0]
+    row = next(x for x in n["notes"].splitlines() if x.startswith("| decode step p50 (BetterBench) |"))
+    assert row.startswith("| decode step p50 (BetterBench) | – |"), row
+    assert "betterbench: not compared with v0.1.0's record:" in n["notes"]
+
+
+# --- records re-derived on read ---------------------------------------------------------------------------------
+
+
+def test_items_flagged_right_against_their_output_are_never_passed(tmp_path, monkeypatch, capsys):
+    """The 50 questions the candidate lost, flagged correct: true while their answer is "-1" for an expected
+    "10" (and so on): every output passed."""
+    c = eval_record("v0.2.0", LOST_50)
+    for i in range(50):
+        c.items[i].correct = True
+    save(tmp_path, eval_record("v0.1.0", BASE), c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert ("50 of its 200 items are not judged as their outputs give: test-0 says right with answer '-1'; its "
+            "output gives '-1' for the expected '10'") in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "cpu-smol / gsm8k" in n["opening"]
+    assert "cpu-smol / gsm8k: pass" not in n["notes"].split("## Checked")[1].split("##")[0]
+
+
+def test_metrics_that_are_not_the_items_counts_are_never_passed(tmp_path, monkeypatch, capsys):
+    """Items say 150 of 200, metrics 100 (50 %): the gate passed while the notes' title read 50 %."""
+    b, c = eval_record("v0.1.0", BASE), eval_record("v0.2.0", BASE)
+    for r, k in ((b, 150), (c, 100)):
+        r.metrics = {"n": 200, "errors": 0, "primary": "strict", "correct": k, "accuracy": k / 200}
+    save(tmp_path, b, c)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--reports", str(tmp_path)])
+    blocked(out, 2)
+    assert "its metrics are not its items' counts: correct = 100, its items give 150; accuracy = 0.5, its items give " \
+           "0.75" in out["console"].replace("\n", "")
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
+    notes_blocked(n, 2)
+    assert "50.0" not in n["notes"].split("\n")[0] and "50.00%" not in n["notes"]  # shown nowhere, title included
+    assert "share gate gsm8k" not in n["notes"]  # said once per gate that would judge it, not by the share gates
+
+
+def _soak(release, slope_mib_min=40.0, said_slope=None, status="pass"):
+    """A soak record of 10 minutes sampled every 10 s, the server's memory growing ``slope_mib_min`` MiB/min,
+    its stored slope ``said_slope`` (default: the true one) and verdict ``status``."""
+    from tests.validate.test_records_render import rec
+
+    samples = [[float(t), {"server_rss": 1000.0 + slope_mib_min * t / 60}] for t in range(0, 600, 10)]
+    said = slope_mib_min if said_slope is None else said_slope
+    r = rec("cpu-smol", "soak", status=status, metrics={
+        "clients": 4, "duration_s": 600.0, "served": 900, "errors": 0, "prompt_tok_s": 100.0, "output_tok_s": 50.0,
+        "prompt_tokens_range": [100, 400], "memory": {"server_rss": {
+            "peak": samples[-1][1]["server_rss"], "first": 1000.0, "last": samples[-1][1]["server_rss"],
+            "slope_mib_per_min": said, "total": None, "flat": said <= 32.0, "below_total": True}},
+        "memory_backends": ["psutil"], "max_slope_mib_per_min": 32.0, "samples": samples,
+        "memory_samples_in_life": len(samples)})
+    r.release, r.params = release, {"max_slope_mib_per_min": 32.0, "slope_skip_fraction": 0.5}
+    return r
+
+
+@pytest.mark.parametrize("edit", ["verdict", "verdict and slope"])
+def test_a_soak_whose_verdict_was_edited_to_pass_is_never_checked(tmp_path, monkeypatch, capsys, edit):
+    """A soak that leaked 40 MiB/min, its verdict edited from fail to pass (and its slope to 2 MiB/min): render
+    listed it under "Checked" and release --resume reused it (the release's verdict reads its records through
+    the same audit)."""
+    from validate.runners.soak import audit
+
+    r = _soak("v0.2.0", said_slope=None if edit == "verdict" else 2.0)
+    assert audit(_soak("v0.2.0", 1.0), None) == []  # a flat soak stands on its samples
+    save(tmp_path, r)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 2
+    chk = next(c for c in out["verdict"].checks if c.name == "soak")
+    assert chk.outcome == "not-checked" and chk.status == "audit-failed"
+    assert "the record says pass, but its memory series and counts give: memory not flat: server_rss grows 40.0 " \
+           "MiB/min > 32.0" in chk.message
+    if edit != "verdict":
+        assert "memory.server_rss.slope_mib_per_min = 2.0, its samples give 40.0" in chk.message
+    n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "none")
+    notes_blocked(n, 2)
+    assert "cpu-smol / soak" in n["opening"]
+    assert "cpu-smol / soak" not in n["notes"].split("## Checked")[1].split("##")[0]
+
+
+@pytest.mark.timeout(240)
+def test_resume_runs_again_a_record_that_does_not_stand_on_its_items(scratch, tmp_path, monkeypatch, capsys):
+    """A GSM8K record whose count was edited after the run: release --resume kept it and its verdict; it is said,
+    not kept, and run again."""
+    import json
+
+    from tests.conftest import tiny_gsm8k
+    from validate.record import record_path
+
+    scratch.config("fake-ok")
+    cl = scratch.root / "suites" / "release.yaml"
+    cl.write_text(cl.read_text().replace("- suite: fake-sanity", "- suite: fake-sanity\n- suite: gsm8k"))
+    monkeypatch.setenv("R9K_DATA_DIR", str(tiny_gsm8k(tmp_path / "data")))
+    args = ["release", "ra", "--config", "fake-ok", "--suite", "gsm8k", "--profile", "quick", "--baseline", "none"]
+    main(args)
+    p = record_path(scratch.root / "reports", "ra", "fake-ok", "gsm8k")
+    data = json.loads(p.read_text())
+    data["metrics"]["correct"] += 1
+    p.write_text(json.dumps(data))
+    capsys.readouterr()
+    main(args + ["--resume"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "fake-ok/gsm8k: the record found is not kept (--resume): it does not stand on what it holds: its metrics " \
+           "are not its items' counts: correct =" in out
+    assert "gsm8k: complete record found" not in out
+    assert json.loads(p.read_text())["metrics"]["correct"] == data["metrics"]["correct"] - 1  # run again
+
+
+def test_a_soak_cut_short_on_paper_or_items_failed_under_a_pass_do_not_stand():
+    """Attacks on the audits themselves: memory_samples_in_life set to 0 (no series left to fit), a series left
+    out of the samples, and a GSM8K pass whose items failed to run (the runner makes that an error)."""
+    from validate.runners.gsm8k import audit as gsm_audit
+    from validate.runners.soak import audit as soak_audit
+
+    r = _soak("v0.2.0", said_slope=2.0)
+    r.metrics["memory_samples_in_life"] = 0
+    got = soak_audit(r, None)
+    assert got[0] == "memory_samples_in_life = 0 of 60 samples, and the server did not die"
+    assert any("memory not flat: server_rss grows 40.0 MiB/min > 32.0" in x for x in got)
+    r = _soak("v0.2.0", 1.0)
+    for _, row in r.metrics["samples"]:
+        row["gpu0"] = row.pop("server_rss")
+    assert "its memory holds server_rss, which its samples of the server's life do not" in soak_audit(r, None)
+    e = eval_record("v0.2.0", BASE, errors=range(150, 200))
+    e.metrics = {"n": 200, "errors": 50, "correct": 150, "accuracy": 0.75}
+    assert gsm_audit(e, None) == ["the record says pass, but 50 of its items failed to run"]
