@@ -108,6 +108,15 @@ VERSIONS_MAY_DIFFER = ("r9k", "vllm", "torch", "python")
 HARDWARE_MAY_DIFFER = ("resources",)
 
 
+def knob_keys() -> tuple[str, ...]:
+    """The snapshot keys of r9k's registered knobs (``env.R9K_...``): what the plugin under validation dispatches
+    MAY differ between two records compared, as its version may (a release turns a kernel on; r9k against stock
+    on one configuration, ``--knobs stock``, is the pair this exists for). Other ``env`` entries must match."""
+    from r9k.knobs import KNOBS
+
+    return tuple(f"env.{k}" for k in sorted(KNOBS))
+
+
 def _flat(d: object, prefix: str = "") -> dict[str, object]:
     """A nested mapping as {dotted key: leaf value}; a non-mapping is one leaf under ``prefix``."""
     if not isinstance(d, dict):
@@ -172,7 +181,7 @@ def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machin
             s = r.config_snapshot.get("server", {}) if isinstance(r.config_snapshot, dict) else None
             if not isinstance(s, dict):
                 bad.append(f"the {label}'s configuration snapshot holds no server settings (server = {s!r:.40})")
-        may = SNAPSHOT_MAY_DIFFER + (() if machine else ("hardware",))
+        may = SNAPSHOT_MAY_DIFFER + knob_keys() + (() if machine else ("hardware",))
         why = _diff("the configuration's settings as run differ", b.config_snapshot, c.config_snapshot, may)
         if why:
             bad.append(why)

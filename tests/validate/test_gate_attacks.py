@@ -517,3 +517,20 @@ def test_a_soak_cut_short_on_paper_or_items_failed_under_a_pass_do_not_stand():
     e = eval_record("v0.2.0", BASE, errors=range(150, 200))
     e.metrics = {"n": 200, "errors": 50, "correct": 150, "accuracy": 0.75}
     assert gsm_audit(e, None) == ["the record says pass, but 50 of its items failed to run"]
+
+
+def test_r9k_against_stock_on_one_configuration_pairs_and_other_env_does_not():
+    """The plugin's knobs (env.R9K_*) may differ between the records compared (``--knobs stock`` against the
+    configuration's knobs is the pair the GPU serve gates); any other environment entry must match."""
+    from validate.config import find_config, with_stock_knobs
+    from validate.pairing import apart
+
+    cfg = find_config(Path(__file__).resolve().parents[2], "h200-next")
+    base, cand = bench("stock", 38.0, 1), bench("r9k", 38.0, 2)
+    base.config_snapshot = with_stock_knobs(cfg).model_dump(mode="json")
+    cand.config_snapshot = cfg.model_dump(mode="json")
+    assert base.config_snapshot["env"] != cand.config_snapshot["env"]
+    assert apart(base, cand) == []
+    cand.config_snapshot["env"]["VLLM_ATTENTION_BACKEND"] = "FLASH_ATTN"
+    [why] = apart(base, cand)
+    assert why.startswith("the configuration's settings as run differ (env.VLLM_ATTENTION_BACKEND: None vs")
