@@ -168,3 +168,10 @@ def test_registered_under_vllms_schemas_and_traced_by_torch_compile():
     assert r.returncode == 0, r.stderr[-3000:]
     names = sorted(f"{ns}.{n}" for ns, n in ops.OPS)
     assert r.stdout.strip().splitlines()[-1] == f"{names} []"
+
+
+def test_cuda_view_refuses_a_pageable_tensor():
+    """A pageable page has no device address: the UVA view is refused, naming why (the view itself needs a GPU:
+    tests/kernels on the device)."""
+    with pytest.raises(ValueError, match="pinned CPU tensor"):
+        ops.get_cuda_view_from_cpu_tensor(torch.zeros(4))

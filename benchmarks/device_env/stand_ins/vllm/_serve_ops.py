@@ -19,6 +19,8 @@ op                                        who calls it
 ``_moe_C.moe_sum``                        TritonExperts: the top-k sum of the second GEMM's rows
 ``_C.silu_and_mul_per_block_quant``       TritonExperts, block-fp8 layers: SiLU-and-mul then fp8 group quant
 ``_C.per_token_group_fp8_quant``          ``fp8_utils.per_token_group_quant_fp8`` on CUDA (block-fp8 activations)
+``_C.get_cuda_view_from_cpu_tensor``      the GPU model runner's ``UvaBuffer`` (``torch_utils.get_accelerator_view_
+                                          from_cpu_tensor``): a device view of a pinned host tensor
 ========================================  ==========================================================================
 
 Each is registered with ``torch.library`` under vLLM's schema (the mutated arguments marked, as vLLM's
@@ -197,6 +199,35 @@ def per_token_group_fp8_quant(input: torch.Tensor, output_q: torch.Tensor, outpu
     output_s.copy_(s.reshape(output_s.shape))
 
 
+class _CudaArray:
+    """``__cuda_array_interface__`` (v3) of ``nbytes`` bytes at device address ``ptr``, holding ``owner`` alive."""
+
+    def __init__(self, ptr: int, nbytes: int, owner: torch.Tensor):
+        self.owner = owner
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
+def get_cuda_view_from_cpu_tensor(cpu_tensor: torch.Tensor) -> torch.Tensor:
+    """A CUDA tensor over the same bytes as the pinned host tensor ``cpu_tensor`` (same shape, strides and dtype):
+    under unified virtual addressing a pinned page's host address is its device address (what vLLM's kernel gets
+    from ``cudaHostGetDevicePointer``), wrapped zero-copy through ``__cuda_array_interface__``. Writes through
+    either side are seen by the other; the view keeps the host tensor alive.
+
+    Raises:
+        ValueError: the tensor is not on the CPU or not pinned (a pageable page has no device address).
+    """
+    t = cpu_tensor
+    if t.device.type != "cpu" or not t.is_pinned():
+        raise ValueError("get_cuda_view_from_cpu_tensor: the tensor must be a pinned CPU tensor")
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+    raw = torch.as_tensor(_CudaArray(t.data_ptr(), span * t.element_size(), t), device="cuda")
+    return raw.view(t.dtype).as_strided(t.shape, t.stride())
+
+
+def _view_fake(cpu_tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(cpu_tensor.shape, cpu_tensor.stride(), dtype=cpu_tensor.dtype, device="cuda")
+
+
 # (namespace, name) -> (schema as vLLM's torch_bindings.cpp declares it, implementation)
 OPS = {
     ("_C", "rms_norm"): ("rms_norm(Tensor(a!) result, Tensor input, Tensor? weight, float epsilon) -> ()", rms_norm),
@@ -213,6 +244,8 @@ OPS = {
                                           "Tensor(b!) output_s, int group_size, float eps, float fp8_min, "
                                           "float fp8_max, bool scale_ue8m0, bool column_major_scales, "
                                           "bool tma_aligned_scales) -> ()", per_token_group_fp8_quant),
+    ("_C", "get_cuda_view_from_cpu_tensor"): ("get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor",
+                                              get_cuda_view_from_cpu_tensor),
     ("_moe_C", "topk_softmax"): ("topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_indices, "
                                  "Tensor(c!) token_expert_indices, Tensor gating_output, bool renormalize, "
                                  "Tensor? bias, Tensor? is_padding) -> ()", topk_softmax),
@@ -234,8 +267,10 @@ def _registered(ns: str, name: str) -> bool:
 
 
 def _fake(*args, **kwargs) -> None:
-    """Every op here mutates its outputs and returns nothing: its fake kernel has nothing to compute."""
+    """An op that mutates its outputs and returns nothing: its fake kernel has nothing to compute."""
 
+
+FAKES = {"get_cuda_view_from_cpu_tensor": _view_fake}  # the ops that return a tensor
 
 def register(namespace: str) -> list[str]:
     """Register every op of ``namespace`` ("_C" or "_moe_C") not registered already; returns the names it
@@ -247,7 +282,7 @@ def register(namespace: str) -> list[str]:
         lib = _LIBS.setdefault(ns, torch.library.Library(ns, "FRAGMENT"))
         lib.define(schema)
         lib.impl(name, impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{ns}::{name}", _fake, lib=lib)
+        torch.library.register_fake(f"{ns}::{name}", FAKES.get(name, _fake), lib=lib)
         done.append(f"{ns}.{name}")
     REGISTERED.extend(done)
     return done
