@@ -244,6 +244,12 @@ def judge(config: str, figure: str, base: list[float], cand: list[float], thresh
     elif -f.worse_pct > bar and p_better < alpha:
         f.mark = "faster"
         f.message = f"faster: {-f.worse_pct:+.1f}% in the good direction, {band}, rank-test p = {p_better:.3g}"
+    elif hidden:  # a tail far past the bar that the rank test does not separate: never "within the threshold"
+        f.cannot_tell, f.mark = True, "cannot tell"
+        f.message = (f"cannot tell: the median {f.worse_pct:+.1f}%, but the mean {f.mean_worse_pct:+.1f}% and the "
+                     f"{'90th' if lower else '10th'} percentile {f.tail_worse_pct:+.1f}% in the bad direction "
+                     f"(threshold {threshold_pct:g}%), and the rank test does not separate the passes "
+                     f"(p = {f.p_value:.3g}, alpha {alpha:g}): some passes are far slower; more passes would decide")
     elif abs(f.worse_pct) <= threshold_pct:
         f.mark = "within the threshold"
         f.message = f"{move}: within the {threshold_pct:g}% threshold; rank-test p = {f.p_value:.3g}"

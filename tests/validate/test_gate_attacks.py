@@ -180,6 +180,29 @@ def test_a_shift_the_median_hides_is_a_regression(tmp_path, monkeypatch, capsys)
 
 
 
+
+def test_a_minority_of_far_slower_passes_the_rank_test_misses_is_never_within_the_threshold(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """8 of 20 candidate passes 40 % slower amid ~1.6 % noise: the median barely moves and the rank test does not
+    reach 0.05, yet the mean and p90 are far past the threshold; the figure read "within the threshold" and every
+    output PASS. It cannot be told from these passes: exit 2 in every output, never 0."""
+    import random
+
+    rng = random.Random(7)
+    base = [38.0 * (1 + rng.gauss(0, 0.016)) for _ in range(20)]
+    cand = [38.0 * (1 + rng.gauss(0, 0.016)) for _ in range(20)]
+    cand = sorted(cand)[:12] + [1.4 * x for x in sorted(cand)[12:]]
+    save(tmp_path, _steps(bench("v0.1.0", 38.0, 1), base), _steps(bench("v0.2.0", 38.0, 2), cand))
+    from validate.perfgate import compare_perf
+
+    f = next(x for x in compare_perf(tmp_path, "v0.2.0", "v0.1.0").figures if x.figure == "decode_step_ms")
+    assert f.worse_pct < 3.0 and f.mean_worse_pct > 3.0 and f.p_value >= 0.05
+    assert f.mark == "cannot tell" and f.cannot_tell and not f.regression
+    assert f.message.startswith("cannot tell: the median") and "some passes are far slower" in f.message
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--reports", str(tmp_path)])
+    blocked(out, 2)
+
 # --- every output says the same ------------------------------------------------------------------------------
 
 
