@@ -735,13 +735,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except InputError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        return _stopped(args, f"bad input: {e}") if reports else 2
+        return _exit(_stopped(args, f"bad input: {e}") if reports else 2, f"bad input: {e}")
     except LaunchError as e:
         console.print(f"[red]launch failed:[/red] {escape(str(e))}", soft_wrap=True)
-        return _stopped(args, f"launch failed: {e.cause}") if reports else 2
+        return _exit(_stopped(args, f"launch failed: {e.cause}") if reports else 2, f"launch failed: {e.cause}")
     except ReportsError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        return _stopped(args, str(e)) if reports else 2
+        return _exit(_stopped(args, str(e)) if reports else 2, str(e))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: servers stopped, records written so far are kept[/yellow]")
         return _stopped(args, "interrupted before the verdict: the records written so far are kept",
@@ -752,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         where = traceback.extract_tb(e.__traceback__)[-1]
         why = f"internal error: {type(e).__name__}: {e} (at {Path(where.filename).name}:{where.lineno})"
         console.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True)
-        return _stopped(args, why) if reports else 2
+        return _exit(_stopped(args, why) if reports else 2, why)
 
 
 if __name__ == "__main__":

@@ -557,3 +557,13 @@ def test_r9k_against_stock_on_one_configuration_pairs_and_other_env_does_not():
     cand.config_snapshot["env"]["VLLM_ATTENTION_BACKEND"] = "FLASH_ATTN"
     [why] = apart(base, cand)
     assert why.startswith("the configuration's settings as run differ (env.VLLM_ATTENTION_BACKEND: None vs")
+
+
+def test_a_gate_stopped_by_bad_input_ends_with_its_exit_line(tmp_path, monkeypatch, capsys):
+    """A configuration the candidate does not hold stops the gate on bad input: JUnit and the summary said NOT
+    CHECKED, and the console's last line was the error, not the exit status that every other end prints."""
+    save(tmp_path, bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2))
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
+                                                  "--perf", "--config", "nope", "--reports", str(tmp_path)])
+    assert out["code"] == 2 and out["last"].startswith("exit status 2: bad input: ")
+    assert out["head"].startswith("**NOT CHECKED**")
