@@ -96,11 +96,13 @@ def test_wrong_argument_count_is_refused(fast):
 
 def test_positional_refuses_unknown_meta():
     lau = launcher(moe._plan_kernel)
-    meta = dict(E=8, NS=4, K=2, NC=8, BE=16, NSP=16, BT=16, NCP=16, ONE_TILE=True, num_warps=4)
-    args, opts = lau.positional([None] * 15, meta)
+    meta = dict(E=8, NS=4, K=2, NC=8, BE=16, NSP=16, BT=16, NCP=16, ONE_TILE=True, THROUGH=False, NT=1,
+                num_warps=4)
+    lead = [None] * (len(lau.names) - (len(meta) - 1))  # every parameter before the constexpr tail
+    args, opts = lau.positional(lead, meta)
     assert len(args) == len(lau.names) and opts == {"num_warps": 4}
     with pytest.raises(TypeError):
-        lau.positional([None] * 15, dict(meta, num_ctas=2))
+        lau.positional(lead, dict(meta, num_ctas=2))
 
 
 # ---- Direct: the launch a plan makes, no key computed ------------------------------------------------------

@@ -121,7 +121,10 @@ def test_the_provenance_row_is_a_served_suites_and_a_mismatch_wins(tmp_path):
 
 
 SOAK = {"clients": 8, "duration_s": 60.2, "served": 41, "errors": 0, "cut_at_deadline": 8, "prompt_tok_s": 812.4,
-        "memory": {"host_rss_mib": {"peak": 4100.0, "total": 15000.0, "slope_mib_per_min": 3.2, "flat": True}}}
+        "memory": {"host_rss_mib": {"peak": 4100.0, "total": 15000.0, "slope_mib_per_min": 3.2, "flat": True}},
+        # the series the slope is re-derived from on read (validate.runners.soak.audit): 3.2 MiB/min exactly
+        "samples": [[float(t), {"host_rss_mib": 4096.8 + 3.2 * t / 60}] for t in range(61)],
+        "max_slope_mib_per_min": 512.0}
 
 
 def test_notes_give_each_suites_wall_time_against_its_budget_and_the_soaks_cut_requests(tmp_path):
