@@ -82,12 +82,7 @@ IMPLS = {
 }
 
 
-def _registered(ns: str, name: str) -> bool:
-    try:
-        getattr(getattr(torch.ops, ns), name)
-    except (AttributeError, RuntimeError):
-        return False
-    return True
+_registered = _OPS._registered  # one check of whether vLLM (or an earlier call) registered a name
 
 
 def register() -> list[str]:
