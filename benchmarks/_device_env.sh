@@ -20,6 +20,13 @@ PY
   rm -rf "$R9K_SITE" && mv "$R9K_SITE.partial" "$R9K_SITE" || return 1
 fi
 export R9K_SITE
+# the checkout's stand-ins are the ones that run: an archive built before a stand-in changed carries the older one
+for f in $(cd benchmarks/device_env/stand_ins && find . -type f ! -path '*__pycache__*'); do
+  if ! cmp -s "benchmarks/device_env/stand_ins/$f" "$R9K_SITE/$f"; then
+    mkdir -p "$(dirname "$R9K_SITE/$f")" && cp "benchmarks/device_env/stand_ins/$f" "$R9K_SITE/$f" || return 1
+    echo "stand-in from the checkout: ${f#./} (the archive's differs)" >&2
+  fi
+done
 # r9k's plugin entry point (vllm.general_plugins -> r9k:register), as `pip install -e .` would declare it, so that
 # vLLM loads this checkout's r9k in every process it starts; written beside the site, outside the checkout
 R9K_PLUGIN_SITE=$R9K_SITE.plugin

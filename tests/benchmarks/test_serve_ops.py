@@ -175,3 +175,191 @@ def test_cuda_view_refuses_a_pageable_tensor():
     tests/kernels on the device)."""
     with pytest.raises(ValueError, match="pinned CPU tensor"):
         ops.get_cuda_view_from_cpu_tensor(torch.zeros(4))
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_reference(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float64 ``clamp(x / scale)`` rounded once to fp8 (scale broadcast against x)."""
+    return (x.double() / scale.double()).clamp(-448.0, 448.0).to(FP8)
+
+
+def _fp8_agree(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """Equal fp8 codes, but for values on a rounding boundary where fp32's ``x * (1 / s)`` and float64's ``x / s``
+    may fall either side: those differ by one code at most and are rare."""
+    a, b = got.view(torch.uint8).int(), ref.view(torch.uint8).int()
+    assert int((a - b).abs().max()) <= 1
+    assert float((a != b).float().mean()) < 0.01
+
+
+@pytest.mark.parametrize("case", ["tensor", "token", "channel", "groups"])
+def test_static_scaled_fp8_quant_per_scale_layout(case):
+    """Per tensor (one element), per token ``(1, -1)`` and per channel ``(-1, 1)`` 1-D scales, and 2-D block
+    scales ``[M / 2, N / 64]``: every element divided by the scale of its group."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 256, generator=g) * 4
+    full = {"tensor": torch.full((8, 256), 0.02), "token": torch.linspace(0.01, 0.05, 8)[:, None].expand(8, 256),
+            "channel": torch.linspace(0.01, 0.05, 256)[None, :].expand(8, 256)}
+    if case == "groups":
+        s = torch.rand(4, 4, generator=g) * 0.05 + 0.005
+        full_s = s.repeat_interleave(2, 0).repeat_interleave(64, 1)
+        scale, shape = s, None
+    else:
+        full_s = full[case]
+        scale = {"tensor": torch.tensor([0.02]), "token": full_s[:, 0].contiguous(),
+                 "channel": full_s[0].contiguous()}[case]
+        shape = {"tensor": None, "token": [1, -1], "channel": [-1, 1]}[case]
+    out = torch.empty(8, 256, dtype=FP8)
+    ops.static_scaled_fp8_quant(out, x, scale, shape)
+    _fp8_agree(out, _fp8_reference(x, full_s))
+
+
+def test_static_scaled_fp8_quant_refuses_a_1d_scale_without_group_shape():
+    with pytest.raises(ValueError, match="group_shape"):
+        ops.static_scaled_fp8_quant(torch.empty(4, 8, dtype=FP8), torch.randn(4, 8), torch.ones(4), None)
+
+
+def test_dynamic_fp8_quants_scale_by_the_absolute_maximum():
+    """Per tensor: ``scale = amax / 448``; per token: each row's, bounded above by ``scale_ub`` and below by
+    ``1 / (448 * 512)`` (an all-zero row)."""
+    x = torch.tensor([[1.0, -8.96, 2.0, 0.5], [0.0, 0.0, 0.0, 0.0], [44.8, 1.0, -3.0, 2.0]])
+    out, s = torch.empty(3, 4, dtype=FP8), torch.empty(1)
+    ops.dynamic_scaled_fp8_quant(out, x, s)
+    assert s.item() == pytest.approx(44.8 / 448, rel=1e-6)
+    _fp8_agree(out, _fp8_reference(x, s))
+    st = torch.empty(3, 1)
+    ops.dynamic_per_token_scaled_fp8_quant(out, x, st, None)
+    assert st.flatten().tolist() == pytest.approx([8.96 / 448, 1 / (448 * 512), 44.8 / 448], rel=1e-6)
+    _fp8_agree(out, _fp8_reference(x, st))
+    ops.dynamic_per_token_scaled_fp8_quant(out, x, st, torch.tensor(4.48))
+    assert st.flatten().tolist() == pytest.approx([4.48 / 448, 1 / (448 * 512), 4.48 / 448], rel=1e-6)
+    assert out[2, 0].float().item() == 448.0  # 44.8 / 0.01 clamps to the fp8 maximum
+
+
+def test_fused_norm_and_activation_quants_equal_their_parts():
+    """rms_norm_static_fp8_quant = static quant of rms_norm; the fused-add variant first adds into the residual;
+    rms_norm_dynamic_per_token_quant likewise with a per-token scale; silu_and_mul_quant = static quant of
+    silu_and_mul. Exact: each is its parts in one call."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 128, generator=g, dtype=torch.bfloat16)
+    r = torch.randn(6, 128, generator=g, dtype=torch.bfloat16)
+    w = torch.rand(128, generator=g).to(torch.bfloat16) + 0.5
+    scale = torch.tensor([0.01])
+
+    def quant_of_norm(inp):
+        y = torch.empty_like(inp)
+        ops.rms_norm(y, inp, w, 1e-6)
+        q = torch.empty(inp.shape, dtype=FP8)
+        ops.static_scaled_fp8_quant(q, y, scale)
+        return y, q
+
+    got = torch.empty(6, 128, dtype=FP8)
+    ops.rms_norm_static_fp8_quant(got, x, w, scale, 1e-6)
+    assert torch.equal(got.view(torch.uint8), quant_of_norm(x)[1].view(torch.uint8))
+
+    res = r.clone()
+    ops.fused_add_rms_norm_static_fp8_quant(got, x, res, w, scale, 1e-6)
+    assert torch.equal(res, x + r)
+    assert torch.equal(got.view(torch.uint8), quant_of_norm(x + r)[1].view(torch.uint8))
+
+    res, st = r.clone(), torch.empty(6, 1)
+    ops.rms_norm_dynamic_per_token_quant(got, x, w, st, 1e-6, None, res)
+    y = quant_of_norm(x + r)[0]
+    q_ref, s_ref = torch.empty(6, 128, dtype=FP8), torch.empty(6, 1)
+    ops.dynamic_per_token_scaled_fp8_quant(q_ref, y, s_ref, None)
+    assert torch.equal(res, x + r) and torch.equal(st, s_ref)
+    assert torch.equal(got.view(torch.uint8), q_ref.view(torch.uint8))
+
+    h = torch.randn(6, 64, generator=g, dtype=torch.bfloat16)
+    act = torch.empty(6, 32, dtype=torch.bfloat16)
+    ops.silu_and_mul(act, h)
+    q_ref, q = torch.empty(6, 32, dtype=FP8), torch.empty(6, 32, dtype=FP8)
+    ops.static_scaled_fp8_quant(q_ref, act, scale)
+    ops.silu_and_mul_quant(q, h, scale)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_fused_qk_norm_rope_is_a_per_head_norm_then_rope(vllm_c):
+    """q and k heads of a packed qkv row normed per head (vLLM's rms_norm kernel as the reference) then rotated
+    (vLLM's rotary_embedding); v untouched."""
+    g = torch.Generator().manual_seed(9)
+    hq, hk, hv, D, T = 4, 2, 2, 64, 5
+    qkv = torch.randn(T, (hq + hk + hv) * D, generator=g)
+    qw, kw = torch.rand(D, generator=g) + 0.5, torch.rand(D, generator=g) + 0.5
+    cache = torch.randn(32, D, generator=g)
+    pos = torch.tensor([0, 3, 7, 11, 31])
+    ref = qkv.clone()
+    q = ref[:, : hq * D].reshape(T, hq, D).contiguous()
+    k = ref[:, hq * D: (hq + hk) * D].reshape(T, hk, D).contiguous()
+    qn, kn = torch.empty_like(q), torch.empty_like(k)
+    vllm_c.rms_norm(qn, q, qw, 1e-6)
+    vllm_c.rms_norm(kn, k, kw, 1e-6)
+    qn, kn = qn.reshape(T, -1), kn.reshape(T, -1)
+    vllm_c.rotary_embedding(pos, qn, kn, D, cache, True)
+    got = qkv.clone()
+    ops.fused_qk_norm_rope(got, hq, hk, hv, D, 1e-6, qw, kw, cache, True, pos)
+    assert torch.allclose(got[:, : hq * D], qn, atol=1e-5)
+    assert torch.allclose(got[:, hq * D: (hq + hk) * D], kn, atol=1e-5)
+    assert torch.equal(got[:, (hq + hk) * D:], qkv[:, (hq + hk) * D:])
+
+
+def _import_time_c_ops(path: Path) -> set[str]:
+    """Names ``X`` of every ``torch.ops._C.X`` a module evaluates when imported on CUDA: statements at module and
+    class level, skipping ``if`` blocks that test ``hasattr`` (directly or through a module-level name assigned
+    from one: the op is optional there) or ROCm."""
+    import ast
+    found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    guards = {t.id for st in tree.body if isinstance(st, ast.Assign) and "hasattr" in ast.unparse(st.value)
+              for t in st.targets if isinstance(t, ast.Name)}
+
+    def optional(test: ast.expr) -> bool:
+        text = ast.unparse(test)
+        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        return "hasattr" in text or "rocm" in text or bool(names & guards)
+
+    def visit(stmts):
+        for st in stmts:
+            if isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if isinstance(st, ast.If):
+                if optional(st.test):
+                    visit(st.orelse)
+                    continue
+                visit(st.body)
+                visit(st.orelse)
+                continue
+            if isinstance(st, ast.ClassDef):
+                visit(st.body)
+                continue
+            for node in ast.walk(st):
+                if (isinstance(node, ast.Attribute) and ast.unparse(node.value) == "torch.ops._C"):
+                    found.add(node.attr)
+
+    visit(tree.body)
+    return found
+
+
+def test_every_c_op_the_compile_passes_look_up_on_import_has_a_stand_in():
+    """vLLM's pass manager imports its fusion passes on CUDA whenever a model is compiled, and those modules look
+    up ``torch.ops._C`` ops as they load (a missing name stops the engine's start-up). Read from the installed
+    vLLM 0.32.0 Python (the same files as the CUDA wheel's): every such name unguarded by ``hasattr`` must be one
+    the stand-ins register."""
+    import ast
+    import vllm
+    passes = Path(vllm.__file__).parent / "compilation" / "passes"
+    tree = ast.parse((passes / "pass_manager.py").read_text())
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "rocm" not in ast.unparse(node.test):
+            for sub in node.body:
+                if isinstance(sub, ast.ImportFrom) and sub.level == 1 and sub.module:
+                    modules.add(sub.module)
+    assert "fusion.rms_quant_fusion" in modules and "fusion.act_quant_fusion" in modules
+    names: set[str] = set()
+    for mod in modules | {"utility.fix_functionalization", "fusion.matcher_utils"}:
+        names |= _import_time_c_ops(passes / (mod.replace(".", "/") + ".py"))
+    stood_in = {n for ns, n in ops.OPS if ns == "_C"}
+    assert names - stood_in == set()
+    assert {"static_scaled_fp8_quant", "rms_norm_static_fp8_quant", "fused_qk_norm_rope"} <= names

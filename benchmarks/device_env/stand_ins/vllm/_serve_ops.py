@@ -199,6 +199,125 @@ def per_token_group_fp8_quant(input: torch.Tensor, output_q: torch.Tensor, outpu
     output_s.copy_(s.reshape(output_s.shape))
 
 
+def _fp8_scaled(x: torch.Tensor, scale: torch.Tensor, result: torch.Tensor) -> None:
+    """``result = clamp(x * (1 / scale), fp8 range)`` in fp32 (``scale`` broadcast against ``x``), rounded once to
+    ``result``'s fp8 dtype: vLLM's ``QuantFP8.forward_native`` arithmetic."""
+    fi = torch.finfo(result.dtype)
+    y = x.float() * scale.float().reciprocal()
+    result.copy_(y.clamp(float(fi.min), float(fi.max)).to(result.dtype))
+
+
+def _min_scale(dtype: torch.dtype) -> float:
+    """The smallest dynamic scale vLLM's kernels allow: ``1 / (fp8_max * 512)`` (``_FP8_MIN_SCALING_FACTOR``)."""
+    return 1.0 / (float(torch.finfo(dtype).max) * 512.0)
+
+
+def static_scaled_fp8_quant(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor,
+                            group_shape: list[int] | None = None) -> None:
+    """fp8 quantisation of ``input [M, N]`` by a given ``scale``: one element or ``[1]`` (per tensor), ``[M / gm,
+    N / gn]`` (groups, the shape taken from the scale unless ``group_shape`` says it), or 1-D with ``group_shape``
+    ``(-1, 1)`` (per channel) or ``(1, -1)`` (per token); -1 in a group shape is the full extent. In place.
+
+    Raises:
+        ValueError: a 1-D scale of more than one element without a group shape (vLLM's kernel refuses it too).
+    """
+    M, N = input.shape[-2], input.shape[-1]
+    s = scale.float()
+    if s.numel() == 1:
+        s = s.reshape(1, 1)
+    else:
+        if s.dim() == 1:
+            if group_shape is None:
+                raise ValueError("static_scaled_fp8_quant: a 1-D scale needs group_shape")
+            gm, gn = group_shape
+            s = s.reshape(-1, 1) if gn == -1 or gn == N else s.reshape(1, -1)
+        gm = M // s.shape[0]
+        gn = N // s.shape[1]
+        s = s.repeat_interleave(gm, 0).repeat_interleave(gn, 1)
+    _fp8_scaled(input, s, result)
+
+
+def dynamic_scaled_fp8_quant(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+    """Dynamic per-tensor fp8 quantisation: ``scale [1] = max(amax(|input|) / fp8_max, 1 / (fp8_max * 512))``
+    (fp32), then ``result = input / scale`` clamped to the fp8 range. In place."""
+    s = (input.abs().amax().float() / float(torch.finfo(result.dtype).max)).clamp_min(_min_scale(result.dtype))
+    scale.copy_(s.reshape(scale.shape))
+    _fp8_scaled(input, s, result)
+
+
+def dynamic_per_token_scaled_fp8_quant(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor,
+                                       scale_ub: torch.Tensor | None = None) -> None:
+    """Dynamic per-token fp8 quantisation of ``input [.., N]``: ``scale [rows, 1]`` = each row's ``amax``
+    (bounded by ``scale_ub`` when given) over fp8_max, at least ``1 / (fp8_max * 512)``. In place."""
+    x = input.reshape(-1, input.shape[-1])
+    amax = x.abs().amax(-1, keepdim=True).float()
+    if scale_ub is not None:
+        amax = amax.clamp(max=scale_ub.float())
+    s = (amax / float(torch.finfo(result.dtype).max)).clamp_min(_min_scale(result.dtype))
+    scale.copy_(s.reshape(scale.shape))
+    _fp8_scaled(x, s, result.view(-1, input.shape[-1]))
+
+
+def silu_and_mul_quant(result: torch.Tensor, input: torch.Tensor, scale: torch.Tensor) -> None:
+    """SiLU-and-mul of ``input [.., 2d]`` (in the input dtype) then static per-tensor fp8 quantisation. In place."""
+    d = input.shape[-1] // 2
+    y = torch.empty(input.shape[:-1] + (d,), dtype=input.dtype, device=input.device)
+    silu_and_mul(y, input)
+    _fp8_scaled(y, scale.reshape(()), result)
+
+
+def rms_norm_static_fp8_quant(result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                              epsilon: float) -> None:
+    """RMS norm of ``input [.., H]`` (rounded to its dtype, as ``rms_norm``) then static per-tensor fp8
+    quantisation into ``result``. In place."""
+    y = torch.empty_like(input)
+    rms_norm(y, input, weight, epsilon)
+    _fp8_scaled(y, scale.reshape(()), result)
+
+
+def fused_add_rms_norm_static_fp8_quant(result: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
+                                        weight: torch.Tensor, scale: torch.Tensor, epsilon: float) -> None:
+    """``residual += input`` then ``rms_norm_static_fp8_quant(result, residual, ...)``; ``input`` is not written.
+    In place."""
+    residual.add_(input)
+    rms_norm_static_fp8_quant(result, residual, weight, scale, epsilon)
+
+
+def rms_norm_dynamic_per_token_quant(result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                     scale: torch.Tensor, epsilon: float, scale_ub: torch.Tensor | None,
+                                     residual: torch.Tensor | None) -> None:
+    """(``residual += input`` and the norm of the sum, when a residual is given) RMS norm then dynamic per-token
+    fp8 quantisation: ``result [.., H]`` fp8, ``scale [rows, 1]`` fp32. In place."""
+    x = input
+    if residual is not None:
+        residual.add_(input)
+        x = residual
+    y = torch.empty_like(x)
+    rms_norm(y, x, weight, epsilon)
+    dynamic_per_token_scaled_fp8_quant(result, y, scale, scale_ub)
+
+
+def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int,
+                       eps: float, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
+                       is_neox: bool, position_ids: torch.Tensor, forced_token_heads_per_warp: int = -1) -> None:
+    """Per-head RMS norm of q and k inside ``qkv [T, (hq + hk + hv) * D]`` then rotary embedding of both, in place
+    (the op the QK-norm-RoPE fusion pass writes in; that pass is off at every optimisation level of vLLM 0.32, and
+    the name must exist because the pass's module looks it up when imported)."""
+    T = qkv.shape[0]
+    q_end, k_end = num_heads_q * head_dim, (num_heads_q + num_heads_k) * head_dim
+    for lo, hi, w in ((0, q_end, q_weight), (q_end, k_end, k_weight)):
+        part = qkv[:, lo:hi].reshape(T, -1, head_dim)
+        normed = torch.empty_like(part)
+        rms_norm(normed, part, w, eps)
+        part.copy_(normed)
+    q = qkv[:, :q_end]
+    k = qkv[:, q_end:k_end]
+    qv, kv = q.contiguous(), k.contiguous()
+    rotary_embedding(position_ids, qv, kv, head_dim, cos_sin_cache, is_neox)
+    q.copy_(qv)
+    k.copy_(kv)
+
+
 class _CudaArray:
     """``__cuda_array_interface__`` (v3) of ``nbytes`` bytes at device address ``ptr``, holding ``owner`` alive."""
 
@@ -244,6 +363,30 @@ OPS = {
                                           "Tensor(b!) output_s, int group_size, float eps, float fp8_min, "
                                           "float fp8_max, bool scale_ue8m0, bool column_major_scales, "
                                           "bool tma_aligned_scales) -> ()", per_token_group_fp8_quant),
+    ("_C", "static_scaled_fp8_quant"): ("static_scaled_fp8_quant(Tensor(a!) result, Tensor input, Tensor scale, "
+                                        "int[2]? group_shape=None) -> ()", static_scaled_fp8_quant),
+    ("_C", "dynamic_scaled_fp8_quant"): ("dynamic_scaled_fp8_quant(Tensor(a!) result, Tensor input, "
+                                         "Tensor(b!) scale) -> ()", dynamic_scaled_fp8_quant),
+    ("_C", "dynamic_per_token_scaled_fp8_quant"): ("dynamic_per_token_scaled_fp8_quant(Tensor(a!) result, "
+                                                   "Tensor input, Tensor(b!) scale, Tensor? scale_ub) -> ()",
+                                                   dynamic_per_token_scaled_fp8_quant),
+    ("_C", "silu_and_mul_quant"): ("silu_and_mul_quant(Tensor(a!) result, Tensor input, Tensor scale) -> ()",
+                                   silu_and_mul_quant),
+    ("_C", "rms_norm_static_fp8_quant"): ("rms_norm_static_fp8_quant(Tensor(a!) result, Tensor input, "
+                                          "Tensor weight, Tensor scale, float epsilon) -> ()",
+                                          rms_norm_static_fp8_quant),
+    ("_C", "fused_add_rms_norm_static_fp8_quant"): ("fused_add_rms_norm_static_fp8_quant(Tensor(a!) result, "
+                                                    "Tensor input, Tensor(b!) residual, Tensor weight, "
+                                                    "Tensor scale, float epsilon) -> ()",
+                                                    fused_add_rms_norm_static_fp8_quant),
+    ("_C", "rms_norm_dynamic_per_token_quant"): ("rms_norm_dynamic_per_token_quant(Tensor(a!) result, "
+                                                 "Tensor input, Tensor weight, Tensor(b!) scale, float epsilon, "
+                                                 "Tensor? scale_ub, Tensor(c!)? residual) -> ()",
+                                                 rms_norm_dynamic_per_token_quant),
+    ("_C", "fused_qk_norm_rope"): ("fused_qk_norm_rope(Tensor(a!) qkv, int num_heads_q, int num_heads_k, "
+                                   "int num_heads_v, int head_dim, float eps, Tensor q_weight, Tensor k_weight, "
+                                   "Tensor cos_sin_cache, bool is_neox, Tensor position_ids, "
+                                   "int forced_token_heads_per_warp=-1) -> ()", fused_qk_norm_rope),
     ("_C", "get_cuda_view_from_cpu_tensor"): ("get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor",
                                               get_cuda_view_from_cpu_tensor),
     ("_moe_C", "topk_softmax"): ("topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_indices, "
