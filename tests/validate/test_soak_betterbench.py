@@ -57,8 +57,10 @@ def test_server_dying_mid_soak_fails_with_cause_and_keeps_samples(scratch):
 def test_betterbench_passes_and_bands(scratch):
     add_suite(scratch, "mini-bb", "betterbench", {"passes": 2, "decode_tokens": 8, "prefill_depths": [64, 100000],
                                                   "concurrency": [1, 2, 8], "requests_per_client": 1,
-                                                  "prompt_tokens": 16, "agg_tokens": 4})
-    scratch.config("fake-bb", FAKE_VLLM_TOKENS=8)
+                                                  "prompt_tokens": 16, "agg_tokens": 8})
+    # 8 tokens 15 ms apart: an answer spans about 100 ms, so a client stalled on a loaded 2-core box still
+    # stamps its chunks apart (at 4 tokens 2 ms apart all came in one read there, and TPOT was undefined)
+    scratch.config("fake-bb", FAKE_VLLM_TOKENS=8, FAKE_VLLM_ITL_MS=15)
     assert main(["suite", "mini-bb", "--config", "fake-bb", "--release", "b1"]) == 0
     m = record(scratch, "b1", "fake-bb", "mini-bb")["metrics"]
     assert m["passes"] == 2 and m["prefill_depths"] == [64]  # 100000 > max_model_len is dropped
