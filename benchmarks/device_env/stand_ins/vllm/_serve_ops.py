@@ -21,6 +21,14 @@ op                                        who calls it
 ``_C.per_token_group_fp8_quant``          ``fp8_utils.per_token_group_quant_fp8`` on CUDA (block-fp8 activations)
 ``_C.get_cuda_view_from_cpu_tensor``      the GPU model runner's ``UvaBuffer`` (``torch_utils.get_accelerator_view_
                                           from_cpu_tensor``): a device view of a pinned host tensor
+``_C.static_scaled_fp8_quant``,           the compile passes (``compilation/passes``: the fusion patterns of
+``_C.dynamic_scaled_fp8_quant``,          ``rms_quant_fusion``, ``act_quant_fusion``, ``qk_norm_rope_fusion``) look
+``_C.dynamic_per_token_scaled_fp8_quant``, each of these up as ``torch.ops._C.<name>.default`` when the pass
+``_C.silu_and_mul_quant``,                manager is imported, in every GPU worker, whether or not a pass is on; the
+``_C.rms_norm_static_fp8_quant``,         arithmetic is vLLM's ``QuantFP8.forward_native`` (``x * (1 / scale)``,
+``_C.fused_add_rms_norm_static_fp8_quant``, saturated to the fp8 range; dynamic scales at least ``1 / (448 * 512)``)
+``_C.rms_norm_dynamic_per_token_quant``,
+``_C.fused_qk_norm_rope``
 ========================================  ==========================================================================
 
 Each is registered with ``torch.library`` under vLLM's schema (the mutated arguments marked, as vLLM's
