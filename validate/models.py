@@ -11,6 +11,8 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from validate.config import GGUFPackageSource, ModelSpec, RandomMoESource, RandomNextSource
@@ -19,6 +21,19 @@ from validate.util import sha256_file
 
 CACHE_ENV = "R9K_MODEL_CACHE"
 TOKENIZER_ENV = "R9K_TOKENIZER_DIR"  # tokenizers converted ahead of time (the GPU host's environment archive)
+
+
+@contextmanager
+def _written_whole(out_dir: Path) -> Iterator[Path]:
+    """Yield a temporary directory beside ``out_dir`` to write a model into; on success rename it to ``out_dir``,
+    on any exception (an interrupt included) remove it, so ``out_dir`` exists only whole."""
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        yield tmp
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def default_cache() -> Path:
@@ -69,15 +84,10 @@ def convert_gguf(gguf: Path, out_dir: Path, dtype: str) -> None:
     )
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the weights are dense now; vLLM must not look for GGUF blocks
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
+    with _written_whole(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"{gguf.name}\n")
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def make_random_moe(src: RandomMoESource, gguf: Path, out_dir: Path) -> None:
@@ -100,15 +110,10 @@ def make_random_moe(src: RandomMoESource, gguf: Path, out_dir: Path) -> None:
         torch_dtype=src.dtype)
     torch.manual_seed(src.seed)
     model = Qwen3MoeForCausalLM(cfg).to(getattr(torch, src.dtype))
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
+    with _written_whole(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"random-moe {src.model_dump_json()} tokenizer {gguf.name}\n")
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def tokenizer_dir(src: GGUFPackageSource) -> Path:
@@ -250,16 +255,11 @@ def make_random_next(src: RandomNextSource, out_dir: Path) -> None:
         cfg.quantization_config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                    "weight_block_size": [FP8_BLOCK, FP8_BLOCK], "modules_to_not_convert": skip}
     sd = random_next_weights(src, cfg, device)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
-    try:
+    with _written_whole(out_dir) as tmp:
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         cfg.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / "SOURCE").write_text(f"random-next {src.model_dump_json()} tokenizer {tok_from} drawn on {device}\n")
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _looks_local(path: str) -> bool:
