@@ -152,6 +152,12 @@ def pair(base: Record, cand: Record, across_thinking: bool = False, configuratio
         prompt_diff = [k for k in bi if bi[k].prompt_hash != ci[k].prompt_hash]
         if prompt_diff:
             reasons.append(f"prompts differ on {len(prompt_diff)} of {len(bi)} questions (first: {prompt_diff[0]})")
+        # each side is judged against the answer it holds: one question, one expected answer on both sides
+        expected_diff = [k for k in bi if bi[k].expected != ci[k].expected]
+        if expected_diff:
+            k = expected_diff[0]
+            reasons.append(f"expected answers differ on {len(expected_diff)} of {len(bi)} questions (first: {k}, "
+                           f"{bi[k].expected!r} vs {ci[k].expected!r})")
         gen_diff = sorted({f"{key}: {bi[k].gen.get(key)!r} vs {ci[k].gen.get(key)!r}"
                            for k in bi for key in set(bi[k].gen) | set(ci[k].gen)
                            if bi[k].gen.get(key) != ci[k].gen.get(key)})
@@ -420,10 +426,11 @@ def _eligible(reports: Path, release: str) -> list:
 
 def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tuple[str, str]]]:
     """(whether ``folder`` holds a gated record, or a file that may be one; the pairs of ``want`` it holds)."""
+    from validate.loadgate import ARRIVALS_KIND
     from validate.perfgate import BENCH_KIND
     from validate.suite import paired_eval_kinds
 
-    gated = set(paired_eval_kinds()) | {BENCH_KIND}
+    gated = set(paired_eval_kinds()) | {BENCH_KIND, ARRIVALS_KIND}  # every kind a gate compares (the share gates too)
     eligible, pairs = False, set()
     for p in folder.glob("*/*.json"):
         try:
@@ -442,15 +449,18 @@ def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tu
 
 
 def held_elsewhere(reports: Path, release: str, base: str, want: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """The pairs of ``want`` the automatic baseline ``base`` lacks and another release it could have been holds:
-    {(configuration, suite kind): the newest such release}. Their gates compared nothing though a baseline of
-    them exists, so each is said (and not checked) rather than left out."""
+    """The pairs of ``want`` whose newest record among the releases the automatic baseline could have been is not
+    the baseline ``base``'s: {(configuration, suite kind): that newer release}. Either ``base`` lacks the pair (its
+    gate compared nothing though a baseline of it exists) or holds an older record of it than a newer release does
+    (its gate compared against a release the last one may have moved from: a regression since would be hidden).
+    Each is said (and not checked) rather than left out."""
+    eligible = _eligible(reports, release)
+    base_k = next((k for k, name in eligible if name == base), None)
+    newest: dict[tuple[str, str], tuple] = {}
+    for k, name in eligible:
+        for pair in _held(reports / name, want)[1]:
+            if pair not in newest or k > newest[pair][0]:
+                newest[pair] = (k, name)
     _, mine = _held(reports / base, want)
-    out: dict[tuple[str, str], tuple] = {}
-    for k, name in _eligible(reports, release):
-        if name == base:
-            continue
-        for pair in _held(reports / name, want)[1] - mine:
-            if pair not in out or k > out[pair][0]:
-                out[pair] = (k, name)
-    return {pair: name for pair, (_, name) in sorted(out.items())}
+    return {pair: name for pair, (k, name) in sorted(newest.items())
+            if name != base and (pair not in mine or base_k is None or k > base_k)}

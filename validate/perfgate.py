@@ -69,8 +69,9 @@ def measuring_params(r: Record) -> dict:
 
 
 class PerfGateSpec(BaseModel):
-    """``perf_gate`` of a suite file: thresholds in percent of the baseline median, by figure name; a key ending
-    in ``*`` matches every figure it prefixes (``prefill_*`` for every depth)."""
+    """``perf_gate`` of a suite file: thresholds in percent of the baseline median, by figure name; a key with a
+    ``*`` matches every figure its pattern does (``prefill_*`` every depth, ``c*_tok_s`` every concurrency level's
+    aggregate rate); a figure's own name comes first, then the first pattern in the file's order."""
 
     model_config = ConfigDict(extra="forbid")
     thresholds_pct: dict[str, float] = Field(
@@ -89,8 +90,10 @@ class PerfGateSpec(BaseModel):
         """The threshold (percent) for ``figure``, None when the gate does not cover it."""
         if figure in self.thresholds_pct:
             return self.thresholds_pct[figure]
+        from fnmatch import fnmatchcase
+
         for key, pct in self.thresholds_pct.items():
-            if key.endswith("*") and figure.startswith(key[:-1]):
+            if "*" in key and fnmatchcase(figure, key):
                 return pct
         return None
 

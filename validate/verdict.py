@@ -442,8 +442,11 @@ def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
     store their gate were also re-checked by it when read."""
     if root is None:
         return records
+    from r9k import provenance as prov
+    from validate.provenance_checks import engine_hash as engine_of
     from validate.suite import find_suite
 
+    engine = engine_of(root, root if (root / "r9k").is_dir() else prov.package_root())
     for r in records:
         try:
             s = find_suite(root, r.suite, "quick" if r.profile == "quick" else "full")
@@ -459,6 +462,15 @@ def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
         stored = _gate_dict(r.gate)
         if stored is not None and stored != mine:
             r.gate_mismatch = (f"its stored gate {stored} differs from the checkout's suite file's {mine}")
+        elif r.tree.engine_hash == engine and isinstance(r.params, dict) and any(
+                r.params[k] != s.params_dict.get(k) for k in r.params):
+            # a record of this very engine and suites ran the file's params; they hold the rule's bounds too (a
+            # soak's slope bound, sanity's solo share), so a value other than the file's was edited (a key left
+            # out reads as the kind's default, which its params model gives and the audits apply)
+            keys = sorted(k for k in r.params if r.params[k] != s.params_dict.get(k))
+            r.gate_mismatch = ("its params differ from the checkout's suite file's for its profile ("
+                               + ", ".join(f"{k}: {r.params.get(k)!r} vs {s.params_dict.get(k)!r}" for k in keys[:4])
+                               + ")")
         if r.verdict.status == "pass":
             recheck(r, mine, "the checkout's suite file's")
     return records
@@ -564,6 +576,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         across_thinking: pair evals of a thinking model with those of one that does not think
             (validate.compare.pair).
     """
+    from validate.compare import _held as _held_pairs
     from validate.compare import choose_baseline, compare_releases, held_elsewhere
     from validate.perfgate import BENCH_KIND, compare_perf
     from validate.record import release_records
@@ -586,10 +599,13 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     notes: list[str] = []
     if base is not None and not baseline:  # the automatic choice: what it lacks and another release holds is said
         try:
+            _, held = _held_pairs(reports / base, want)
             for (cfg, kind), other in held_elsewhere(reports, release, base, want).items():
+                what = (f"the baseline {base} holds an older record of it than {other}: its gate compared against a "
+                        f"release the newer one may have regressed from" if (cfg, kind) in held else
+                        f"the baseline {base} holds no such record, {other} does: its gate compared nothing")
                 extra.append(Check(cfg, f"baseline of {kind}", "release", "not-checked", "not compared",
-                                   f"{cfg}/{kind}: the baseline {base} holds no such record, {other} does: its gate "
-                                   f"compared nothing (name one with --baseline)"))
+                                   f"{cfg}/{kind}: {what} (name one with --baseline)"))
         except Exception as e:  # a folder that cannot be read: said
             extra.append(release_check("baseline", f"the baselines under {reports} could not be read: "
                                                    f"{type(e).__name__}: {e}"))

@@ -282,7 +282,10 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
     recf.write_text(json.dumps(d))
     chk = next(c for c in assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root).checks
                if c.area == "suite")
-    assert chk.status == "audit-failed" and "its params do not match the params_hash" in chk.message
+    # a record of this tree: its params are its suite file's (said first), and the audit's hash check says why too
+    assert chk.status == "gate-mismatch" and "max_lag_ms: 1000.0 vs" in chk.message
+    rec = next(c.record for c in assess_release(scratch.root / "reports", "v1.0.0").checks if c.area == "suite")
+    assert "its params do not match the params_hash" in rec.audit_failed
     d = json.loads(kept)  # the configuration's SLO loosened where the record keeps it, and the record's with it
     d["config_snapshot"]["slo"]["tpot_ms"] = d["metrics"]["slo"]["tpot_ms"] = 1000.0
     recf.write_text(json.dumps(d))

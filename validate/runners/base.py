@@ -62,3 +62,19 @@ class SuiteResult:
     client_tally: dict[str, Any] | None = None  # every request as the client saw it (the engine fills it)
     # name -> (content, file extension): files the engine writes beside the record and hashes into it
     attachments: dict[str, tuple[bytes, str]] = field(default_factory=dict)
+
+
+def recount(metrics: Any, want: dict[str, Any], label: str = "its metrics are not its items' counts") -> list[str]:
+    """The audits' comparison of a record's ``metrics`` with what its items give: one line naming each key of
+    ``want`` whose stored value differs (numbers within 1e-6; a bool, a missing key or another type differs), or
+    nothing when all agree. A key the metrics lack is named too: a count left out is not a count that agrees."""
+    m = metrics if isinstance(metrics, dict) else {}
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(b, (int, float)) and not isinstance(b, bool):
+            return isinstance(a, (int, float)) and not isinstance(a, bool) and abs(a - b) <= 1e-6
+        return a == b
+
+    said = [f"{k} = {m.get(k, 'missing')!r}, its items give {v!r}" for k, v in want.items()
+            if k not in m or not same(m[k], v)]
+    return [f"{label}: " + "; ".join(said[:4]) + (" ..." if len(said) > 4 else "")] if said else []

@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from validate.client import OpenAIClient, RequestResult, gather_limited
 from validate.metrics import LoadMetrics, band, combined_decode, prefill_rate, summarize, tpot_s
-from validate.runners.base import RunContext, SuiteResult
+from validate.runners.base import RunContext, SuiteResult, recount
 from validate.runners.text import ESSAY
 from validate.runners.text import TextPool
 from validate.data import needs_train_text
@@ -313,8 +313,61 @@ def summary(rec) -> str:
     return f"combined {m['combined_decode_tok_s']} tok/s, {m['passes']} passes"
 
 
+def audit(rec, folder) -> list[str]:
+    """Why a BetterBench record does not stand on its passes (empty when it does): the notes' figures and title
+    read ``metrics.summary`` and the performance gate reads ``metrics.per_pass``, so the summary is recomputed from
+    the passes (each figure's median, min and max, :func:`validate.metrics.band`), the headline figures from the
+    summary, the pass count from the rows, and each pass's combined decode from its TPOT p50s at the levels up to
+    the configuration's ``max_num_seqs`` (:func:`validate.metrics.combined_decode`, within 0.1 %: the rows keep
+    three decimals). A record without passes has nothing to recompute. ``folder`` is not read."""
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    rows = m.get("per_pass")
+    if not isinstance(rows, list) or not rows:
+        return []
+    if not all(isinstance(r, dict) for r in rows):
+        return ["its per-pass rows are not all rows of figures"]
+    keys = list(dict.fromkeys(k for r in rows for k in r if k != "pass"))
+    want: dict = {"passes": len(rows)}
+    sm = m.get("summary") if isinstance(m.get("summary"), dict) else {}
+    for k in keys:
+        vals = [r.get(k) for r in rows]
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in vals):
+            return [f"its per-pass {k} holds a value that is no number"]
+        for stat, v in band(vals).items():
+            want[f"summary.{k}.{stat}"] = v
+    flat = {"passes": m.get("passes")}
+    flat.update({f"summary.{k}.{stat}": (b or {}).get(stat) if isinstance(b, dict) else b
+                 for k, b in sm.items() for stat in ("median", "min", "max")})
+    extra = sorted(set(sm) - set(keys))
+    # what it holds must be its passes'; a figure it leaves out of the summary is shown nowhere (not a false one)
+    out = recount(flat, {k: v for k, v in want.items() if k in flat and flat[k] is not None or k == "passes"},
+                  "its summary is not its passes'")
+    if extra:
+        out.append(f"its summary holds {', '.join(extra[:4])}, which no pass measured")
+    heads = {k: want.get(f"summary.{k}.median") for k in ("combined_decode_tok_s", "decode_tok_s", "decode_step_ms")
+             if m.get(k) is not None}
+    out += recount({k: m.get(k) for k in heads}, heads, "its headline figures are not its summary's medians")
+    snap = rec.config_snapshot if isinstance(rec.config_snapshot, dict) else {}
+    mns = (snap.get("server") or {}).get("max_num_seqs") if isinstance(snap.get("server"), dict) else None
+    levels = m.get("concurrency") if isinstance(m.get("concurrency"), list) else []
+    if isinstance(mns, int) and levels:
+        off = []
+        for i, r in enumerate(rows):
+            said = r.get("combined_decode_tok_s")
+            tpots = {c: r.get(f"c{c}_tpot_ms_p50") for c in levels if isinstance(c, int)}
+            if said is None or any(t is None for c, t in tpots.items() if c <= mns):
+                continue
+            got = combined_decode(tpots, mns)
+            if got is None or abs(said - got) > 1e-3 * got:
+                off.append(f"pass {r.get('pass', i)}: {said!r}, its TPOTs give {got if got is None else round(got, 3)}")
+        if off:
+            out.append("its combined decode is not its TPOTs': " + "; ".join(off[:3]) + (" ..." if len(off) > 3 else ""))
+    return out
+
+
 @register_runner("betterbench", BetterBenchParams, preflight=needs_train_text, sample_server_s=5.0,
-                 metrics_model=BetterBenchMetrics, figures=figures, headline=headline, summary=summary, order=20)
+                 metrics_model=BetterBenchMetrics, figures=figures, headline=headline, summary=summary, order=20,
+                 audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
     s = ctx.config.server
     limit = s.max_model_len - 8

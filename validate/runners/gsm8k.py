@@ -110,9 +110,12 @@ def audit(rec, folder) -> list[str]:
         return []
     m = rec.metrics if isinstance(rec.metrics, dict) else {}
     snap = rec.config_snapshot if isinstance(rec.config_snapshot, dict) else {}
-    primary = m.get("primary", (rec.params or {}).get("primary", "strict"))
+    # the params decide the extraction (the paired gate reads them too); the metrics only repeat it
+    primary = (rec.params if isinstance(rec.params, dict) else {}).get("primary", "strict")
     if primary not in ("strict", "flexible"):
         return [f"its primary extraction {primary!r} is neither strict nor flexible"]
+    if m.get("primary", primary) != primary:
+        return [f"its metrics say the primary extraction is {m.get('primary')!r}, its params {primary!r}"]
     think_end = m.get("think_end") or snap.get("think_end") or DEFAULT_THINK_END
     if not isinstance(think_end, str):
         return [f"its end-of-thinking marker {think_end!r} is not text"]

@@ -21,7 +21,7 @@ from validate.client import gather_limited
 from validate.evals import humaneval as he
 from validate.reasoning import item_fields, split_reply, tally
 from validate.record import Dataset, Item
-from validate.runners.base import RunContext, SuiteResult
+from validate.runners.base import RunContext, SuiteResult, recount
 from validate.suite import register_runner
 from validate.util import sha256_text
 
@@ -102,8 +102,52 @@ def dataset_hash(p: HumanEvalParams, root, data_dir) -> str:
     return he.load_problems(p.data_file).sha256
 
 
+#: The judge's outcomes of a program that ran (validate.evals.humaneval); "infra" is a fault of the sandbox.
+OUTCOMES = ("passed", "failed", "timeout", "error", "infra")
+
+
+def audit(rec, folder) -> list[str]:
+    """Why a HumanEval record does not stand on its items (empty when it does): each item's ``correct`` must be what
+    its judged outcome gives (right only when its program ``passed``; a failed request or a sandbox fault is an
+    error, never right or wrong), and the counts in ``metrics`` (n, correct, accuracy, each outcome, request errors)
+    are recounted from the items; a record that says pass while an item failed to run is named. The programs are
+    not run again here (that needs the sandbox, seconds a program): an outcome edited together with its flag and
+    the counts is what this audit cannot see. ``folder`` is not read."""
+    if not rec.items:  # nothing to recount (the paired gate refuses it)
+        return []
+    counts = dict.fromkeys(OUTCOMES, 0)
+    counts["request_errors"] = 0
+    wrong = []
+    for i in rec.items:
+        status = getattr(i, "status", None)
+        if i.error and status != "infra":
+            counts["request_errors"] += 1
+            if i.correct is not None:
+                wrong.append(f"{i.id} failed to run ({i.error[:80]}) and says {'right' if i.correct else 'wrong'}")
+            continue
+        if status not in OUTCOMES:
+            wrong.append(f"{i.id} holds no judged outcome ({status!r})")
+            continue
+        counts[status] += 1
+        want = None if status == "infra" else status == "passed"
+        if i.correct != want:
+            wrong.append(f"{i.id} says {i.correct!r} with the outcome {status!r}")
+    out = []
+    if wrong:
+        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outcomes give: "
+                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    n = len(rec.items)
+    out += recount(rec.metrics, {"n": n, "correct": counts["passed"], "accuracy": round(counts["passed"] / n, 6),
+                                 **counts})
+    if rec.verdict.status == "pass" and (counts["request_errors"] or counts["infra"]):
+        out.append(f"the record says pass, but {counts['request_errors']} of its requests failed and "
+                   f"{counts['infra']} of its programs met a sandbox fault")
+    return out
+
+
 @register_runner("humaneval", HumanEvalParams, preflight=preflight, metrics_model=HumanEvalMetrics, figures=figures,
-                 headline=headline, summary=summary, paired_eval=True, order=40, dataset_hash=dataset_hash)
+                 headline=headline, summary=summary, paired_eval=True, order=40, dataset_hash=dataset_hash,
+                 audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     problems = he.load_problems(p.data_file)
     backend, sandbox_detail = await asyncio.to_thread(he.check_sandbox, p.allow_unsandboxed)  # probes once

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from validate.errors import InputError
 from validate.record import Dataset, Item
-from validate.runners.base import RunContext, SuiteResult
+from validate.runners.base import RunContext, SuiteResult, recount
 from validate.server import server_environ
 from validate.suite import register_runner
 from validate.util import sha256_text, within
@@ -133,8 +133,39 @@ def run_settings(p: PytestParams, config) -> tuple[str | None, dict[str, str]]:
     return markers, env
 
 
+def audit(rec, folder) -> list[str]:
+    """Why a pytest record does not stand on its items (empty when it does): the counts in ``metrics`` are
+    recounted from the items' outcomes (one item a test case of the JUnit XML), each item's ``correct`` is what its
+    outcome gives, and a record that says pass while a test failed or errored, none ran, or pytest's own exit status
+    was not 0 is named (pytest exits 0 only when every collected test passed or was skipped: a failed test left out
+    of the items still shows there). ``folder`` is not read."""
+    counts = dict.fromkeys(("passed", "failed", "error", "skipped"), 0)
+    wrong = []
+    for i in rec.items:
+        outcome = getattr(i, "outcome", None)
+        if outcome not in counts:
+            wrong.append(f"{i.id} holds no outcome ({outcome!r})")
+            continue
+        counts[outcome] += 1
+        want = outcome == "passed" if outcome in ("passed", "failed") else None
+        if i.correct != want:
+            wrong.append(f"{i.id} says {i.correct!r} with the outcome {outcome!r}")
+    out = []
+    if wrong:
+        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outcomes give: "
+                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    out += recount(rec.metrics, {"tests": len(rec.items), **counts})
+    if rec.verdict.status == "pass":
+        status = (rec.metrics if isinstance(rec.metrics, dict) else {}).get("exit_status")
+        ran = counts["passed"] + counts["failed"] + counts["error"]
+        if counts["failed"] or counts["error"] or not ran or status != 0:
+            out.append(f"the record says pass, but {counts['failed']} of its tests failed, {counts['error']} "
+                       f"errored, {ran} ran, and pytest exited with status {status!r}")
+    return out
+
+
 @register_runner("pytest", PytestParams, preflight=preflight, metrics_model=PytestMetrics, summary=summary, order=70,
-                 dataset_hash=tests_hash)
+                 dataset_hash=tests_hash, audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: PytestParams) -> SuiteResult:
     folder = ctx.record_dir
     folder.mkdir(parents=True, exist_ok=True)

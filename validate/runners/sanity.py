@@ -28,7 +28,7 @@ from validate.data import require_file
 from validate.errors import InputError
 from validate.reasoning import Reply, item_fields, split_reply, tally
 from validate.record import Item
-from validate.runners.base import RunContext, SuiteResult
+from validate.runners.base import RunContext, SuiteResult, recount
 from validate.suite import register_runner
 from validate.util import sha256_text
 
@@ -190,8 +190,100 @@ def summary(rec) -> str:
     return f"{m['bad']} bad of {m['n']}, {m['solo_right']} of {m['prompts']} right alone"
 
 
+_LOAD_ID = re.compile(r"^(.*)/x[^/]+/r\d+/\d+$")
+
+
+def audit(rec, folder) -> list[str]:
+    """Why a strict-sanity record does not stand on its items (empty when it does), by the runner's own rules:
+    each solo answer is judged again from its output (right: :func:`is_right` against its expected answer and the
+    other prompts' answers; garbage: :func:`garbage_reason` at the params' ``garbage_repeat``), each answer under
+    load likewise and against its prompt's solo answer (bad: garbage, or right alone and wrong under load;
+    divergent: other tokens or text than alone); the counts in ``metrics`` are recounted from that; and a record
+    that says pass while its items give a bad answer, a failed request or fewer right alone than
+    ``min_solo_right_share`` asks is named. A record without items has nothing to recount (the runner always
+    writes them). ``folder`` is not read."""
+    from validate.reasoning import DEFAULT_THINK_END
+
+    if not rec.items:  # nothing to recount (the runner always writes them)
+        return []
+    try:
+        p = SanityParams.model_validate(rec.params)
+    except Exception as e:  # noqa: BLE001 - any malformed params: said
+        return [f"its params do not validate: {e}".replace("\n", " ")[:300]]
+    m = rec.metrics if isinstance(rec.metrics, dict) else {}
+    snap = rec.config_snapshot if isinstance(rec.config_snapshot, dict) else {}
+    think_end = m.get("think_end") or snap.get("think_end") or DEFAULT_THINK_END
+    if not isinstance(think_end, str):
+        return [f"its end-of-thinking marker {think_end!r} is not text"]
+    solo = {i.id[: -len("/solo")]: i for i in rec.items if i.condition == "solo" and i.id.endswith("/solo")}
+    load = [i for i in rec.items if i.condition != "solo"]
+    if len(solo) != sum(1 for i in rec.items if i.condition == "solo"):
+        return ["its solo answers are not one per prompt (an id repeated or not ending in /solo)"]
+    others = distractors([{"id": k, "expect": i.expected} for k, i in solo.items()])
+    wrong: list[str] = []
+
+    def judge(i) -> tuple[bool, str | None, Reply]:
+        res = RequestResult(ok=True, text=i.output or "", reasoning=getattr(i, "reasoning", None) or "",
+                            finish_reason=getattr(i, "finish_reason", None), token_ids=i.token_ids)
+        reply = split_reply(res.text, res.reasoning, think_end)
+        qid = i.id[: -len("/solo")] if i.condition == "solo" else _LOAD_ID.match(i.id).group(1)
+        ok = reply.answer is not None and is_right(reply.answer, str(i.expected), others.get(qid, frozenset()))
+        return ok, garbage_reason(res, p.garbage_repeat, reply), reply
+
+    solo_right: dict[str, bool] = {}
+    solo_bad = 0
+    for qid, i in solo.items():
+        if i.error or not isinstance(i.expected, str):
+            wrong.append(f"{i.id} holds {'an error' if i.error else 'no expected answer'}")
+            solo_right[qid] = False
+            continue
+        ok, why, _ = judge(i)
+        solo_right[qid] = ok and why is None
+        solo_bad += why is not None
+        if bool(i.correct) != solo_right[qid] or bool(getattr(i, "bad", None)) != (why is not None):
+            wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'}"
+                         f"{', bad' if getattr(i, 'bad', None) else ''}; its output gives "
+                         f"{'right' if solo_right[qid] else 'wrong'}{', bad: ' + why if why else ''}")
+    bad = solo_bad
+    divergent = errors = 0
+    for i in load:
+        mt = _LOAD_ID.match(i.id)
+        if not mt or mt.group(1) not in solo:
+            wrong.append(f"{i.id} is no prompt's answer under load")
+            continue
+        if i.error:
+            errors += 1
+            continue
+        ref = solo[mt.group(1)]
+        ok, why, _ = judge(i)
+        if why is None and solo_right[mt.group(1)] and not ok:
+            why = "right solo, wrong under load"
+        same = (i.token_ids == ref.token_ids and i.output == ref.output
+                and (getattr(i, "reasoning", None) or "") == (getattr(ref, "reasoning", None) or ""))
+        divergent += not same
+        bad += why is not None
+        if bool(i.correct) != ok or bool(getattr(i, "bad", None)) != (why is not None):
+            wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'}"
+                         f"{', bad' if getattr(i, 'bad', None) else ''}; its output gives "
+                         f"{'right' if ok else 'wrong'}{', bad: ' + why if why else ''}")
+    out = []
+    if wrong:
+        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outputs give: "
+                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    right = sum(solo_right.values())
+    out += recount(m, {"n": len(load), "bad": bad, "divergent": divergent, "errors": errors, "solo_right": right,
+                       "prompts": len(solo), "solo_bad": solo_bad, "solo_right_share": round(right / len(solo), 6),
+                       "solo_wrong": [k for k, v in solo_right.items() if not v]})
+    need = math.ceil(p.min_solo_right_share * len(solo) - 1e-9)
+    if rec.verdict.status == "pass" and (bad or errors or right < need):
+        out.append(f"the record says pass, but its items give {bad} bad answers, {errors} failed requests and "
+                   f"{right} of {len(solo)} prompts right alone (min_solo_right_share {p.min_solo_right_share:g} "
+                   f"asks {need})")
+    return out
+
+
 @register_runner("strict-sanity", SanityParams, preflight=preflight, metrics_model=SanityMetrics, headline=headline,
-                 summary=summary, order=10)
+                 summary=summary, order=10, audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     prompts = load_prompts(ctx.root / "suites" / p.prompts_file)
     mns = ctx.config.server.max_num_seqs
