@@ -567,3 +567,175 @@ def test_a_gate_stopped_by_bad_input_ends_with_its_exit_line(tmp_path, monkeypat
                                                   "--perf", "--config", "nope", "--reports", str(tmp_path)])
     assert out["code"] == 2 and out["last"].startswith("exit status 2: bad input: ")
     assert out["head"].startswith("**NOT CHECKED**")
+
+
+# --- every kind re-derived on read; the rules' bounds are the suite file's ------------------------------------
+
+
+def _sanity(release, right_alone=12, flagged_bad=0, said_bad=0):
+    """A strict-sanity record of 12 prompts as the runner writes it (solo, then 24 answers under load), the server
+    right alone on ``right_alone`` of them, ``flagged_bad`` loaded answers wrong and flagged, metrics saying
+    ``said_bad`` bad, verdict pass."""
+    from tests.validate.test_records_render import rec
+    from validate.record import Item
+
+    r = rec("cpu-smol", "sanity", metrics={})
+    r.release, r.suite_kind, r.params = release, "strict-sanity", {}
+    gen = {"max_tokens": 48, "temperature": 0.0}
+    for i in range(12):
+        r.items.append(Item(id=f"q{i}/solo", prompt_hash=f"h{i}", condition="solo", gen=gen, expected=str(i + 10),
+                            output=f"The answer is {i + 10 if i < right_alone else 99}.", correct=i < right_alone))
+    for k in range(24):
+        i, wrong = k % 12, k < flagged_bad
+        it = Item(id=f"q{i}/x2/r0/{k}", prompt_hash=f"h{i}", condition="overload x2 (16 requests, max_num_seqs 8)",
+                  gen=gen, expected=str(i + 10), output=f"The answer is {i + 10 if i < right_alone and not wrong else 99}.",
+                  correct=i < right_alone and not wrong, identical_to_solo=not wrong)
+        if wrong:
+            it.bad = "right solo, wrong under load"
+        r.items.append(it)
+    r.metrics = {"n": 24, "bad": said_bad, "divergent": flagged_bad, "errors": 0, "solo_right": right_alone,
+                 "prompts": 12, "solo_wrong": [f"q{i}" for i in range(right_alone, 12)], "solo_bad": 0,
+                 "solo_right_share": round(right_alone / 12, 6), "min_solo_right_share": 1.0, "conditions": {},
+                 "max_num_seqs": 8}
+    return r
+
+
+def test_a_sanity_record_edited_to_pass_is_never_checked(tmp_path):
+    """3 of 12 prompts right alone (the runner wrote fail), only the verdict edited to pass; and 6 answers under
+    load flagged bad while the metrics say 0: render listed both under Checked and --resume reused them."""
+    from validate.runners.sanity import audit
+
+    assert audit(_sanity("v0.2.0"), None) == []  # a clean record stands on its answers
+    assert audit(_sanity("v0.2.0", right_alone=3), None) == [
+        "the record says pass, but its items give 0 bad answers, 0 failed requests and 3 of 12 prompts right alone "
+        "(min_solo_right_share 1 asks 12)"]
+    assert audit(_sanity("v0.2.0", flagged_bad=6), None) == [
+        "its metrics are not its items' counts: bad = 0, its items give 6",
+        "the record says pass, but its items give 6 bad answers, 0 failed requests and 12 of 12 prompts right alone "
+        "(min_solo_right_share 1 asks 12)"]
+    save(tmp_path, _sanity("v0.2.0", flagged_bad=6))
+    out = outputs(tmp_path, "v0.2.0", baseline="none")
+    agree(out)
+    chk = next(c for c in out["verdict"].checks if c.name == "sanity")
+    assert out["code"] == 2 and chk.status == "audit-failed"
+    assert "cpu-smol / sanity: pass" not in out["notes"].split("## Checked")[1].split("##")[0]
+
+
+def test_humaneval_and_pytest_records_stand_on_their_items():
+    """HumanEval items whose judge said failed, flagged correct; a pytest record whose 3 failed tests were dropped
+    (57 of 57 passed, pytest's exit status still 1): both passed every output."""
+    from tests.validate.test_records_render import rec
+    from validate.record import Item
+    from validate.runners.humaneval import audit as he_audit
+    from validate.runners.pytest_suite import audit as py_audit
+
+    he = rec("cpu-smol", "humaneval", metrics={})
+    he.items = [Item(id=f"HumanEval/{i}", prompt_hash=f"q{i}", output="x", status="failed", correct=i < 50)
+                for i in range(100)]
+    he.metrics = {"n": 100, "correct": 50, "accuracy": 0.5, "passed": 50, "failed": 50, "timeout": 0, "error": 0,
+                  "infra": 0, "request_errors": 0}
+    got = he_audit(he, None)
+    assert got[0].startswith("50 of its 100 items are not judged as their outcomes give: HumanEval/0 says True with "
+                             "the outcome 'failed'")
+    assert got[1] == ("its metrics are not its items' counts: correct = 50, its items give 0; accuracy = 0.5, its "
+                      "items give 0.0; passed = 50, its items give 0; failed = 50, its items give 100")
+    py = rec("cpu-smol", "unit-gates", metrics={})
+    py.items = [Item(id=f"t{i}", prompt_hash=f"t{i}", outcome="passed", correct=True) for i in range(57)]
+    py.metrics = {"tests": 57, "passed": 57, "failed": 0, "error": 0, "skipped": 0, "exit_status": 1, "paths": []}
+    assert py_audit(py, None) == ["the record says pass, but 0 of its tests failed, 0 errored, 57 ran, and pytest "
+                                  "exited with status 1"]
+    py.metrics["exit_status"] = 0
+    assert py_audit(py, None) == []
+
+
+def test_gsm8k_sides_judged_by_other_answers_never_pair():
+    """The candidate's expected answers for the 50 questions it lost rewritten to its own answers: each side stood
+    on its own items and the gate passed. The extraction is the params' (the metrics only repeat it)."""
+    from validate.compare import PairingError, pair
+    from validate.runners.gsm8k import audit
+
+    c = eval_record("v0.2.0", LOST_50)
+    for i in range(50):
+        c.items[i].expected, c.items[i].correct = "-1", True
+    c.metrics = {"n": 200, "errors": 0, "correct": 150, "accuracy": 0.75}
+    assert audit(c, None) == []  # it stands on its own items ...
+    with pytest.raises(PairingError, match=r"expected answers differ on 50 of 200 questions \(first: test-0, '10' vs "
+                                           r"'-1'\)"):
+        pair(eval_record("v0.1.0", BASE), c)  # ... and is judged by other answers than the baseline
+    c = eval_record("v0.2.0", BASE)
+    c.metrics = {"primary": "flexible"}
+    assert audit(c, None) == ["its metrics say the primary extraction is 'flexible', its params 'strict'"]
+
+
+def test_a_betterbench_summary_that_is_not_its_passes_is_shown_nowhere(tmp_path):
+    """The candidate's passes 40 % slower, its summary a copy of the baseline's: the gate found the regression, the
+    Numbers table and the title showed the baseline's figure for both."""
+    from validate.runners.betterbench import audit
+
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.4, 2)
+    assert audit(b, None) == []
+    c.metrics["summary"] = b.metrics["summary"]
+    [why] = audit(c, None)
+    assert why.startswith(f"its summary is not its passes': summary.decode_step_ms.median = "
+                          f"{b.metrics['summary']['decode_step_ms']['median']}, its items give")
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.2.0")
+    agree(out)
+    assert out["code"] == 1  # the regression is found on the passes
+    assert "| decode step p50 (BetterBench) |" not in out["notes"]  # and the forged summary drawn nowhere
+
+
+def test_aggregate_throughput_under_load_is_gated(tmp_path):
+    """A scheduler that serialises requests: aggregate tok/s at concurrency 8 down 82 %, each stream faster (so
+    combined decode rises). No threshold covered c<N>_tok_s, and gate --perf passed."""
+    from tests.conftest import REPO
+    from tests.validate.test_perfgate import passes
+    from validate.perfgate import compare_perf
+    from validate.suite import perf_gate_specs
+
+    spec = perf_gate_specs(REPO)["betterbench"]
+    assert (spec.threshold("c8_tok_s"), spec.threshold("c16_ttft_ms_p50"), spec.threshold("combined_decode_tok_s"),
+            spec.threshold("prefill_2048_tok_s")) == (5, 10, 3, 5)
+    b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0, 2)
+    for r, rate, seed in ((b, 145.3, 3), (c, 26.0, 4)):
+        for row, v in zip(r.metrics["per_pass"], passes(20, rate, 0.01, seed)):
+            row["c8_tok_s"] = v
+    save(tmp_path, b, c)
+    cmp = compare_perf(tmp_path, "v0.2.0", "v0.1.0", perf_gate_specs(REPO))
+    f = next(x for x in cmp.figures if x.figure == "c8_tok_s")
+    assert f.regression and f.mark.startswith("slower")
+
+
+def test_the_automatic_baseline_names_a_newer_record_it_skipped(tmp_path):
+    """v0.3.3 (the newest) holds GSM8K only; v0.3.2 holds GSM8K and BetterBench, so it was chosen, and the
+    candidate's GSM8K, 25 points below v0.3.3's, was compared with v0.3.2's (as low): exit 0."""
+    from validate.compare import held_elsewhere, previous_release
+
+    save(tmp_path, eval_record("v0.3.2", LOST_50), bench("v0.3.2", 38.0, 1), eval_record("v0.3.3", BASE))
+    save(tmp_path, eval_record("v0.3.4", LOST_50), bench("v0.3.4", 38.0, 2))
+    want = {("cpu-smol", "gsm8k"), ("cpu-smol", "betterbench")}
+    assert previous_release(tmp_path, "v0.3.4", want) == "v0.3.2"
+    assert held_elsewhere(tmp_path, "v0.3.4", "v0.3.2", want) == {("cpu-smol", "gsm8k"): "v0.3.3"}
+    out = outputs(tmp_path, "v0.3.4")
+    agree(out)
+    chk = next(c for c in out["verdict"].checks if c.name == "baseline of gsm8k")
+    assert out["code"] == 2 and chk.outcome == "not-checked"
+    assert "the baseline v0.3.2 holds an older record of it than v0.3.3" in chk.message
+
+
+def test_a_record_of_this_engine_with_other_params_than_its_suite_file_is_not_checked():
+    """A soak that leaked 40 MiB/min with its own slope bound edited to 4096 (and the verdict re-derived at that
+    bound): the audit judged it by the bound it held."""
+    from tests.conftest import REPO
+    from validate.provenance_checks import current_tree
+    from validate.verdict import reapply_gates
+
+    r = _soak("v0.2.0", said_slope=40.0)
+    r.tree = current_tree(REPO)
+    r.params = {"max_slope_mib_per_min": 4096.0}
+    [r] = reapply_gates([r], REPO)
+    assert r.gate_mismatch.startswith("its params differ from the checkout's suite file's for its profile "
+                                      "(max_slope_mib_per_min: 4096.0 vs ")
+    r.tree.engine_hash = "another"  # another engine's record: its suite files were its own (it is other-tree)
+    r.gate_mismatch = None
+    assert reapply_gates([r], REPO)[0].gate_mismatch is None
