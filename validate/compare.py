@@ -448,6 +448,31 @@ def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tu
     return eligible, pairs
 
 
+def unreadable_newer(reports: Path, release: str, base: str) -> list[str]:
+    """The releases the automatic baseline ``base`` could have been, newer than it, that hold a file that is no
+    readable record (:func:`_held` counts such a file as one that may hold a gated record): what it held was
+    compared with nothing, so each is said rather than passed over for an older release."""
+    eligible = _eligible(reports, release)
+    base_k = next((k for k, name in eligible if name == base), None)
+    out = []
+    for k, name in sorted(eligible):
+        if name == base or (base_k is not None and k <= base_k):
+            continue
+        if any(_unreadable(p) for p in (reports / name).glob("*/*.json")):
+            out.append(name)
+    return out
+
+
+def _unreadable(path: Path) -> bool:
+    """Whether ``path`` is no readable record to choose a baseline by (no JSON object naming its kind and
+    configuration): :func:`_held`'s test."""
+    try:
+        d = json.loads(path.read_text())
+        return not isinstance(d.get("suite_kind"), str) or not isinstance(d.get("config"), str)
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return True
+
+
 def held_elsewhere(reports: Path, release: str, base: str, want: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """The pairs of ``want`` whose newest record among the releases the automatic baseline could have been is not
     the baseline ``base``'s: {(configuration, suite kind): that newer release}. Either ``base`` lacks the pair (its

@@ -577,7 +577,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
             (validate.compare.pair).
     """
     from validate.compare import _held as _held_pairs
-    from validate.compare import choose_baseline, compare_releases, held_elsewhere
+    from validate.compare import choose_baseline, compare_releases, held_elsewhere, unreadable_newer
     from validate.perfgate import BENCH_KIND, compare_perf
     from validate.record import release_records
     from validate.suite import paired_eval_kinds, perf_gate_specs
@@ -606,6 +606,10 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                         f"the baseline {base} holds no such record, {other} does: its gate compared nothing")
                 extra.append(Check(cfg, f"baseline of {kind}", "release", "not-checked", "not compared",
                                    f"{cfg}/{kind}: {what} (name one with --baseline)"))
+            for other in unreadable_newer(reports, release, base):
+                extra.append(release_check("baseline", f"{other}, newer than the baseline {base}, holds a file that is "
+                                                       f"no readable record: what it held was compared with nothing "
+                                                       f"(name a baseline with --baseline)"))
         except Exception as e:  # a folder that cannot be read: said
             extra.append(release_check("baseline", f"the baselines under {reports} could not be read: "
                                                    f"{type(e).__name__}: {e}"))

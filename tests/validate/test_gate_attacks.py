@@ -573,7 +573,8 @@ def test_a_gate_stopped_by_bad_input_ends_with_its_exit_line(tmp_path, monkeypat
 
 
 def _sanity(release, right_alone=12, flagged_bad=0, said_bad=0):
-    """A strict-sanity record of 12 prompts as the runner writes it (solo, then 24 answers under load), the server
+    """A strict-sanity record of 12 prompts as the runner writes it (solo, then 16 answers under load: twice
+    max_num_seqs 8, the default overload), the server
     right alone on ``right_alone`` of them, ``flagged_bad`` loaded answers wrong and flagged, metrics saying
     ``said_bad`` bad, verdict pass."""
     from tests.validate.test_records_render import rec
@@ -585,7 +586,7 @@ def _sanity(release, right_alone=12, flagged_bad=0, said_bad=0):
     for i in range(12):
         r.items.append(Item(id=f"q{i}/solo", prompt_hash=f"h{i}", condition="solo", gen=gen, expected=str(i + 10),
                             output=f"The answer is {i + 10 if i < right_alone else 99}.", correct=i < right_alone))
-    for k in range(24):
+    for k in range(16):
         i, wrong = k % 12, k < flagged_bad
         it = Item(id=f"q{i}/x2/r0/{k}", prompt_hash=f"h{i}", condition="overload x2 (16 requests, max_num_seqs 8)",
                   gen=gen, expected=str(i + 10), output=f"The answer is {i + 10 if i < right_alone and not wrong else 99}.",
@@ -593,7 +594,7 @@ def _sanity(release, right_alone=12, flagged_bad=0, said_bad=0):
         if wrong:
             it.bad = "right solo, wrong under load"
         r.items.append(it)
-    r.metrics = {"n": 24, "bad": said_bad, "divergent": flagged_bad, "errors": 0, "solo_right": right_alone,
+    r.metrics = {"n": 16, "bad": said_bad, "divergent": flagged_bad, "errors": 0, "solo_right": right_alone,
                  "prompts": 12, "solo_wrong": [f"q{i}" for i in range(right_alone, 12)], "solo_bad": 0,
                  "solo_right_share": round(right_alone / 12, 6), "min_solo_right_share": 1.0, "conditions": {},
                  "max_num_seqs": 8}
@@ -739,3 +740,32 @@ def test_a_record_of_this_engine_with_other_params_than_its_suite_file_is_not_ch
     r.tree.engine_hash = "another"  # another engine's record: its suite files were its own (it is other-tree)
     r.gate_mismatch = None
     assert reapply_gates([r], REPO)[0].gate_mismatch is None
+
+
+def test_what_was_left_out_of_a_record_or_a_release_is_not_passed_over(tmp_path):
+    """A soak whose slope bound was deleted from its params (and raised in its metrics); a sanity record with one
+    bad answer under load deleted and its counts recounted; a newer release whose record cannot be read, passed over
+    for an older baseline as low as the candidate. Each passed."""
+    from validate.runners.sanity import audit as sanity_audit
+    from validate.runners.soak import audit as soak_audit
+
+    r = _soak("v0.2.0")
+    r.params, r.metrics["max_slope_mib_per_min"] = {}, 4096.0
+    r.metrics["memory"]["server_rss"]["flat"] = True
+    got = soak_audit(r, None)
+    assert got[0] == "its metrics' bound 4096.0 MiB/min is not its params' 32.0"
+    assert any("memory not flat: server_rss grows 40.0 MiB/min > 32.0" in x for x in got)
+    s = _sanity("v0.2.0", flagged_bad=1)
+    s.config_snapshot = {"server": {"max_num_seqs": 8, "max_model_len": 4096}}
+    assert sanity_audit(s, None)[0] == "its metrics are not its items' counts: bad = 0, its items give 1"
+    del s.items[12]  # the bad answer, and the counts with it
+    s.metrics.update(n=15, bad=0, divergent=0)
+    assert sanity_audit(s, None) == ["its answers under load are not the runner's batches: 16 planned for 12 prompts "
+                                     "at these params, it holds 15 (first apart: q0/x2/r0/0)"]
+    save(tmp_path, eval_record("v0.3.2", LOST_50), eval_record("v0.3.3", BASE), eval_record("v0.3.4", LOST_50))
+    (tmp_path / "v0.3.3" / "cpu-smol" / "gsm8k.json").write_text("{ truncated")
+    out = outputs(tmp_path, "v0.3.4")
+    agree(out)
+    assert out["code"] == 2 and out["verdict"].baseline == "v0.3.2"
+    assert any("v0.3.3, newer than the baseline v0.3.2, holds a file that is no readable record" in c.message
+               for c in out["verdict"].checks)

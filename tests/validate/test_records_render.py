@@ -130,7 +130,8 @@ SOAK = {"clients": 8, "duration_s": 60.2, "served": 41, "errors": 0, "cut_at_dea
 def test_notes_give_each_suites_wall_time_against_its_budget_and_the_soaks_cut_requests(tmp_path):
     server = ServerInfo(launched=True, startup_s=95.4)
     for r in [rec("cpu-smol", "sanity", profile="quick", metrics=SANITY).model_copy(update={"budget_s": 20.0, "server": server}),
-              rec("cpu-smol", "soak", profile="quick", metrics=SOAK).model_copy(update={"wall_s": 63.4, "budget_s": 60.0}),
+              rec("cpu-smol", "soak", profile="quick", metrics=SOAK).model_copy(update={
+                  "wall_s": 63.4, "budget_s": 60.0, "params": {"max_slope_mib_per_min": 512.0}}),  # the quick bound
               rec("cpu-smol", "probe", profile="quick", metrics=PROBE)]:  # a record without a budget (older)
         write_record(record_path(tmp_path, "v9", r.config, r.suite), r)
     cl = Checklist(configs=["cpu-smol"], suites=[ChecklistEntry(suite=s) for s in ("sanity", "soak", "probe")])

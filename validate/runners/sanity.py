@@ -190,6 +190,31 @@ def summary(rec) -> str:
     return f"{m['bad']} bad of {m['n']}, {m['solo_right']} of {m['prompts']} right alone"
 
 
+def batches(p: SanityParams, max_num_seqs: int, max_model_len: int) -> list[tuple[float, int, int, int]]:
+    """The runner's batches in order: (overload factor, round, requests, long prefill tokens or 0); each factor
+    ``m`` sends ``ceil(m * max_num_seqs)`` requests, ``rounds`` times, with short prompts only and then, where
+    ``after_long_prompt_tokens`` is set, beside a long prefill capped at ``max_model_len - 16``."""
+    long_n = min(p.after_long_prompt_tokens, max_model_len - 16)
+    modes = [0] + ([long_n] if long_n > 0 else [])
+    return [(m, r, math.ceil(m * max_num_seqs), L) for L in modes for m in p.overload for r in range(p.rounds)]
+
+
+def planned_ids(p: SanityParams, prompt_ids: list[str], server: dict, said_max_num_seqs=None) -> list[str] | None:
+    """The ids of the answers under load the runner writes for these prompts (in order; the prompts cycled within a
+    batch), or None where neither the recorded server settings nor the metrics give ``max_num_seqs`` (the ids do not
+    depend on ``max_model_len`` beyond whether a long prefill fits at all)."""
+    mns = server.get("max_num_seqs", said_max_num_seqs)
+    mml = server.get("max_model_len") if isinstance(server.get("max_model_len"), int) else 1 << 30
+    if not isinstance(mns, int) or isinstance(mns, bool) or mns < 1 or not prompt_ids:
+        return None
+    if len(p.overload) * p.rounds * max(p.overload) * mns > 5_000_000:  # no record holds that many: never built
+        return ["(more than 10,000,000 answers)"]
+    plan = batches(p, mns, mml)
+    if sum(n for _, _, n, _ in plan) > 10_000_000:  # no record holds that many: never built (a forged max_num_seqs)
+        return ["(more than 10,000,000 answers)"]
+    return [f"{prompt_ids[k % len(prompt_ids)]}/x{m:g}/r{rnd}/{k}" for m, rnd, n, _ in plan for k in range(n)]
+
+
 _LOAD_ID = re.compile(r"^(.*)/x[^/]+/r\d+/\d+$")
 
 
@@ -270,6 +295,12 @@ def audit(rec, folder) -> list[str]:
     if wrong:
         out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outputs give: "
                    + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    plan = planned_ids(p, list(solo), snap.get("server") if isinstance(snap.get("server"), dict) else {},
+                       m.get("max_num_seqs"))
+    if plan is not None and plan != [i.id for i in load]:
+        first = next((a for a, b in zip(plan, [i.id for i in load]) if a != b), None)
+        out.append(f"its answers under load are not the runner's batches: {len(plan)} planned for {len(solo)} prompts "
+                   f"at these params, it holds {len(load)}" + (f" (first apart: {first})" if first else ""))
     right = sum(solo_right.values())
     out += recount(m, {"n": len(load), "bad": bad, "divergent": divergent, "errors": errors, "solo_right": right,
                        "prompts": len(solo), "solo_bad": solo_bad, "solo_right_share": round(right / len(solo), 6),
@@ -293,9 +324,8 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         from validate.runners.text import TextPool
 
         pool = await TextPool.build(ctx.client, ctx.data_dir, min_tokens=long_n * 2)
-    modes = [0] + ([long_n] if long_n > 0 else [])
-    batches = [(m, r, math.ceil(m * mns), L) for L in modes for m in p.overload for r in range(p.rounds)]
-    total = len(prompts) + sum(b[2] for b in batches)
+    plan = batches(p, mns, ctx.config.server.max_model_len)
+    total = len(prompts) + sum(b[2] for b in plan)
     ctx.progress(0, total=total, description="sanity")
     out = SuiteResult()
     gen = {"max_tokens": p.max_tokens, "temperature": 0.0}
@@ -347,7 +377,7 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     per_cond: dict[str, dict[str, int]] = {}
     divergent = errors = n_load = 0
     rng = random.Random(0)
-    for batch_no, (m, rnd, n, long_len) in enumerate(batches):
+    for batch_no, (m, rnd, n, long_len) in enumerate(plan):
         chosen = [prompts[i % len(prompts)] for i in range(n)]
         t0 = time.perf_counter()
         coros = [ask(q["prompt"]) for q in chosen]

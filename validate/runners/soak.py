@@ -161,7 +161,8 @@ def derived_findings(samples: list, life_n: int, max_slope: float, skip: float, 
 
 def audit(rec, folder) -> list[str]:
     """Why a soak record does not stand on its memory series (empty when it does): its verdict re-derived from its
-    samples by the runner's rule (:func:`derived_findings`, at the bound and skipped share the record holds), and
+    samples by the runner's rule (:func:`derived_findings`, at the params' bound, the kind's default where they
+    leave it out, and skipped share), and
     each series' stored slope and flag against its samples'. ``folder`` is not read."""
     m = rec.metrics if isinstance(rec.metrics, dict) else {}
     params = rec.params if isinstance(rec.params, dict) else {}
@@ -176,8 +177,12 @@ def audit(rec, folder) -> list[str]:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return [f"its memory series cannot be read back ({type(e).__name__}: {e})"]
     out = []
-    if "max_slope_mib_per_min" in params and params["max_slope_mib_per_min"] != bound:
-        out.append(f"its metrics' bound {bound} MiB/min is not its params' {params['max_slope_mib_per_min']!r}")
+    # the rule's bound is the params' (the kind's default where they leave it out); the metrics only repeat it
+    ruled = params.get("max_slope_mib_per_min", SoakParams.model_fields["max_slope_mib_per_min"].default)
+    if ruled != bound:
+        out.append(f"its metrics' bound {bound} MiB/min is not its params' {ruled!r}")
+        if isinstance(ruled, (int, float)) and not isinstance(ruled, bool):
+            bound = float(ruled)
     died = m.get("server_died_at_s") is not None
     if not died and life_n != len(samples) or not 0 <= life_n <= len(samples):  # the runner cuts only at a death
         out.append(f"memory_samples_in_life = {life_n} of {len(samples)} samples" + ("" if died else
