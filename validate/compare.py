@@ -433,19 +433,26 @@ def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tu
     gated = set(paired_eval_kinds()) | {BENCH_KIND, ARRIVALS_KIND}  # every kind a gate compares (the share gates too)
     eligible, pairs = False, set()
     for p in folder.glob("*/*.json"):
-        try:
-            d = json.loads(p.read_text())
-            kind, cfg = d.get("suite_kind"), d.get("config")
-        except (OSError, ValueError, AttributeError, RecursionError):
+        named = _kind_config(p)
+        if named is None:
             eligible = True
             continue
-        if not isinstance(kind, str) or not isinstance(cfg, str):
-            eligible = True
-            continue
+        kind, cfg = named
         if kind in gated and (want is None or (cfg, kind) in want):
             eligible = True
             pairs.add((cfg, kind))
     return eligible, pairs
+
+
+def _kind_config(path: Path) -> tuple[str, str] | None:
+    """(suite kind, configuration) the record file ``path`` names, or None when it is no readable record to choose
+    a baseline by (no JSON object naming both as text)."""
+    try:
+        d = json.loads(path.read_text())
+        kind, cfg = d.get("suite_kind"), d.get("config")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return (kind, cfg) if isinstance(kind, str) and isinstance(cfg, str) else None
 
 
 def unreadable_newer(reports: Path, release: str, base: str) -> list[str]:
@@ -458,27 +465,18 @@ def unreadable_newer(reports: Path, release: str, base: str) -> list[str]:
     for k, name in sorted(eligible):
         if name == base or (base_k is not None and k <= base_k):
             continue
-        if any(_unreadable(p) for p in (reports / name).glob("*/*.json")):
+        if any(_kind_config(p) is None for p in (reports / name).glob("*/*.json")):
             out.append(name)
     return out
 
 
-def _unreadable(path: Path) -> bool:
-    """Whether ``path`` is no readable record to choose a baseline by (no JSON object naming its kind and
-    configuration): :func:`_held`'s test."""
-    try:
-        d = json.loads(path.read_text())
-        return not isinstance(d.get("suite_kind"), str) or not isinstance(d.get("config"), str)
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return True
-
-
-def held_elsewhere(reports: Path, release: str, base: str, want: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def held_elsewhere(reports: Path, release: str, base: str,
+                   want: set[tuple[str, str]]) -> dict[tuple[str, str], tuple[str, bool]]:
     """The pairs of ``want`` whose newest record among the releases the automatic baseline could have been is not
-    the baseline ``base``'s: {(configuration, suite kind): that newer release}. Either ``base`` lacks the pair (its
-    gate compared nothing though a baseline of it exists) or holds an older record of it than a newer release does
-    (its gate compared against a release the last one may have moved from: a regression since would be hidden).
-    Each is said (and not checked) rather than left out."""
+    the baseline ``base``'s: {(configuration, suite kind): (that newer release, whether ``base`` holds an older
+    record of it)}. Either ``base`` lacks the pair (its gate compared nothing though a baseline of it exists) or
+    holds an older record of it than a newer release does (its gate compared against a release the last one may
+    have moved from: a regression since would be hidden). Each is said (and not checked) rather than left out."""
     eligible = _eligible(reports, release)
     base_k = next((k for k, name in eligible if name == base), None)
     newest: dict[tuple[str, str], tuple] = {}
@@ -487,5 +485,5 @@ def held_elsewhere(reports: Path, release: str, base: str, want: set[tuple[str, 
             if pair not in newest or k > newest[pair][0]:
                 newest[pair] = (k, name)
     _, mine = _held(reports / base, want)
-    return {pair: name for pair, (k, name) in sorted(newest.items())
+    return {pair: (name, pair in mine) for pair, (k, name) in sorted(newest.items())
             if name != base and (pair not in mine or base_k is None or k > base_k)}

@@ -576,7 +576,6 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         across_thinking: pair evals of a thinking model with those of one that does not think
             (validate.compare.pair).
     """
-    from validate.compare import _held as _held_pairs
     from validate.compare import choose_baseline, compare_releases, held_elsewhere, unreadable_newer
     from validate.perfgate import BENCH_KIND, compare_perf
     from validate.record import release_records
@@ -599,10 +598,9 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     notes: list[str] = []
     if base is not None and not baseline:  # the automatic choice: what it lacks and another release holds is said
         try:
-            _, held = _held_pairs(reports / base, want)
-            for (cfg, kind), other in held_elsewhere(reports, release, base, want).items():
+            for (cfg, kind), (other, older) in held_elsewhere(reports, release, base, want).items():
                 what = (f"the baseline {base} holds an older record of it than {other}: its gate compared against a "
-                        f"release the newer one may have regressed from" if (cfg, kind) in held else
+                        f"release the newer one may have regressed from" if older else
                         f"the baseline {base} holds no such record, {other} does: its gate compared nothing")
                 extra.append(Check(cfg, f"baseline of {kind}", "release", "not-checked", "not compared",
                                    f"{cfg}/{kind}: {what} (name one with --baseline)"))

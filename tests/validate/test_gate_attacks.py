@@ -716,7 +716,7 @@ def test_the_automatic_baseline_names_a_newer_record_it_skipped(tmp_path):
     save(tmp_path, eval_record("v0.3.4", LOST_50), bench("v0.3.4", 38.0, 2))
     want = {("cpu-smol", "gsm8k"), ("cpu-smol", "betterbench")}
     assert previous_release(tmp_path, "v0.3.4", want) == "v0.3.2"
-    assert held_elsewhere(tmp_path, "v0.3.4", "v0.3.2", want) == {("cpu-smol", "gsm8k"): "v0.3.3"}
+    assert held_elsewhere(tmp_path, "v0.3.4", "v0.3.2", want) == {("cpu-smol", "gsm8k"): ("v0.3.3", True)}
     out = outputs(tmp_path, "v0.3.4")
     agree(out)
     chk = next(c for c in out["verdict"].checks if c.name == "baseline of gsm8k")

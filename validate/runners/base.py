@@ -64,6 +64,16 @@ class SuiteResult:
     attachments: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
 
+def misjudged(wrong: list[str], n: int, by: str = "outputs") -> list[str]:
+    """The audits' line for the items whose stored judgement is not what their ``by`` (outputs, outcomes) give:
+    ``wrong`` holds one phrase per such item, ``n`` the record's item count; the first three are named. Empty when
+    ``wrong`` is."""
+    if not wrong:
+        return []
+    return [f"{len(wrong)} of its {n:,} items are not judged as their {by} give: "
+            + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else "")]
+
+
 def recount(metrics: Any, want: dict[str, Any], label: str = "its metrics are not its items' counts") -> list[str]:
     """The audits' comparison of a record's ``metrics`` with what its items give: one line naming each key of
     ``want`` whose stored value differs (numbers within 1e-6; a bool, a missing key or another type differs), or

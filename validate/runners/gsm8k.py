@@ -17,7 +17,7 @@ from validate.errors import InputError
 from validate.evals import gsm8k as g
 from validate.reasoning import item_fields, split_reply, tally
 from validate.record import Dataset, Item
-from validate.runners.base import RunContext, SuiteResult
+from validate.runners.base import RunContext, SuiteResult, misjudged
 from validate.suite import register_runner
 from validate.util import sha256_file, sha256_text
 
@@ -137,10 +137,7 @@ def audit(rec, folder) -> list[str]:
         if bool(i.correct) != (ans == i.expected) or i.answer != ans:
             wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'} with answer {i.answer!r}; its output gives "
                          f"{ans!r} for the expected {i.expected!r}")
-    out = []
-    if wrong:
-        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outputs give: "
-                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    out = misjudged(wrong, len(rec.items))
     n = len(rec.items)
     want = {"n": n, "errors": errors, "correct": right[primary], "correct_strict": right["strict"],
             "correct_flexible": right["flexible"], "accuracy": round(right[primary] / n, 6),

@@ -21,7 +21,7 @@ from validate.client import gather_limited
 from validate.evals import humaneval as he
 from validate.reasoning import item_fields, split_reply, tally
 from validate.record import Dataset, Item
-from validate.runners.base import RunContext, SuiteResult, recount
+from validate.runners.base import RunContext, SuiteResult, misjudged, recount
 from validate.suite import register_runner
 from validate.util import sha256_text
 
@@ -132,10 +132,7 @@ def audit(rec, folder) -> list[str]:
         want = None if status == "infra" else status == "passed"
         if i.correct != want:
             wrong.append(f"{i.id} says {i.correct!r} with the outcome {status!r}")
-    out = []
-    if wrong:
-        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outcomes give: "
-                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    out = misjudged(wrong, len(rec.items), "outcomes")
     n = len(rec.items)
     out += recount(rec.metrics, {"n": n, "correct": counts["passed"], "accuracy": round(counts["passed"] / n, 6),
                                  **counts})

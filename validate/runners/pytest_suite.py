@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from validate.errors import InputError
 from validate.record import Dataset, Item
-from validate.runners.base import RunContext, SuiteResult, recount
+from validate.runners.base import RunContext, SuiteResult, misjudged, recount
 from validate.server import server_environ
 from validate.suite import register_runner
 from validate.util import sha256_text, within
@@ -150,10 +150,7 @@ def audit(rec, folder) -> list[str]:
         want = outcome == "passed" if outcome in ("passed", "failed") else None
         if i.correct != want:
             wrong.append(f"{i.id} says {i.correct!r} with the outcome {outcome!r}")
-    out = []
-    if wrong:
-        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outcomes give: "
-                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+    out = misjudged(wrong, len(rec.items), "outcomes")
     out += recount(rec.metrics, {"tests": len(rec.items), **counts})
     if rec.verdict.status == "pass":
         status = (rec.metrics if isinstance(rec.metrics, dict) else {}).get("exit_status")

@@ -28,7 +28,7 @@ from validate.data import require_file
 from validate.errors import InputError
 from validate.reasoning import Reply, item_fields, split_reply, tally
 from validate.record import Item
-from validate.runners.base import RunContext, SuiteResult, recount
+from validate.runners.base import RunContext, SuiteResult, misjudged, recount
 from validate.suite import register_runner
 from validate.util import sha256_text
 
@@ -194,9 +194,15 @@ def batches(p: SanityParams, max_num_seqs: int, max_model_len: int) -> list[tupl
     """The runner's batches in order: (overload factor, round, requests, long prefill tokens or 0); each factor
     ``m`` sends ``ceil(m * max_num_seqs)`` requests, ``rounds`` times, with short prompts only and then, where
     ``after_long_prompt_tokens`` is set, beside a long prefill capped at ``max_model_len - 16``."""
+    return [(m, r, math.ceil(m * max_num_seqs), L) for L in _modes(p, max_model_len) for m in p.overload
+            for r in range(p.rounds)]
+
+
+def _modes(p: SanityParams, max_model_len: int) -> list[int]:
+    """The long prefill (tokens) beside each pass over the batches: 0 (short prompts only), then the params' long
+    prefill capped at ``max_model_len - 16`` where one is set and fits."""
     long_n = min(p.after_long_prompt_tokens, max_model_len - 16)
-    modes = [0] + ([long_n] if long_n > 0 else [])
-    return [(m, r, math.ceil(m * max_num_seqs), L) for L in modes for m in p.overload for r in range(p.rounds)]
+    return [0] + ([long_n] if long_n > 0 else [])
 
 
 def planned_ids(p: SanityParams, prompt_ids: list[str], server: dict, said_max_num_seqs=None) -> list[str] | None:
@@ -207,12 +213,10 @@ def planned_ids(p: SanityParams, prompt_ids: list[str], server: dict, said_max_n
     mml = server.get("max_model_len") if isinstance(server.get("max_model_len"), int) else 1 << 30
     if not isinstance(mns, int) or isinstance(mns, bool) or mns < 1 or not prompt_ids:
         return None
-    if len(p.overload) * p.rounds * max(p.overload) * mns > 5_000_000:  # no record holds that many: never built
-        return ["(more than 10,000,000 answers)"]
-    plan = batches(p, mns, mml)
-    if sum(n for _, _, n, _ in plan) > 10_000_000:  # no record holds that many: never built (a forged max_num_seqs)
-        return ["(more than 10,000,000 answers)"]
-    return [f"{prompt_ids[k % len(prompt_ids)]}/x{m:g}/r{rnd}/{k}" for m, rnd, n, _ in plan for k in range(n)]
+    if len(_modes(p, mml)) * p.rounds * sum(math.ceil(m * mns) for m in p.overload) > 10_000_000:
+        return ["(more than 10,000,000 answers)"]  # no record holds that many: never built (a forged max_num_seqs)
+    return [f"{prompt_ids[k % len(prompt_ids)]}/x{m:g}/r{rnd}/{k}" for m, rnd, n, _ in batches(p, mns, mml)
+            for k in range(n)]
 
 
 _LOAD_ID = re.compile(r"^(.*)/x[^/]+/r\d+/\d+$")
@@ -247,13 +251,18 @@ def audit(rec, folder) -> list[str]:
     others = distractors([{"id": k, "expect": i.expected} for k, i in solo.items()])
     wrong: list[str] = []
 
-    def judge(i) -> tuple[bool, str | None, Reply]:
+    def judge(i, qid: str) -> tuple[bool, str | None]:  # (right, why garbage) of item i, prompt qid
         res = RequestResult(ok=True, text=i.output or "", reasoning=getattr(i, "reasoning", None) or "",
                             finish_reason=getattr(i, "finish_reason", None), token_ids=i.token_ids)
         reply = split_reply(res.text, res.reasoning, think_end)
-        qid = i.id[: -len("/solo")] if i.condition == "solo" else _LOAD_ID.match(i.id).group(1)
         ok = reply.answer is not None and is_right(reply.answer, str(i.expected), others.get(qid, frozenset()))
-        return ok, garbage_reason(res, p.garbage_repeat, reply), reply
+        return ok, garbage_reason(res, p.garbage_repeat, reply)
+
+    def check(i, ok: bool, why: str | None) -> None:  # the item's stored flags against what its output gives
+        if bool(i.correct) != ok or bool(getattr(i, "bad", None)) != (why is not None):
+            wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'}"
+                         f"{', bad' if getattr(i, 'bad', None) else ''}; its output gives "
+                         f"{'right' if ok else 'wrong'}{', bad: ' + why if why else ''}")
 
     solo_right: dict[str, bool] = {}
     solo_bad = 0
@@ -262,13 +271,10 @@ def audit(rec, folder) -> list[str]:
             wrong.append(f"{i.id} holds {'an error' if i.error else 'no expected answer'}")
             solo_right[qid] = False
             continue
-        ok, why, _ = judge(i)
+        ok, why = judge(i, qid)
         solo_right[qid] = ok and why is None
         solo_bad += why is not None
-        if bool(i.correct) != solo_right[qid] or bool(getattr(i, "bad", None)) != (why is not None):
-            wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'}"
-                         f"{', bad' if getattr(i, 'bad', None) else ''}; its output gives "
-                         f"{'right' if solo_right[qid] else 'wrong'}{', bad: ' + why if why else ''}")
+        check(i, solo_right[qid], why)
     bad = solo_bad
     divergent = errors = 0
     for i in load:
@@ -279,22 +285,17 @@ def audit(rec, folder) -> list[str]:
         if i.error:
             errors += 1
             continue
-        ref = solo[mt.group(1)]
-        ok, why, _ = judge(i)
-        if why is None and solo_right[mt.group(1)] and not ok:
+        qid = mt.group(1)
+        ref = solo[qid]
+        ok, why = judge(i, qid)
+        if why is None and solo_right[qid] and not ok:
             why = "right solo, wrong under load"
         same = (i.token_ids == ref.token_ids and i.output == ref.output
                 and (getattr(i, "reasoning", None) or "") == (getattr(ref, "reasoning", None) or ""))
         divergent += not same
         bad += why is not None
-        if bool(i.correct) != ok or bool(getattr(i, "bad", None)) != (why is not None):
-            wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'}"
-                         f"{', bad' if getattr(i, 'bad', None) else ''}; its output gives "
-                         f"{'right' if ok else 'wrong'}{', bad: ' + why if why else ''}")
-    out = []
-    if wrong:
-        out.append(f"{len(wrong)} of its {len(rec.items):,} items are not judged as their outputs give: "
-                   + "; ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+        check(i, ok, why)
+    out = misjudged(wrong, len(rec.items))
     plan = planned_ids(p, list(solo), snap.get("server") if isinstance(snap.get("server"), dict) else {},
                        m.get("max_num_seqs"))
     if plan is not None and plan != [i.id for i in load]:
@@ -318,7 +319,7 @@ def audit(rec, folder) -> list[str]:
 async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     prompts = load_prompts(ctx.root / "suites" / p.prompts_file)
     mns = ctx.config.server.max_num_seqs
-    long_n = min(p.after_long_prompt_tokens, ctx.config.server.max_model_len - 16)
+    long_n = _modes(p, ctx.config.server.max_model_len)[-1]  # 0: short prompts only
     pool = None
     if long_n > 0:
         from validate.runners.text import TextPool
