@@ -576,7 +576,8 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         across_thinking: pair evals of a thinking model with those of one that does not think
             (validate.compare.pair).
     """
-    from validate.compare import choose_baseline, compare_releases, held_elsewhere, unreadable_newer
+    from validate.compare import (choose_baseline, compare_releases, held_elsewhere, same_version,
+                                  unreadable_newer)
     from validate.perfgate import BENCH_KIND, compare_perf
     from validate.record import release_records
     from validate.suite import paired_eval_kinds, perf_gate_specs
@@ -604,6 +605,10 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                         f"the baseline {base} holds no such record, {other} does: its gate compared nothing")
                 extra.append(Check(cfg, f"baseline of {kind}", "release", "not-checked", "not compared",
                                    f"{cfg}/{kind}: {what} (name one with --baseline)"))
+            for other in same_version(reports, release, base):
+                extra.append(release_check("baseline", f"{other} and the baseline {base} name one version: which holds "
+                                                       f"the release is not known, and the other was compared with "
+                                                       f"nothing (name a baseline with --baseline)"))
             for other in unreadable_newer(reports, release, base):
                 extra.append(release_check("baseline", f"{other}, newer than the baseline {base}, holds a file that is "
                                                        f"no readable record: what it held was compared with nothing "

@@ -769,3 +769,21 @@ def test_what_was_left_out_of_a_record_or_a_release_is_not_passed_over(tmp_path)
     assert out["code"] == 2 and out["verdict"].baseline == "v0.3.2"
     assert any("v0.3.3, newer than the baseline v0.3.2, holds a file that is no readable record" in c.message
                for c in out["verdict"].checks)
+
+
+def test_two_folders_of_one_version_are_named_not_chosen_between(tmp_path):
+    """v0.3.2 (as low as the candidate) and v0.3.2.0 (the same version, 25 points higher): the automatic choice
+    among equals took one of them by folder name, so the candidate's drop against the other passed unseen."""
+    from validate.compare import previous_release, same_version
+
+    save(tmp_path, eval_record("v0.3.2", BASE), eval_record("v0.3.2.0", LOST_50), eval_record("v0.3.4", LOST_50))
+    want = {("cpu-smol", "gsm8k")}
+    assert previous_release(tmp_path, "v0.3.4", want) == "v0.3.2.0"
+    assert same_version(tmp_path, "v0.3.4", "v0.3.2.0") == ["v0.3.2"]
+    assert same_version(tmp_path, "v0.3.4", "v0.3.2") == ["v0.3.2.0"]
+    out = outputs(tmp_path, "v0.3.4")
+    agree(out)
+    assert out["code"] == 2 and out["verdict"].baseline == "v0.3.2.0"
+    assert any("v0.3.2 and the baseline v0.3.2.0 name one version" in c.message for c in out["verdict"].checks)
+    named = outputs(tmp_path, "v0.3.4", baseline="v0.3.2")
+    assert named["code"] == 1  # named with --baseline: the drop is gated, and nothing is ambiguous
