@@ -452,6 +452,12 @@ def print_verdict(verdict) -> None:
         t.add_row(escape(c.config), escape(c.name), r.profile if r is not None else "",
                   f"[{style[c.outcome]}]{escape(word)}[/{style[c.outcome]}]", escape(why[:120]))
     console.print(t)
+    for x in verdict.identity:  # a figure beside the verdict, not a check
+        apart = (f"; the others part at {x.unit} {x.first_apart[0]} first, {x.median_apart:g} median"
+                 if x.first_apart else "")
+        what = f"not compared: {x.refused}" if x.refused else f"{x.identical} of {x.n} identical{apart}"
+        console.print(f"greedy answers against {escape(str(verdict.baseline))}: {escape(x.config)}/{escape(x.suite)} "
+                      f"{escape(what)}")
     for c in verdict.checks:  # the table cuts its cells: what blocks the release is said whole
         if c.outcome in ("finding", "not-checked"):
             console.print(f"[{style[c.outcome]}]{escape(f'{c.config}/{c.name}: {c.message}')}[/{style[c.outcome]}]",

@@ -85,6 +85,7 @@ class ReleaseVerdict:
     baseline_why: str = ""
     comparison: Any = None  # validate.compare.Comparison, when evals were paired
     perf: Any = None  # validate.perfgate.PerfComparison, when BetterBench figures were compared
+    identity: list = field(default_factory=list)  # validate.identity.OutputIdentity: greedy answers vs the baseline
     notes: list[str] = field(default_factory=list)  # said beside the verdict (thresholds that differ, ...)
     interrupted: bool = False
     what: str = "release"  # release, suite, gate, gate --perf: what the verdict is of
@@ -502,7 +503,8 @@ def server_faults(rec: Record) -> tuple[str | None, str | None, str | None]:
     return finding, restart, limit
 
 
-def assess(release: str, records: list[Record], *, comparison=None, perf=None, shares=None, baseline: str | None = None,
+def assess(release: str, records: list[Record], *, comparison=None, perf=None, shares=None, identity=None,
+           baseline: str | None = None,
            baseline_why: str = "", planned: list[tuple[str, list[str]]] | None = None, tree: Tree | None = None,
            accept_other_tree: bool = False, extra: list[Check] | None = None, strict: bool = False,
            what: str = "release", notes: list[str] | None = None) -> ReleaseVerdict:
@@ -513,6 +515,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
         comparison: the paired eval gate's :class:`validate.compare.Comparison`, or None.
         perf: the performance gate's :class:`validate.perfgate.PerfComparison`, or None.
         shares: the share gates' :class:`validate.loadgate.ShareComparison`, or None.
+        identity: the greedy answers against the baseline's (:mod:`validate.identity`; a figure, not a check).
         baseline, baseline_why: the baseline compared with and why that one (None: no baseline).
         planned: the checklist's (configuration, suites) this run covers; a suite without a record is limited.
         tree: the tree under validation; a record another tree made is not-checked unless ``accept_other_tree``.
@@ -522,7 +525,7 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
         notes: lines to say beside the verdict.
     """
     v = ReleaseVerdict(release, baseline=baseline, baseline_why=baseline_why, comparison=comparison, perf=perf,
-                       notes=list(notes or []) + depth_notes(records), what=what)
+                       identity=list(identity or []), notes=list(notes or []) + depth_notes(records), what=what)
     seen = set()
     for r in records:
         seen.add((r.config, r.suite))
@@ -596,6 +599,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated}
     base, why = choose_baseline(reports, release, baseline, want)
     cmp = perf = shares = None
+    identity: list = []
     notes: list[str] = []
     if base is not None and not baseline:  # the automatic choice: what it lacks and another release holds is said
         try:
@@ -655,11 +659,18 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                                     configs=configs)
         except Exception as e:
             extra.append(release_check("share gates", f"the share gates could not run: {type(e).__name__}: {e}"))
+        try:
+            from validate.identity import compare_releases_outputs
+
+            identity = compare_releases_outputs(records, base_records)
+        except Exception as e:  # a figure, not a gate: what it could not compare is said beside the verdict
+            notes.append(f"greedy answers against {base} not compared: {type(e).__name__}: {e}")
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")
                   for w in dict.fromkeys(bskipped)]
     elif records:
         extra.append(Check("release", "baseline", "release", "limited", "no baseline",
                            f"no baseline: {why}; no paired eval or performance gate ran"))
-    return assess(release, records, comparison=cmp, perf=perf, shares=shares, baseline=base, baseline_why=why, planned=planned,
+    return assess(release, records, comparison=cmp, perf=perf, shares=shares, identity=identity, baseline=base,
+                  baseline_why=why, planned=planned,
                   tree=tree, accept_other_tree=accept_other_tree, extra=extra, notes=notes)
 
