@@ -470,13 +470,15 @@ def unreadable_newer(reports: Path, release: str, base: str) -> list[str]:
     return out
 
 
-def same_version(reports: Path, release: str, base: str) -> list[str]:
+def same_version(reports: Path, release: str, base: str, want: set[tuple[str, str]] | None = None) -> list[str]:
     """The other folders under ``reports`` that name the same released version as the automatic baseline ``base``
-    (``v0.3`` and ``v0.3.0``, ``v0.3.2`` and ``0.3.2``): which of them is the release is not said by the records, and
-    the choice among equals (by folder name) could compare against a stale run of it, so each is named."""
+    (``v0.3`` and ``v0.3.0``, ``v0.3.2`` and ``0.3.2``) and hold a record of ``want``'s gated pairs (or a file that
+    may be one, :func:`_held`): which of them is the release is not said by the records, and the choice among
+    equals (by folder name) could compare against a stale run of it, so each is named."""
     eligible = _eligible(reports, release)
     base_k = next((k for k, name in eligible if name == base), None)
-    return sorted(name for k, name in eligible if base_k is not None and k == base_k and name != base)
+    return sorted(name for k, name in eligible
+                  if base_k is not None and k == base_k and name != base and _held(reports / name, want)[0])
 
 
 def held_elsewhere(reports: Path, release: str, base: str,

@@ -8,13 +8,18 @@ reach the output. This is a figure beside the gates, never a gate: a random-weig
 easily as a real one, and accuracy is what the paired gate judges (validate.compare).
 
 An answer is compared with the baseline's answer to the same item (same id and prompt hash, same generation
-parameters, both greedy, neither an error): by token ids where both records hold them, else by text (the first
-character apart). Two records are compared only when the pairing rule allows (validate.pairing.apart: the same
-model, configuration as run and suite parameters; the plugin's knobs may differ, the machine too).
+parameters, both greedy, neither an error, its id once on each side). Identical means the same token ids and the
+same text; where every answer of a row holds token ids on both sides (an empty list is none: a server that ignores
+``return_token_ids`` returns one), the place apart is a token index, else a character index. Two records are
+compared only when the pairing rule allows (validate.pairing.apart with every suite parameter: the same model,
+configuration as run and parameters, since concurrency or batching alone can move a greedy answer; the plugin's
+knobs may differ, the machine too). Answers under load (strict sanity's overload items) are batched as the server
+scheduled them, so they can part between two runs of one tree; the solo answers are the kernels' figure.
 """
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 from validate.pairing import apart
@@ -31,8 +36,9 @@ class OutputIdentity:
     ``n``: answers compared; ``identical``: those equal token for token (or character for character where the
     records hold no token ids); ``first_apart``: for each of the others, the index of the first token (or character)
     that differs, 0-based, sorted; ``unit``: "token" or "character"; ``left_out``: items of the candidate not
-    compared, each with why (no such item in the baseline, another prompt, other generation parameters, sampled, an
-    error on either side); ``refused``: why the records were not compared at all."""
+    compared, each with why (no such item in the baseline, a duplicate item id, another prompt, other generation
+    parameters, not greedy, an error or no output on either side); ``refused``: why the records were not compared
+    at all."""
 
     config: str
     suite: str
@@ -45,9 +51,9 @@ class OutputIdentity:
     refused: str | None = None  # why the two records were not compared at all (validate.pairing.apart)
 
     @property
-    def share(self) -> float:
-        """Identical answers over answers compared (0.0 when none was)."""
-        return self.identical / self.n if self.n else 0.0
+    def share(self) -> float | None:
+        """Identical answers over answers compared, None when none was."""
+        return self.identical / self.n if self.n else None
 
     @property
     def median_apart(self) -> float | None:
@@ -64,7 +70,9 @@ def first_apart(a: list | str, b: list | str) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _why_not(c: Item, b: Item | None) -> str | None:
+def _why_not(c: Item, b: Item | None, dup: bool) -> str | None:
+    if dup:
+        return "a duplicate item id"
     if b is None:
         return "no such item in the baseline"
     if c.prompt_hash != b.prompt_hash:
@@ -86,19 +94,25 @@ def compare_outputs(cand: Record, base: Record) -> OutputIdentity:
         raise ValueError(f"{cand.config}/{cand.suite} and {base.config}/{base.suite} are not one configuration "
                          f"and suite kind")
     by_id = {it.id: it for it in base.items}
+    dups = {i for r in (base, cand) for i, k in Counter(it.id for it in r.items).items() if k > 1}
     out = OutputIdentity(cand.config, cand.suite, cand.suite_kind)
     pairs = []
     for c in cand.items:
         b = by_id.get(c.id)
-        why = _why_not(c, b)
+        why = _why_not(c, b, c.id in dups)
         if why:
             out.left_out[why] = out.left_out.get(why, 0) + 1
         else:
             pairs.append((c, b))
-    by_tokens = all(c.token_ids is not None and b.token_ids is not None for c, b in pairs)
+    by_tokens = all(c.token_ids and b.token_ids for c, b in pairs)
     out.unit = "token" if by_tokens else "character"
     for c, b in pairs:
-        i = first_apart(c.token_ids, b.token_ids) if by_tokens else first_apart(c.output, b.output)
+        if by_tokens:
+            i = first_apart(c.token_ids, b.token_ids)
+            if i is None and c.output != b.output:  # the same ids read back as other text: apart at the end
+                i = len(c.token_ids)
+        else:
+            i = first_apart(c.output, b.output)
         out.n += 1
         if i is None:
             out.identical += 1
@@ -125,7 +139,8 @@ def compare_releases_outputs(cand: list[Record], base: list[Record],
             b = base_kind[(r.config, r.suite_kind)][0]
         if b is None or not b.items:
             continue
-        why = apart(b, r, machine=False)
+        pb, pc = (x.params if isinstance(x.params, dict) else {} for x in (b, r))
+        why = apart(b, r, params=sorted(set(pb) | set(pc)), machine=False)
         out.append(OutputIdentity(r.config, r.suite, r.suite_kind, refused="; ".join(why)) if why
                    else compare_outputs(r, b))
     return out

@@ -363,3 +363,20 @@ def test_every_c_op_the_compile_passes_look_up_on_import_has_a_stand_in():
     stood_in = {n for ns, n in ops.OPS if ns == "_C"}
     assert names - stood_in == set()
     assert {"static_scaled_fp8_quant", "rms_norm_static_fp8_quant", "fused_qk_norm_rope"} <= names
+
+
+def test_the_gpu_serving_configurations_keep_off_flashinfer():
+    """The archive carries no flashinfer: on Hopper vLLM 0.32's `auto` GDN prefill backend is FlashInfer's, and its
+    sampler imports FlashInfer's attention backend unless VLLM_USE_FLASHINFER_SAMPLER=0 (the first H100 serve
+    stopped there: "No module named 'flashinfer'"). Each GPU configuration asks for the Triton paths."""
+    from validate.config import all_configs
+
+    gpu = [c for c in all_configs(ROOT) if c.name.startswith("h200-")]
+    assert sorted(c.name for c in gpu) == ["h200-next", "h200-next-fp8"]
+    for c in gpu:
+        args = c.server.extra_args
+        assert args[args.index("--gdn-prefill-backend") + 1] == "triton", c.name
+        assert args[args.index("--attention-backend") + 1] == "TRITON_ATTN", c.name
+        assert c.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0", c.name
+    pins = (ROOT / "benchmarks" / "device_env" / "pins.toml").read_text()
+    assert "flashinfer" not in pins

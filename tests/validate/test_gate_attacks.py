@@ -779,11 +779,14 @@ def test_two_folders_of_one_version_are_named_not_chosen_between(tmp_path):
     save(tmp_path, eval_record("v0.3.2", BASE), eval_record("v0.3.2.0", LOST_50), eval_record("v0.3.4", LOST_50))
     want = {("cpu-smol", "gsm8k")}
     assert previous_release(tmp_path, "v0.3.4", want) == "v0.3.2.0"
-    assert same_version(tmp_path, "v0.3.4", "v0.3.2.0") == ["v0.3.2"]
-    assert same_version(tmp_path, "v0.3.4", "v0.3.2") == ["v0.3.2.0"]
+    assert same_version(tmp_path, "v0.3.4", "v0.3.2.0", want) == ["v0.3.2"]
+    assert same_version(tmp_path, "v0.3.4", "v0.3.2", want) == ["v0.3.2.0"]
     out = outputs(tmp_path, "v0.3.4")
     agree(out)
     assert out["code"] == 2 and out["verdict"].baseline == "v0.3.2.0"
     assert any("v0.3.2 and the baseline v0.3.2.0 name one version" in c.message for c in out["verdict"].checks)
     named = outputs(tmp_path, "v0.3.4", baseline="v0.3.2")
     assert named["code"] == 1  # named with --baseline: the drop is gated, and nothing is ambiguous
+    (tmp_path / "v0.3.2.0" / "cpu-smol" / "gsm8k.json").unlink()  # a twin that holds nothing raises no doubt
+    assert same_version(tmp_path, "v0.3.4", "v0.3.2", want) == []
+    assert outputs(tmp_path, "v0.3.4")["code"] == 1

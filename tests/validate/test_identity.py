@@ -91,3 +91,31 @@ def test_records_the_pairing_rule_refuses_are_said_not_compared():
     b.model = "another.gguf"
     [x] = compare_releases_outputs([b], [a])
     assert x.n == 0 and "model" in x.refused
+
+
+def test_empty_token_ids_are_none_and_text_must_match_too():
+    """A server that ignores return_token_ids gives empty lists: the answers are then compared by text."""
+    x = compare_outputs(_rec("b", [_item(0, [], output="The answer is 41.")]),
+                        _rec("a", [_item(0, [], output="The answer is 42.")]))
+    assert (x.unit, x.n, x.identical, x.first_apart) == ("character", 1, 0, [15])
+    x = compare_outputs(_rec("b", [_item(0, [7], output="same")]), _rec("a", [_item(0, [], output="same")]))
+    assert (x.unit, x.identical) == ("character", 1)
+    x = compare_outputs(_rec("b", [_item(0, [7, 8], output="ab")]), _rec("a", [_item(0, [7, 8], output="ac")]))
+    assert (x.unit, x.identical, x.first_apart) == ("token", 0, [2])
+
+
+def test_duplicate_ids_and_other_suite_parameters_are_not_compared():
+    x = compare_outputs(_rec("b", [_item(0, [1, 2])]), _rec("a", [_item(0, [1, 2]), _item(0, [9, 9])]))
+    assert (x.n, x.left_out) == (0, {"a duplicate item id": 1}) and x.share is None
+    a, b = _rec("a", [_item(0, [1])]), _rec("b", [_item(0, [1])])
+    b.params = {"concurrency": 64}  # batching alone can move a greedy answer
+    [x] = compare_releases_outputs([b], [a])
+    assert x.n == 0 and "concurrency" in x.refused
+
+
+def test_a_row_with_nothing_compared_shows_no_share(tmp_path):
+    b, c = eval_record("v0.3.2", BASE), eval_record("v0.3.3", BASE)  # no temperature in gen: not greedy
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.3.3")
+    assert "| cpu-smol | gsm8k | 0 | – | 0 | – | 200: not greedy |" in out["notes"]
+    assert "cpu-smol/gsm8k no answer compared: 200 not greedy" in out["console"]
