@@ -33,6 +33,7 @@
 # tool brings back files two folders down at most). R9K_SERVE_CONFIG (default h200-next) and R9K_SERVE_SUITES (a
 # space-separated subset of the checklist; default all) choose what runs; R9K_REPORTS an existing reports folder
 # (carried from an earlier call) to add to; R9K_SERVE_LIMIT a release step's limit in seconds (default 560).
+#   serve_ops    the stand-ins' GPU tests (tests/benchmarks/test_serve_ops.py -m gpu: the device views, ~20 s)
 #   serve_stock  the release `stock` with every knob at its stock value (--knobs stock; the baseline of the pair)
 #   serve_r9k    the release `r9k` with the configuration's knobs, gated against `stock` where its records exist
 #   serve_gate   `gate r9k --against stock` and `gate --perf`, JUnit beside each
@@ -125,6 +126,7 @@ for step in $STEPS; do
                  --shapes "decode=1,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_step.json"
                run moe_decode_fresh 110 $K --op moe_decode_step --peer resident --peer uva --mode graph \
                  --shapes "decode=0,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_fresh.json" ;;
+    serve_ops) tests serve_ops 120 -q -rfs --tb=short -m gpu -p no:cacheprovider tests/benchmarks/test_serve_ops.py ;;
     serve_stock) serve_release serve_stock "${R9K_SERVE_LIMIT:-560}" stock --knobs stock --baseline none ;;
     serve_r9k) if [ -d "$REPORTS/stock" ]; then serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline stock
                else serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline none; fi ;;

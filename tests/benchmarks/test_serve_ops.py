@@ -177,6 +177,36 @@ def test_cuda_view_refuses_a_pageable_tensor():
         ops.get_cuda_view_from_cpu_tensor(torch.zeros(4))
 
 
+def test_weak_ref_refuses_a_host_tensor():
+    """vLLM's op takes CUDA tensors only (the CUDA-graph wrappers' outputs); the stand-in says so."""
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        ops.weak_ref_tensor(torch.zeros(4))
+    fake = ops._weak_ref_fake(torch.zeros(3, 4).t())
+    assert (fake.shape, fake.stride(), fake.dtype) == ((4, 3), (1, 4), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.int64])
+def test_weak_ref_shares_memory_and_keeps_nothing_alive(dtype):
+    """The weak reference reads and writes the original's bytes at its strides (a transposed slice here), and
+    holding it does not keep the original's memory allocated (what vLLM's CUDA-graph wrappers rely on)."""
+    torch.cuda.synchronize()
+    m0 = torch.cuda.memory_allocated()
+    base = torch.arange(4 * 1024 * 1024, device="cuda").to(dtype).view(2048, 2048)
+    t = base[8:, 16:].t()
+    w = ops.weak_ref_tensor(t)
+    assert (w.shape, w.stride(), w.dtype, w.data_ptr()) == (t.shape, t.stride(), t.dtype, t.data_ptr())
+    assert torch.equal(w.view(torch.uint8) if dtype.itemsize == 1 else w, t.view(torch.uint8) if dtype.itemsize == 1 else t)
+    w[0, 0] = 0
+    assert float(t[0, 0].float()) == 0.0 and float(base[8, 16].float()) == 0.0
+    del base, t
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == m0  # the weak reference held nothing
+    view = ops.get_cuda_view_from_cpu_tensor(torch.arange(64, dtype=torch.float32).pin_memory())
+    assert float(view.sum()) == 2016.0  # the UVA view reads the pinned page
+
+
 FP8 = torch.float8_e4m3fn
 
 
@@ -380,3 +410,23 @@ def test_the_gpu_serving_configurations_keep_off_flashinfer():
         assert c.env["VLLM_USE_FLASHINFER_SAMPLER"] == "0", c.name
     pins = (ROOT / "benchmarks" / "device_env" / "pins.toml").read_text()
     assert "flashinfer" not in pins
+
+
+def test_every_c_op_the_cuda_graph_wrappers_call_has_a_stand_in():
+    """vLLM's CUDA-graph wrappers (compilation/cuda_graph.py, breakable_cudagraph.py) hold each captured graph's
+    outputs through utils/torch_utils.py's ``weak_ref_tensor`` (the second H100 serve stopped at the first capture:
+    no ``_C.weak_ref_tensor``). Every ``torch.ops._C`` name torch_utils calls, outside its XPU branches, must be
+    one the stand-ins register."""
+    import ast
+    import vllm
+    root = Path(vllm.__file__).parent
+    for wrapper in ("cuda_graph.py", "breakable_cudagraph.py"):
+        assert "weak_ref_tensor" in (root / "compilation" / wrapper).read_text()
+    tree = ast.parse((root / "utils" / "torch_utils.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "_C"
+                and ast.unparse(node.value.value) == "torch.ops" and "xpu" not in node.attr):
+            names.add(node.attr)
+    assert "weak_ref_tensor" in names and "get_cuda_view_from_cpu_tensor" in names
+    assert names - {n for ns, n in ops.OPS if ns == "_C"} == set()

@@ -21,6 +21,9 @@ op                                        who calls it
 ``_C.per_token_group_fp8_quant``          ``fp8_utils.per_token_group_quant_fp8`` on CUDA (block-fp8 activations)
 ``_C.get_cuda_view_from_cpu_tensor``      the GPU model runner's ``UvaBuffer`` (``torch_utils.get_accelerator_view_
                                           from_cpu_tensor``): a device view of a pinned host tensor
+``_C.weak_ref_tensor``                    the CUDA-graph wrappers (``compilation/cuda_graph.py``,
+                                          ``breakable_cudagraph.py``) hold a captured graph's outputs without
+                                          keeping the graph pool's memory alive
 ``_C.static_scaled_fp8_quant``,           the compile passes (``compilation/passes``: the fusion patterns of
 ``_C.dynamic_scaled_fp8_quant``,          ``rms_quant_fusion``, ``act_quant_fusion``, ``qk_norm_rope_fusion``) look
 ``_C.dynamic_per_token_scaled_fp8_quant``, each of these up as ``torch.ops._C.<name>.default`` when the pass
@@ -32,7 +35,7 @@ op                                        who calls it
 ========================================  ==========================================================================
 
 Each is registered with ``torch.library`` under vLLM's schema (the mutated arguments marked, as vLLM's
-``torch_bindings.cpp`` declares them) with a torch implementation for CPU and CUDA tensors and a fake (meta) one,
+``torch_bindings.cpp`` declares them) with a torch implementation (CPU and CUDA tensors; CUDA only for the two device views) and a fake (meta) one,
 so that torch.compile traces through it and CUDA graphs capture it; a name already registered (a real extension
 loaded first) is left alone. These are not vLLM's CUDA kernels: the figures of a serve on them time torch's
 kernels for these ops (several launches where vLLM's is one), which docs/serving.md says.
@@ -327,9 +330,10 @@ def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, nu
 
 
 class _CudaArray:
-    """``__cuda_array_interface__`` (v3) of ``nbytes`` bytes at device address ``ptr``, holding ``owner`` alive."""
+    """``__cuda_array_interface__`` (v3) of ``nbytes`` bytes at device address ``ptr``, holding ``owner`` alive
+    (None: nothing, a weak reference)."""
 
-    def __init__(self, ptr: int, nbytes: int, owner: torch.Tensor):
+    def __init__(self, ptr: int, nbytes: int, owner: torch.Tensor | None):
         self.owner = owner
         self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
@@ -346,9 +350,34 @@ def get_cuda_view_from_cpu_tensor(cpu_tensor: torch.Tensor) -> torch.Tensor:
     t = cpu_tensor
     if t.device.type != "cpu" or not t.is_pinned():
         raise ValueError("get_cuda_view_from_cpu_tensor: the tensor must be a pinned CPU tensor")
-    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
-    raw = torch.as_tensor(_CudaArray(t.data_ptr(), span * t.element_size(), t), device="cuda")
+    raw = torch.as_tensor(_CudaArray(t.data_ptr(), _span(t), t), device="cuda")
     return raw.view(t.dtype).as_strided(t.shape, t.stride())
+
+
+def _span(t: torch.Tensor) -> int:
+    """The bytes from ``t``'s first element to past its last, by its strides (0 for an empty tensor)."""
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size() if t.numel() else 0
+
+
+def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A CUDA tensor over ``tensor``'s memory (same shape, strides and dtype) that does not keep it alive, as
+    vLLM's op (``torch::from_blob`` on the data pointer, csrc/ops.h): the CUDA-graph wrappers hold a captured
+    graph's outputs this way, so the graph pool's memory is owned by the pool alone. Wrapped zero-copy through
+    ``__cuda_array_interface__`` with no owner.
+
+    Raises:
+        ValueError: the tensor is not a CUDA tensor.
+    """
+    t = tensor
+    if t.device.type != "cuda":
+        raise ValueError("weak_ref_tensor: the tensor must be a CUDA tensor")
+    with torch.cuda.device(t.device):
+        raw = torch.as_tensor(_CudaArray(t.data_ptr(), _span(t), None), device=t.device)
+    return raw.view(t.dtype).as_strided(t.shape, t.stride())
+
+
+def _weak_ref_fake(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device=tensor.device)
 
 
 def _view_fake(cpu_tensor: torch.Tensor) -> torch.Tensor:
@@ -397,6 +426,7 @@ OPS = {
                                    "int forced_token_heads_per_warp=-1) -> ()", fused_qk_norm_rope),
     ("_C", "get_cuda_view_from_cpu_tensor"): ("get_cuda_view_from_cpu_tensor(Tensor cpu_tensor) -> Tensor",
                                               get_cuda_view_from_cpu_tensor),
+    ("_C", "weak_ref_tensor"): ("weak_ref_tensor(Tensor input) -> Tensor", weak_ref_tensor),
     ("_moe_C", "topk_softmax"): ("topk_softmax(Tensor(a!) topk_weights, Tensor(b!) topk_indices, "
                                  "Tensor(c!) token_expert_indices, Tensor gating_output, bool renormalize, "
                                  "Tensor? bias, Tensor? is_padding) -> ()", topk_softmax),
@@ -421,7 +451,7 @@ def _fake(*args, **kwargs) -> None:
     """An op that mutates its outputs and returns nothing: its fake kernel has nothing to compute."""
 
 
-FAKES = {"get_cuda_view_from_cpu_tensor": _view_fake}  # the ops that return a tensor
+FAKES = {"get_cuda_view_from_cpu_tensor": _view_fake, "weak_ref_tensor": _weak_ref_fake}  # ops returning a tensor
 
 def register(namespace: str) -> list[str]:
     """Register every op of ``namespace`` ("_C" or "_moe_C") not registered already; returns the names it
