@@ -457,8 +457,8 @@ def print_verdict(verdict) -> None:
                  if x.first_apart else "")
         what = (f"not compared: {x.refused}" if x.refused else f"{x.identical} of {x.n} identical{apart}" if x.n
                 else "no answer compared: " + ", ".join(f"{k} {why}" for why, k in x.left_out.items()))
-        console.print(f"greedy answers against {escape(str(verdict.baseline))}: {escape(x.config)}/{escape(x.suite)} "
-                      f"{escape(what)}")
+        console.print(f"greedy answers against {escape(str(verdict.baseline))}: {escape(x.config)}/{escape(x.suite)}"
+                      f"{' (' + x.part + ')' if x.part else ''} {escape(what)}")
     for c in verdict.checks:  # the table cuts its cells: what blocks the release is said whole
         if c.outcome in ("finding", "not-checked"):
             console.print(f"[{style[c.outcome]}]{escape(f'{c.config}/{c.name}: {c.message}')}[/{style[c.outcome]}]",

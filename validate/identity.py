@@ -13,8 +13,9 @@ same text; where every answer of a row holds token ids on both sides (an empty l
 ``return_token_ids`` returns one), the place apart is a token index, else a character index. Two records are
 compared only when the pairing rule allows (validate.pairing.apart with every suite parameter: the same model,
 configuration as run and parameters, since concurrency or batching alone can move a greedy answer; the plugin's
-knobs may differ, the machine too). Answers under load (strict sanity's overload items) are batched as the server
-scheduled them, so they can part between two runs of one tree; the solo answers are the kernels' figure.
+knobs may differ, the machine too). Answers under load (strict sanity's overload batches, long answers beside
+decode load) are batched as the server scheduled them, so they can part between two runs of one tree: a record
+whose items name a condition gives a row of its solo answers (the kernels' figure) and a row of those under load.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class OutputIdentity:
     config: str
     suite: str
     kind: str
+    part: str = ""  # "solo" or "under load" where the items name a condition, else ""
     n: int = 0
     identical: int = 0
     first_apart: list[int] = field(default_factory=list)
@@ -86,8 +88,14 @@ def _why_not(c: Item, b: Item | None, dup: bool) -> str | None:
     return None
 
 
-def compare_outputs(cand: Record, base: Record) -> OutputIdentity:
-    """The candidate record's answers against the baseline record's, item by item (module docstring).
+def part_of(item: Item) -> str:
+    """The row an item's answer counts in: "" (no condition), "solo", or "under load" (any other condition)."""
+    return "" if not item.condition else "solo" if item.condition == "solo" else "under load"
+
+
+def compare_outputs(cand: Record, base: Record, part: str | None = None) -> OutputIdentity:
+    """The candidate record's answers against the baseline record's, item by item (module docstring); with
+    ``part``, only the candidate's items of that part (:func:`part_of`).
 
     Raises ValueError when the two records are not of one configuration and suite kind."""
     if (cand.config, cand.suite_kind) != (base.config, base.suite_kind):
@@ -95,9 +103,11 @@ def compare_outputs(cand: Record, base: Record) -> OutputIdentity:
                          f"and suite kind")
     by_id = {it.id: it for it in base.items}
     dups = {i for r in (base, cand) for i, k in Counter(it.id for it in r.items).items() if k > 1}
-    out = OutputIdentity(cand.config, cand.suite, cand.suite_kind)
+    out = OutputIdentity(cand.config, cand.suite, cand.suite_kind, part=part or "")
     pairs = []
     for c in cand.items:
+        if part is not None and part_of(c) != part:
+            continue
         b = by_id.get(c.id)
         why = _why_not(c, b, c.id in dups)
         if why:
@@ -141,6 +151,9 @@ def compare_releases_outputs(cand: list[Record], base: list[Record],
             continue
         pb, pc = (x.params if isinstance(x.params, dict) else {} for x in (b, r))
         why = apart(b, r, params=sorted(set(pb) | set(pc)), machine=False)
-        out.append(OutputIdentity(r.config, r.suite, r.suite_kind, refused="; ".join(why)) if why
-                   else compare_outputs(r, b))
+        if why:
+            out.append(OutputIdentity(r.config, r.suite, r.suite_kind, refused="; ".join(why)))
+            continue
+        parts = sorted({part_of(it) for it in r.items}, key=["", "solo", "under load"].index)
+        out += [compare_outputs(r, b, p if p else None) for p in parts]
     return out

@@ -119,3 +119,16 @@ def test_a_row_with_nothing_compared_shows_no_share(tmp_path):
     out = outputs(tmp_path, "v0.3.3")
     assert "| cpu-smol | gsm8k | 0 | – | 0 | – | 200: not greedy |" in out["notes"]
     assert "cpu-smol/gsm8k no answer compared: 200 not greedy" in out["console"]
+
+
+def test_solo_answers_and_answers_under_load_are_rows_of_their_own():
+    """A sanity record: two solo answers identical, one answer under load parted at token 1 (batching can do that
+    between two runs of one tree; the solo row is the kernels' figure)."""
+    def items(load_tok):
+        out = [_item(0, [1, 2]), _item(1, [3, 4])]
+        out[0].condition = out[1].condition = "solo"
+        under = _item(2, [5, load_tok])
+        under.id, under.condition = "q0/x2/r0/0", "overload x2 (16 requests, max_num_seqs 8)"
+        return out + [under]
+    rows = compare_releases_outputs([_rec("b", items(9))], [_rec("a", items(6))])
+    assert [(x.part, x.n, x.identical, x.first_apart) for x in rows] == [("solo", 2, 2, []), ("under load", 1, 0, [1])]
