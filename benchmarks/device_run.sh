@@ -30,7 +30,7 @@
 #   allreduce  the one-shot all-reduce against NCCL (2+ GPUs, ~1.5 min)
 # Serving (docs/serving.md): r9k-validate launches vLLM on the GPU through its own launcher and runs the checklist's
 # suites on the quick profile; the records, server logs, RELEASE.md and figures go to OUT/reports.tgz (the device
-# tool brings back files two folders down at most). R9K_SERVE_CONFIG (default h200-next) and R9K_SERVE_SUITES (a
+# tool brings back files two folders down at most); a release step that fails prints its server logs' last errors. R9K_SERVE_CONFIG (default h200-next) and R9K_SERVE_SUITES (a
 # space-separated subset of the checklist; default all) choose what runs; R9K_REPORTS an existing reports folder
 # (carried from an earlier call) to add to; R9K_SERVE_LIMIT a release step's limit in seconds (default 560).
 #   serve_ops    the stand-ins' GPU tests (tests/benchmarks/test_serve_ops.py -m gpu: the device views, ~20 s)
@@ -51,6 +51,7 @@ step() {  # step KIND NAME LIMIT_S CMD...: log to OUT/NAME.log, record the step,
   t0=$(date +%s.%N)
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   rc=$?
+  LAST_RC=$rc
   t1=$(date +%s.%N)
   awk -v n="$name" -v k="$kind" -v rc="$rc" -v a="$t0" -v b="$t1" \
     'BEGIN { printf "{\"step\": \"%s\", \"kind\": \"%s\", \"rc\": %d, \"seconds\": %.1f}\n", n, k, rc, b - a }' \
@@ -78,6 +79,8 @@ serve_release() {  # serve_release NAME LIMIT_S RELEASE ARGS...: one release of 
   step check "$name" "$limit" $V release "$release" --config "$SERVE_CONFIG" --profile quick --reports "$REPORTS" \
     --junit-xml "$OUT/$name.xml" $SERVE_SUITES "$@"
   tar czf "$OUT/reports.tgz" -C "$(dirname "$REPORTS")" "$(basename "$REPORTS")" 2>/dev/null
+  # a server that stopped during start-up names its cause in its own log, not in the step's: its last errors
+  [ "$LAST_RC" -eq 0 ] || grep -h "Error\|ERROR" "$REPORTS/$release"/*/server*.log 2>/dev/null | tail -n 20
 }
 GRID="N=1|2|4|8|16|32|64,L=16|32|64|128|256|512"
 LINEAR="M=1|16|32|64|128|256,N=4096,K=4096;M=1|16,N=8192,K=8192;M=4096,N=4096,K=4096;M=8192,N=8192,K=8192"
