@@ -30,8 +30,9 @@
 #   allreduce  the one-shot all-reduce against NCCL (2+ GPUs, ~1.5 min)
 # Serving (docs/serving.md): r9k-validate launches vLLM on the GPU through its own launcher and runs the checklist's
 # suites on the quick profile; the records, server logs, RELEASE.md and figures go to OUT/reports.tgz (the device
-# tool brings back files two folders down at most); a release step that fails prints its server logs' last errors. R9K_SERVE_CONFIG (default h200-next) and R9K_SERVE_SUITES (a
-# space-separated subset of the checklist; default all) choose what runs; R9K_REPORTS an existing reports folder
+# tool brings back files two folders down at most); a release step that fails prints its server logs' last errors.
+# R9K_SERVE_CONFIG (default h200-next) and R9K_SERVE_SUITES (a space-separated subset of the checklist; default all)
+# choose what runs; R9K_REPORTS an existing reports folder
 # (carried from an earlier call) to add to; R9K_SERVE_LIMIT a release step's limit in seconds (default 560).
 #   serve_ops    the stand-ins' GPU tests (tests/benchmarks/test_serve_ops.py -m gpu: the device views, ~20 s)
 #   serve_stock  the release `stock` with every knob at its stock value (--knobs stock; the baseline of the pair)
@@ -129,7 +130,8 @@ for step in $STEPS; do
                  --shapes "decode=1,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_step.json"
                run moe_decode_fresh 110 $K --op moe_decode_step --peer resident --peer uva --mode graph \
                  --shapes "decode=0,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_fresh.json" ;;
-    serve_ops) tests serve_ops 120 -q -rfs --tb=short -m gpu -p no:cacheprovider tests/benchmarks/test_serve_ops.py ;;
+    serve_ops) tests serve_ops 120 -q -rfs --tb=short -m gpu -p no:cacheprovider \
+                 tests/benchmarks/test_serve_ops.py ;;
     serve_stock) serve_release serve_stock "${R9K_SERVE_LIMIT:-560}" stock --knobs stock --baseline none ;;
     serve_r9k) if [ -d "$REPORTS/stock" ]; then serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline stock
                else serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline none; fi ;;

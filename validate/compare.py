@@ -455,12 +455,17 @@ def _kind_config(path: Path) -> tuple[str, str] | None:
     return (kind, cfg) if isinstance(kind, str) and isinstance(cfg, str) else None
 
 
+def _version_in(eligible: list, base: str):
+    """The Version of folder ``base`` among :func:`_eligible`'s (Version, name) pairs, None when it is not one."""
+    return next((k for k, name in eligible if name == base), None)
+
+
 def unreadable_newer(reports: Path, release: str, base: str) -> list[str]:
     """The releases the automatic baseline ``base`` could have been, newer than it, that hold a file that is no
     readable record (:func:`_held` counts such a file as one that may hold a gated record): what it held was
     compared with nothing, so each is said rather than passed over for an older release."""
     eligible = _eligible(reports, release)
-    base_k = next((k for k, name in eligible if name == base), None)
+    base_k = _version_in(eligible, base)
     out = []
     for k, name in sorted(eligible):
         if name == base or (base_k is not None and k <= base_k):
@@ -476,7 +481,7 @@ def same_version(reports: Path, release: str, base: str, want: set[tuple[str, st
     may be one, :func:`_held`): which of them is the release is not said by the records, and the choice among
     equals (by folder name) could compare against a stale run of it, so each is named."""
     eligible = _eligible(reports, release)
-    base_k = next((k for k, name in eligible if name == base), None)
+    base_k = _version_in(eligible, base)
     return sorted(name for k, name in eligible
                   if base_k is not None and k == base_k and name != base and _held(reports / name, want)[0])
 
@@ -489,7 +494,7 @@ def held_elsewhere(reports: Path, release: str, base: str,
     holds an older record of it than a newer release does (its gate compared against a release the last one may
     have moved from: a regression since would be hidden). Each is said (and not checked) rather than left out."""
     eligible = _eligible(reports, release)
-    base_k = next((k for k, name in eligible if name == base), None)
+    base_k = _version_in(eligible, base)
     newest: dict[tuple[str, str], tuple] = {}
     for k, name in eligible:
         for pair in _held(reports / name, want)[1]:

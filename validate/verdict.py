@@ -610,9 +610,9 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
                 extra.append(Check(cfg, f"baseline of {kind}", "release", "not-checked", "not compared",
                                    f"{cfg}/{kind}: {what} (name one with --baseline)"))
             for other in same_version(reports, release, base, want):
-                extra.append(release_check("baseline", f"{other} and the baseline {base} name one version and both hold "
-                                                       f"records the gates compare: which holds the release is not "
-                                                       f"known, and {other}'s were compared with nothing (name a "
+                extra.append(release_check("baseline", f"{other} and the baseline {base} name one version and both "
+                                                       f"hold records the gates compare: which holds the release is "
+                                                       f"not known, and {other}'s were compared with nothing (name a "
                                                        f"baseline with --baseline)"))
             for other in unreadable_newer(reports, release, base):
                 extra.append(release_check("baseline", f"{other}, newer than the baseline {base}, holds a file that is "

@@ -35,8 +35,8 @@ op                                        who calls it
 ========================================  ==========================================================================
 
 Each is registered with ``torch.library`` under vLLM's schema (the mutated arguments marked, as vLLM's
-``torch_bindings.cpp`` declares them) with a torch implementation (CPU and CUDA tensors; CUDA only for the two device views) and a fake (meta) one,
-so that torch.compile traces through it and CUDA graphs capture it; a name already registered (a real extension
+``torch_bindings.cpp`` declares them) with a torch implementation (CPU and CUDA tensors; CUDA only for the two
+device views) and a fake (meta) one, so that torch.compile traces through it and CUDA graphs capture it; a name already registered (a real extension
 loaded first) is left alone. These are not vLLM's CUDA kernels: the figures of a serve on them time torch's
 kernels for these ops (several launches where vLLM's is one), which docs/serving.md says.
 """
