@@ -197,7 +197,8 @@ def test_weak_ref_shares_memory_and_keeps_nothing_alive(dtype):
     t = base[8:, 16:].t()
     w = ops.weak_ref_tensor(t)
     assert (w.shape, w.stride(), w.dtype, w.data_ptr()) == (t.shape, t.stride(), t.dtype, t.data_ptr())
-    raw = (lambda x: x.view(torch.uint8)) if dtype.itemsize == 1 else (lambda x: x)  # 1-byte types compared by their bytes
+    # 1-byte types are compared by their bytes
+    raw = (lambda x: x.view(torch.uint8)) if dtype.itemsize == 1 else (lambda x: x)
     assert torch.equal(raw(w), raw(t))
     w[0, 0] = 0
     assert float(t[0, 0].float()) == 0.0 and float(base[8, 16].float()) == 0.0
