@@ -294,15 +294,20 @@ class Handler(BaseHTTPRequestHandler):
                 return
             send(choice(w, [100 + i], field=field if chat else "content"))
         spec_observe()  # before the last events: a scrape once the client has [DONE] counts this generation
+        # counted before [DONE] too: a client that has its answer may send the next request at once, and that
+        # request must already see the death this generation brings (engine-dead-after, close-after)
+        with _lock:
+            _count += 1
+            n = _count
+        if MODE == "die-after" and n > DIE_AFTER:
+            time.sleep(60)  # the DIE_AFTER-th generation is ending the process: no answer finishes after it
         send(choice("", [2], finish="length" if len(words) == req.get("max_tokens") else "stop"))
         send({"choices": [], "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
                                        "total_tokens": len(prompt.split()) + len(words)}})
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
-        with _lock:
-            _count += 1
-            if MODE == "die-after" and _count >= DIE_AFTER:
-                os._exit(9)
+        if MODE == "die-after" and n == DIE_AFTER:
+            os._exit(9)
 
 
 class _Server(ThreadingHTTPServer):
