@@ -9,6 +9,7 @@ differs. Per task: b = questions right only in the baseline, c = right only in t
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -448,7 +449,18 @@ def _kind_config(path: Path) -> tuple[str, str] | None:
     """(suite kind, configuration) the record file ``path`` names, or None when it is no readable record to choose
     a baseline by (no JSON object naming both as text)."""
     try:
-        d = json.loads(path.read_text())
+        st = path.stat()
+    except OSError:
+        return None
+    return _kind_config_of(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_config_of(path: str, mtime_ns: int, size: int) -> tuple[str, str] | None:
+    """:func:`_kind_config` of one version of a file (keyed by its modification time and size): the baseline's
+    rules read every eligible release's records once per check, and a release run asks once per suite."""
+    try:
+        d = json.loads(Path(path).read_text())
         kind, cfg = d.get("suite_kind"), d.get("config")
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
