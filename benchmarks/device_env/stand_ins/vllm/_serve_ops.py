@@ -350,7 +350,12 @@ def get_cuda_view_from_cpu_tensor(cpu_tensor: torch.Tensor) -> torch.Tensor:
     t = cpu_tensor
     if t.device.type != "cpu" or not t.is_pinned():
         raise ValueError("get_cuda_view_from_cpu_tensor: the tensor must be a pinned CPU tensor")
-    raw = torch.as_tensor(_CudaArray(t.data_ptr(), _span(t), t), device="cuda")
+    return _device_view(t, owner=t, device=torch.device("cuda"))
+
+
+def _device_view(t: torch.Tensor, owner: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """A tensor on ``device`` over ``t``'s bytes with ``t``'s dtype, shape and strides, keeping ``owner`` alive."""
+    raw = torch.as_tensor(_CudaArray(t.data_ptr(), _span(t), owner), device=device)
     return raw.view(t.dtype).as_strided(t.shape, t.stride())
 
 
@@ -372,8 +377,7 @@ def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cuda":
         raise ValueError("weak_ref_tensor: the tensor must be a CUDA tensor")
     with torch.cuda.device(t.device):
-        raw = torch.as_tensor(_CudaArray(t.data_ptr(), _span(t), None), device=t.device)
-    return raw.view(t.dtype).as_strided(t.shape, t.stride())
+        return _device_view(t, owner=None, device=t.device)
 
 
 def _weak_ref_fake(tensor: torch.Tensor) -> torch.Tensor:
