@@ -455,8 +455,10 @@ def print_verdict(verdict) -> None:
     for x in verdict.identity:  # a figure beside the verdict, not a check
         apart = (f"; the others part at {x.unit} {x.first_apart[0]} first, {x.median_apart:g} median"
                  if x.first_apart else "")
-        what = (f"not compared: {x.refused}" if x.refused else f"{x.identical} of {x.n} identical{apart}" if x.n
-                else "no answer compared: " + ", ".join(f"{k} {why}" for why, k in x.left_out.items()))
+        left = ", ".join(f"{k} {why}" for why, k in x.left_out.items())
+        what = (f"not compared: {x.refused}" if x.refused else
+                f"{x.identical} of {x.n} identical{apart}" + (f" (left out: {left})" if left else "") if x.n else
+                "no answer compared" + (f": {left}" if left else ""))
         console.print(f"greedy answers against {escape(str(verdict.baseline))}: {escape(x.config)}/{escape(x.suite)}"
                       f"{' (' + x.part + ')' if x.part else ''} {escape(what)}")
     for c in verdict.checks:  # the table cuts its cells: what blocks the release is said whole

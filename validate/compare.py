@@ -15,13 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from validate.errors import InputError
-from validate.pairing import apart
+from validate.pairing import NON_SCORING_PARAMS, apart
 from validate.reasoning import pairing_reasons
 from validate.record import Record, release_records, same_run
 from validate.stats import holm, mcnemar, min_detectable_regression, paired_diff_ci
-
-# Suite parameters that cannot change a score (how many sandboxes run at once); every other one must match.
-NON_SCORING_PARAMS = frozenset({"workers"})
 
 
 SUBSET_REASON = "a subset never pairs with a full-set record"
@@ -494,8 +491,10 @@ def same_version(reports: Path, release: str, base: str, want: set[tuple[str, st
     equals (by folder name) could compare against a stale run of it, so each is named."""
     eligible = _eligible(reports, release)
     base_k = _version_in(eligible, base)
+    here = (reports / base).resolve()  # a link to the baseline's folder holds the same records: no doubt
     return sorted(name for k, name in eligible
-                  if base_k is not None and k == base_k and name != base and _held(reports / name, want)[0])
+                  if base_k is not None and k == base_k and name != base and (reports / name).resolve() != here
+                  and _held(reports / name, want)[0])
 
 
 def held_elsewhere(reports: Path, release: str, base: str,

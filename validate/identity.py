@@ -7,23 +7,34 @@ first token at which the others part, say whether a dispatch change is exact and
 reach the output. This is a figure beside the gates, never a gate: a random-weight model's noise parts at a tie as
 easily as a real one, and accuracy is what the paired gate judges (validate.compare).
 
-An answer is compared with the baseline's answer to the same item (same id and prompt hash, same generation
-parameters, both greedy, neither an error, its id once on each side). Identical means the same token ids and the
-same text; where every answer of a row holds token ids on both sides (an empty list is none: a server that ignores
-``return_token_ids`` returns one), the place apart is a token index, else a character index. Two records are
-compared only when the pairing rule allows (validate.pairing.apart with every suite parameter: the same model,
-configuration as run and parameters, since concurrency or batching alone can move a greedy answer; the plugin's
-knobs may differ, the machine too). Answers under load (strict sanity's overload batches, long answers beside
-decode load) are batched as the server scheduled them, so they can part between two runs of one tree: a record
-whose items name a condition gives a row of its solo answers (the kernels' figure) and a row of those under load.
+Records are paired as the gates pair them (validate.pairing.match_records: by suite name, a renamed suite by kind
+where that is unambiguous); a candidate record the baseline has no record for, or whose record on either side
+failed its audit or was made by another tree than the one under validation, gives a row that says why it was not
+compared. Two records are compared only when the pairing rule allows (validate.pairing.apart with every suite
+parameter that can move an answer: the same model, configuration as run and parameters, since concurrency or
+batching alone can move a greedy answer; the plugin's knobs may differ, the machine too).
+
+An answer is compared with the baseline's answer to the same item (same id, prompt hash and condition, same
+generation parameters, both greedy, neither an error, some output on one side at least, its id once on each side);
+a baseline answer the candidate has no item for is counted as left out too. Identical means the same token ids, the
+same text and the same thinking. A row is compared by token where any of its pairs holds token ids on both sides
+(an empty list is none: a server that ignores ``return_token_ids`` returns one), and a pair of it without them is
+left out; else by character, the thinking kept in the item (validate.reasoning) before the answer (a thinking kept
+only as a hash parts at character 0 when the hashes differ).
+
+Rows: answers to one prompt at a time (strict sanity's and long answers' solo answers; an eval run at concurrency
+1) are the kernels' figure. Answers batched as the server scheduled them (sanity's overload batches, long answers
+beside decode load: "under load"; an eval's answers at a concurrency above 1: "batched") can part between two runs
+of one tree, since a batch's composition picks the kernels' tiles, so each is a row of its own.
 """
 from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from validate.pairing import apart
+from validate.pairing import NON_SCORING_PARAMS, apart, match_records
 from validate.record import Item, Record
 
 #: The suite kinds whose items are greedy answers to fixed prompts (the ones compared).
@@ -36,15 +47,15 @@ class OutputIdentity:
 
     ``n``: answers compared; ``identical``: those equal token for token (or character for character where the
     records hold no token ids); ``first_apart``: for each of the others, the index of the first token (or character)
-    that differs, 0-based, sorted; ``unit``: "token" or "character"; ``left_out``: items of the candidate not
-    compared, each with why (no such item in the baseline, a duplicate item id, another prompt, other generation
-    parameters, not greedy, an error or no output on either side); ``refused``: why the records were not compared
-    at all."""
+    that differs, 0-based, sorted; ``unit``: "token" or "character"; ``left_out``: answers not compared, counted by
+    why (no such item in the baseline, only in the baseline, a duplicate item id, another prompt or condition, other
+    generation parameters, not greedy, an error on either side, no output on both sides, no token ids on one side);
+    ``refused``: why the records were not compared at all."""
 
     config: str
     suite: str
     kind: str
-    part: str = ""  # "solo" or "under load" where the items name a condition, else ""
+    part: str = ""  # :data:`PARTS`: "" (one prompt at a time), "solo", "batched" or "under load"
     n: int = 0
     identical: int = 0
     first_apart: list[int] = field(default_factory=list)
@@ -72,30 +83,63 @@ def first_apart(a: list | str, b: list | str) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _why_not(c: Item, b: Item | None, dup: bool) -> str | None:
+#: The rows of a record, in the order shown (:func:`part_of`).
+PARTS = ("", "solo", "batched", "under load")
+
+
+def _greedy(gen: dict) -> bool:
+    t = gen.get("temperature")
+    return type(t) in (int, float) and t == 0  # a flag (False) or a text is no temperature
+
+
+def _why_not(c: Item, b: Item | None, dup: bool, cpart: str, bpart: str) -> str | None:
     if dup:
         return "a duplicate item id"
     if b is None:
         return "no such item in the baseline"
-    if c.prompt_hash != b.prompt_hash:
-        return "another prompt"
+    if c.prompt_hash != b.prompt_hash or cpart != bpart:
+        return "another prompt or condition"
     if c.gen != b.gen:
         return "other generation parameters"
-    if c.gen.get("temperature", None) != 0:
+    if not _greedy(c.gen):
         return "not greedy"
     if c.error or b.error or c.output is None or b.output is None:
-        return "an error or no output on either side"
+        return "an error on either side"
+    if not (c.output or c.token_ids or _thinking(c)) and not (b.output or b.token_ids or _thinking(b)):
+        return "no output on both sides"
     return None
 
 
-def part_of(item: Item) -> str:
-    """The row an item's answer counts in: "" (no condition), "solo", or "under load" (any other condition)."""
-    return "" if not item.condition else "solo" if item.condition == "solo" else "under load"
+def _thinking(it: Item) -> str:
+    """The thinking an item keeps (validate.reasoning.item_fields): its text, else ``#`` and its SHA-256, else ""."""
+    text = getattr(it, "reasoning", None)
+    if isinstance(text, str):
+        return text
+    digest = getattr(it, "reasoning_sha256", None)
+    return f"#{digest}" if isinstance(digest, str) else ""
+
+
+def _chars_apart(c: Item, b: Item) -> int | None:
+    """The first character apart of the thinking then the answer; 0 where a thinking kept as a hash differs."""
+    tc, tb = _thinking(c), _thinking(b)
+    if tc != tb and (tc.startswith("#") or tb.startswith("#")):
+        return 0
+    return first_apart(tc + (c.output or ""), tb + (b.output or ""))
+
+
+def part_of(item: Item, record: Record | None = None) -> str:
+    """The row an item's answer counts in (:data:`PARTS`): "solo" or "under load" (any other condition) where it
+    names a condition; else "batched" where its record ran at a concurrency above 1, else ""."""
+    if item.condition:
+        return "solo" if item.condition == "solo" else "under load"
+    params = record.params if record is not None and isinstance(record.params, dict) else {}
+    conc = params.get("concurrency", 1)
+    return "batched" if type(conc) in (int, float) and conc > 1 else ""
 
 
 def compare_outputs(cand: Record, base: Record, part: str | None = None) -> OutputIdentity:
     """The candidate record's answers against the baseline record's, item by item (module docstring); with
-    ``part``, only the candidate's items of that part (:func:`part_of`).
+    ``part`` (one of :data:`PARTS`), only the answers of that part (:func:`part_of`) on either side.
 
     Raises ValueError when the two records are not of one configuration and suite kind."""
     if (cand.config, cand.suite_kind) != (base.config, base.suite_kind):
@@ -104,25 +148,37 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
     by_id = {it.id: it for it in base.items}
     dups = {i for r in (base, cand) for i, k in Counter(it.id for it in r.items).items() if k > 1}
     out = OutputIdentity(cand.config, cand.suite, cand.suite_kind, part=part or "")
+
+    def why_left(why: str) -> None:
+        out.left_out[why] = out.left_out.get(why, 0) + 1
+
     pairs = []
     for c in cand.items:
-        if part is not None and part_of(c) != part:
+        cpart = part_of(c, cand)
+        if part is not None and cpart != part:
             continue
         b = by_id.get(c.id)
-        why = _why_not(c, b, c.id in dups)
+        why = _why_not(c, b, c.id in dups, cpart, part_of(b, base) if b is not None else cpart)
         if why:
-            out.left_out[why] = out.left_out.get(why, 0) + 1
+            why_left(why)
         else:
             pairs.append((c, b))
-    by_tokens = all(c.token_ids and b.token_ids for c, b in pairs)
+    mine = {it.id for it in cand.items if part is None or part_of(it, cand) == part}
+    for b in base.items:
+        if b.id not in mine and (part is None or part_of(b, base) == part):
+            why_left("only in the baseline")
+    by_tokens = any(c.token_ids and b.token_ids for c, b in pairs)
     out.unit = "token" if by_tokens else "character"
     for c, b in pairs:
         if by_tokens:
+            if not (c.token_ids and b.token_ids):
+                why_left("no token ids on one side")
+                continue
             i = first_apart(c.token_ids, b.token_ids)
-            if i is None and c.output != b.output:  # the same ids read back as other text: apart at the end
-                i = len(c.token_ids)
+            if i is None and (c.output != b.output or _thinking(c) != _thinking(b)):
+                i = len(c.token_ids)  # the same ids read back as other text: apart at the end
         else:
-            i = first_apart(c.output, b.output)
+            i = _chars_apart(c, b)
         out.n += 1
         if i is None:
             out.identical += 1
@@ -132,28 +188,32 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
     return out
 
 
-def compare_releases_outputs(cand: list[Record], base: list[Record],
-                             kinds: tuple[str, ...] = IDENTITY_KINDS) -> list[OutputIdentity]:
-    """Every (configuration, suite kind) of ``kinds`` both releases hold, compared (:func:`compare_outputs`), in
-    the candidate's order. A kind held twice on one side (two suites of one kind) is compared by suite name."""
+def compare_releases_outputs(cand: list[Record], base: list[Record], kinds: tuple[str, ...] = IDENTITY_KINDS,
+                             stands: Callable[[Record], str | None] | None = None) -> list[OutputIdentity]:
+    """Every candidate record of ``kinds`` with items, against the baseline record the gates pair it with
+    (validate.pairing.match_records), in the candidate's order: its rows (:func:`compare_outputs`, one per
+    :data:`PARTS` its items or the baseline's fall in), or one row saying why it was not compared (no baseline
+    record, an ambiguous rename, a record that failed its audit, what ``stands`` says of a candidate record, such
+    as another tree having made it, or :func:`validate.pairing.apart`)."""
     out = []
-    base_by = {(r.config, r.suite_kind, r.suite): r for r in base}
-    base_kind = {}
-    for r in base:
-        base_kind.setdefault((r.config, r.suite_kind), []).append(r)
-    for r in cand:
-        if r.suite_kind not in kinds or not r.items:
-            continue
-        b = base_by.get((r.config, r.suite_kind, r.suite))
-        if b is None and len(base_kind.get((r.config, r.suite_kind), [])) == 1:
-            b = base_kind[(r.config, r.suite_kind)][0]
-        if b is None or not b.items:
-            continue
-        pb, pc = (x.params if isinstance(x.params, dict) else {} for x in (b, r))
-        why = apart(b, r, params=sorted(set(pb) | set(pc)), machine=False)
+    mine = [r for r in cand if r.suite_kind in kinds and r.items]
+    for p in match_records(mine, [r for r in base if r.suite_kind in kinds]).pairs:
+        r, b = p.cand, p.base
+        why = [p.refused] if p.refused else []
+        if b is None and not why:
+            why = ["the baseline has no record of this suite"]
+        if getattr(r, "audit_failed", None):
+            why.append(f"the record failed its audit: {r.audit_failed}")
+        if stands is not None and stands(r):
+            why.append(stands(r))
+        if b is not None and getattr(b, "audit_failed", None):
+            why.append(f"the baseline's record failed its audit: {b.audit_failed}")
+        if b is not None and not why:
+            pb, pc = (x.params if isinstance(x.params, dict) else {} for x in (b, r))
+            why = apart(b, r, params=sorted((set(pb) | set(pc)) - NON_SCORING_PARAMS), machine=False)
         if why:
             out.append(OutputIdentity(r.config, r.suite, r.suite_kind, refused="; ".join(why)))
             continue
-        parts = sorted({part_of(it) for it in r.items}, key=["", "solo", "under load"].index)
-        out += [compare_outputs(r, b, p if p else None) for p in parts]
+        parts = {part_of(it, r) for it in r.items} | {part_of(it, b) for it in b.items}
+        out += [compare_outputs(r, b, x) for x in PARTS if x in parts]
     return out

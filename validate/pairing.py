@@ -99,6 +99,9 @@ def match_records(cand: list[Record], base: list[Record], base_config: str | Non
 #: figures and must be the same.
 SNAPSHOT_MAY_DIFFER = ("name", "description", "launch_timeout_s", "perf_noise_pct", "slo", "server.port",
                        "model.served_name", "hardware.resources")
+#: Suite parameters that cannot change a score or an answer (how many sandboxes run at once); every other one must
+#: match for two evals to be paired (validate.compare) or their answers compared (validate.identity).
+NON_SCORING_PARAMS = frozenset({"workers"})
 #: What a record's ``versions`` MAY differ in: the plugin under validation and the software stack a release
 #: ships with it (vLLM, torch, Python: a release may upgrade them, and the notes list the change). The rest (the
 #: CPU model and core count, the GPU driver, and whatever else the record holds) is the machine, and must be the

@@ -663,7 +663,11 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         try:
             from validate.identity import compare_releases_outputs
 
-            identity = compare_releases_outputs(records, base_records)
+            def stands(r: Record) -> str | None:
+                why = None if accept_other_tree else other_tree(r, tree)
+                return f"the record was made by another tree ({why})" if why else None
+
+            identity = compare_releases_outputs(records, base_records, stands=stands)
         except Exception as e:  # a figure, not a gate: what it could not compare is said beside the verdict
             notes.append(f"greedy answers against {base} not compared: {type(e).__name__}: {e}")
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")

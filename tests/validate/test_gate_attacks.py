@@ -790,3 +790,8 @@ def test_two_folders_of_one_version_are_named_not_chosen_between(tmp_path):
     (tmp_path / "v0.3.2.0" / "cpu-smol" / "gsm8k.json").unlink()  # a twin that holds nothing raises no doubt
     assert same_version(tmp_path, "v0.3.4", "v0.3.2", want) == []
     assert outputs(tmp_path, "v0.3.4")["code"] == 1
+    (tmp_path / "v0.3.2.0" / "cpu-smol").rmdir()
+    (tmp_path / "v0.3.2.0").rmdir()
+    (tmp_path / "0.3.2").symlink_to("v0.3.2")  # another name of the very same folder: no doubt either
+    assert same_version(tmp_path, "v0.3.4", previous_release(tmp_path, "v0.3.4", want), want) == []
+    assert outputs(tmp_path, "v0.3.4")["code"] == 1

@@ -44,19 +44,25 @@ def test_counts_first_token_apart_and_what_is_left_out():
                         _item(6, [3])])                            # no such item in the baseline
     x = compare_outputs(cand, base)
     assert (x.n, x.identical, x.first_apart, x.unit) == (3, 1, [2, 4], "token")
-    assert x.left_out == {"another prompt": 1, "other generation parameters": 1,
-                          "an error or no output on either side": 1, "no such item in the baseline": 1}
+    assert x.left_out == {"another prompt or condition": 1, "other generation parameters": 1,
+                          "an error on either side": 1, "no such item in the baseline": 1,
+                          "only in the baseline": 1}  # item 7
     assert x.share == pytest.approx(1 / 3) and x.median_apart == 3
 
 
-def test_sampled_answers_are_not_compared_and_text_stands_in_for_missing_token_ids():
+def test_sampled_answers_are_not_compared_and_a_pair_without_token_ids_is_left_out_of_a_token_row():
     sampled = {"max_tokens": 8, "temperature": 0.7}
     x = compare_outputs(_rec("b", [_item(0, [1], gen=sampled)]), _rec("a", [_item(0, [1], gen=sampled)]))
     assert (x.n, x.left_out) == (0, {"not greedy": 1})
-    base = _rec("a", [_item(0, None, output="The answer is 42."), _item(1, [4], output="same")])
-    cand = _rec("b", [_item(0, [7, 7], output="The answer is 41."), _item(1, [4], output="same")])
+    for flag in (False, "0"):  # a flag or a text is no temperature
+        g = {"max_tokens": 8, "temperature": flag}
+        assert compare_outputs(_rec("b", [_item(0, [1], gen=g)]), _rec("a", [_item(0, [1], gen=g)])).n == 0
+    # one answer without token ids cannot turn a row whose answers part by token into one judged by text
+    base = _rec("a", [_item(0, None, output="x")] + [_item(i, [5, 6], output="t") for i in range(1, 50)])
+    cand = _rec("b", [_item(0, [7, 7], output="x")] + [_item(i, [5, 7], output="t") for i in range(1, 50)])
     x = compare_outputs(cand, base)
-    assert (x.unit, x.n, x.identical, x.first_apart) == ("character", 2, 1, [15])
+    assert (x.unit, x.n, x.identical, x.left_out) == ("token", 49, 0, {"no token ids on one side": 1})
+    assert x.first_apart == [1] * 49
 
 
 def test_records_of_another_configuration_or_kind_are_refused():
@@ -64,7 +70,8 @@ def test_records_of_another_configuration_or_kind_are_refused():
     b = _rec("b", [_item(0, [1])], kind="long-answers")
     with pytest.raises(ValueError, match="not one configuration and suite kind"):
         compare_outputs(b, a)
-    assert compare_releases_outputs([b], [a]) == []  # no long-answers record in the baseline: nothing compared
+    [x] = compare_releases_outputs([b], [a])  # the gates' pairing by name: the kinds differ, so it is refused
+    assert x.n == 0 and x.refused == "other suite kinds (strict-sanity vs long-answers)"
 
 
 def test_the_release_notes_show_the_table(tmp_path):
@@ -132,3 +139,111 @@ def test_solo_answers_and_answers_under_load_are_rows_of_their_own():
         return out + [under]
     rows = compare_releases_outputs([_rec("b", items(9))], [_rec("a", items(6))])
     assert [(x.part, x.n, x.identical, x.first_apart) for x in rows] == [("solo", 2, 2, []), ("under load", 1, 0, [1])]
+
+
+def _greedy(*recs):
+    for r in recs:
+        for it in r.items:
+            it.gen["temperature"] = 0.0
+    return recs
+
+
+def test_records_that_failed_their_audit_or_another_tree_made_are_not_compared(tmp_path):
+    """A candidate whose answers were copied from the baseline (flags and counts left as they were) fails its
+    audit: the table must not call it identical; a baseline whose answers were edited must not call every answer
+    parted; records of another tree are not the release's answers."""
+    from tests.validate.test_one_verdict import LOST_50
+    from validate.record import Tree
+
+    b, c = _greedy(eval_record("v0.3.2", BASE), eval_record("v0.3.3", LOST_50))
+    for ci, bi in zip(c.items, b.items):
+        ci.output = bi.output
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.3.3")
+    [x] = out["verdict"].identity
+    assert x.n == 0 and x.refused.startswith("the record failed its audit: ")
+    assert "identical" not in out["console"].split("greedy answers against")[1].splitlines()[0]
+
+    b, c = _greedy(eval_record("v0.3.2", BASE), eval_record("v0.3.3", BASE))
+    for i, it in enumerate(b.items):
+        it.output = f"edited {i}"
+    save(tmp_path, b, c)
+    [x] = outputs(tmp_path, "v0.3.3")["verdict"].identity
+    assert x.n == 0 and x.refused.startswith("the baseline's record failed its audit: ")
+
+    b, c = _greedy(eval_record("v0.3.2", BASE), eval_record("v0.3.3", BASE))
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.3.3", tree=Tree(source_hash="another-tree"))
+    [x] = out["verdict"].identity
+    assert x.n == 0 and x.refused.startswith("the record was made by another tree (plugin source ")
+    assert out["code"] != 0
+
+
+def test_what_is_left_out_is_said_on_both_sides_and_on_the_console(tmp_path):
+    """One answer of 200 compared reads as 1 of 1 identical only with the 199 it left out beside it; answers the
+    baseline holds and the candidate does not are counted too."""
+    base = _rec("a", [_item(i, [1, 2, 3]) for i in range(200)])
+    [x] = compare_releases_outputs([_rec("b", [_item(0, [1, 2, 3])])], [base])
+    assert (x.n, x.identical, x.left_out) == (1, 1, {"only in the baseline": 199})
+    b, c = _greedy(eval_record("v0.3.2", BASE), eval_record("v0.3.3", BASE))
+    for it in c.items[1:]:
+        it.gen["temperature"] = 0.7
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.3.3")
+    assert ("cpu-smol/gsm8k 1 of 1 identical (left out: 199 other generation parameters)"
+            in " ".join(out["console"].split()))
+
+
+def test_no_output_on_both_sides_is_left_out_and_the_thinking_counts():
+    x = compare_outputs(_rec("b", [_item(i, [], output="") for i in range(10)]),
+                        _rec("a", [_item(i, [], output="") for i in range(10)]))
+    assert (x.n, x.left_out) == (0, {"no output on both sides": 10})
+    x = compare_outputs(_rec("b", [_item(0, [], output="")]), _rec("a", [_item(0, [], output="x")]))
+    assert (x.n, x.first_apart) == (1, [0])  # an answer gone empty parts at once
+
+    def thought(reasoning=None, digest=None):
+        it = _item(0, None, output="The answer is 42.")
+        it.thinking = "answered"
+        if reasoning is not None:
+            it.reasoning = reasoning
+        if digest is not None:
+            it.reasoning_chars, it.reasoning_sha256 = 9999, digest
+        return it
+    x = compare_outputs(_rec("b", [thought("6 * 7 = 42")]), _rec("a", [thought("6 * 7 is 42")]))
+    assert (x.unit, x.n, x.identical, x.first_apart) == ("character", 1, 0, [6])
+    x = compare_outputs(_rec("b", [thought(digest="aa")]), _rec("a", [thought(digest="bb")]))
+    assert (x.identical, x.first_apart) == (0, [0])  # kept as a hash: apart somewhere in the thinking
+    x = compare_outputs(_rec("b", [thought(digest="aa")]), _rec("a", [thought(digest="aa")]))
+    assert x.identical == 1
+
+
+def test_the_baseline_answer_must_be_of_the_same_condition():
+    bi, ci = _item(0, [1, 2]), _item(0, [1, 2])
+    bi.condition, ci.condition = "overload x2 (16 requests, max_num_seqs 8)", "solo"
+    rows = compare_releases_outputs([_rec("b", [ci])], [_rec("a", [bi])])
+    assert [(x.part, x.n, x.left_out) for x in rows] == [
+        ("solo", 0, {"another prompt or condition": 1}), ("under load", 0, {"only in the baseline": 1})]
+
+
+def test_evals_at_a_concurrency_above_one_are_a_batched_row():
+    a, b = _rec("a", [_item(0, [1, 2])], kind="gsm8k"), _rec("b", [_item(0, [1, 3])], kind="gsm8k")
+    a.params = b.params = {"concurrency": 8}
+    [x] = compare_releases_outputs([b], [a])
+    assert (x.part, x.n, x.first_apart) == ("batched", 1, [1])
+    a.params = b.params = {"concurrency": 1}
+    [x] = compare_releases_outputs([b], [a])
+    assert (x.part, x.n) == ("", 1)
+
+
+def test_records_pair_by_the_gates_rule_and_sandbox_workers_do_not_refuse():
+    """A copy of a suite under another name is compared with nothing (the gates' rule: its baseline record is
+    claimed by the suite of that name); HumanEval's sandbox workers cannot move an answer."""
+    b, c1, c2 = _rec("a", [_item(0, [1, 2])]), _rec("b", [_item(0, [1, 2])]), _rec("b", [_item(0, [1, 2])])
+    c2.suite = "sanity-copy"
+    rows = compare_releases_outputs([c1, c2], [b])
+    assert [(x.suite, x.n, x.refused) for x in rows] == [
+        ("sanity", 1, None), ("sanity-copy", 0, "the baseline has no record of this suite")]
+    a, b = _rec("a", [_item(0, [1])], kind="humaneval"), _rec("b", [_item(0, [1])], kind="humaneval")
+    a.params, b.params = {"workers": 4}, {"workers": 8}
+    [x] = compare_releases_outputs([b], [a])
+    assert (x.n, x.identical, x.refused) == (1, 1, None)
