@@ -12,15 +12,15 @@ where that is unambiguous); a candidate record the baseline has no record for, o
 failed its audit or was made by another tree than the one under validation, gives a row that says why it was not
 compared. Two records are compared only when the pairing rule allows (validate.pairing.apart with every suite
 parameter that can move an answer: the same model, configuration as run and parameters, since concurrency or
-batching alone can move a greedy answer; the plugin's knobs may differ, the machine too).
+batching alone can move a greedy answer; the plugin's knobs may differ, the machine and the metrics formula too).
 
 An answer is compared with the baseline's answer to the same item (same id, prompt hash and condition, same
 generation parameters, both greedy, neither an error, some output on one side at least, its id once on each side);
 a baseline answer the candidate has no item for is counted as left out too. Identical means the same token ids, the
-same text and the same thinking. A row is compared by token where any of its pairs holds token ids on both sides
+same text and the same thinking (its text or digest, and whether it ended). A row is compared by token where any of its pairs holds token ids on both sides
 (an empty list is none: a server that ignores ``return_token_ids`` returns one), and a pair of it without them is
 left out; else by character, the thinking kept in the item (validate.reasoning) before the answer (a thinking kept
-only as a hash parts at character 0 when the hashes differ).
+only as a digest parts at character 0 when the digests differ: somewhere in it).
 
 Rows: answers to one prompt at a time (strict sanity's and long answers' solo answers; an eval run at concurrency
 1) are the kernels' figure. Answers batched as the server scheduled them (sanity's overload batches, long answers
@@ -97,7 +97,7 @@ def _why_not(c: Item, b: Item | None, dup: bool, cpart: str, bpart: str) -> str 
         return "a duplicate item id"
     if b is None:
         return "no such item in the baseline"
-    if c.prompt_hash != b.prompt_hash or cpart != bpart:
+    if c.prompt_hash != b.prompt_hash or c.condition != b.condition or cpart != bpart:
         return "another prompt or condition"
     if c.gen != b.gen:
         return "other generation parameters"
@@ -105,36 +105,55 @@ def _why_not(c: Item, b: Item | None, dup: bool, cpart: str, bpart: str) -> str 
         return "not greedy"
     if c.error or b.error or c.output is None or b.output is None:
         return "an error on either side"
-    if not (c.output or c.token_ids or _thinking(c)) and not (b.output or b.token_ids or _thinking(b)):
+    tc, tb = _thinking(c), _thinking(b)
+    if tc is None or tb is None:
+        return "a thinking field of no kind"
+    if not (c.output or c.token_ids or tc[2]) and not (b.output or b.token_ids or tb[2]):
         return "no output on both sides"
     return None
 
 
-def _thinking(it: Item) -> str:
-    """The thinking an item keeps (validate.reasoning.item_fields): its text, else ``#`` and its SHA-256, else ""."""
-    text = getattr(it, "reasoning", None)
-    if isinstance(text, str):
-        return text
-    digest = getattr(it, "reasoning_sha256", None)
-    return f"#{digest}" if isinstance(digest, str) else ""
+def _thinking(it: Item) -> tuple | None:
+    """The thinking an item keeps (validate.reasoning.item_fields), as (its state, "text" and the text, or "sha256",
+    the digest and the length in characters); ("", "text", "") where it keeps none; None where a field of it is of
+    no kind a runner writes (compared, it could only hide a difference)."""
+    state, text = getattr(it, "thinking", None), getattr(it, "reasoning", None)
+    digest, chars = getattr(it, "reasoning_sha256", None), getattr(it, "reasoning_chars", None)
+    if state is not None and not isinstance(state, str):
+        return None
+    if text is not None:
+        return (state or "", "text", text) if isinstance(text, str) else None
+    if digest is not None:
+        ok = isinstance(digest, str) and type(chars) is int and chars >= 0
+        return (state or "", "sha256", digest, chars) if ok else None
+    return (state or "", "text", "")
 
 
-def _chars_apart(c: Item, b: Item) -> int | None:
-    """The first character apart of the thinking then the answer; 0 where a thinking kept as a hash differs."""
-    tc, tb = _thinking(c), _thinking(b)
-    if tc != tb and (tc.startswith("#") or tb.startswith("#")):
-        return 0
-    return first_apart(tc + (c.output or ""), tb + (b.output or ""))
+def _chars_apart(c: Item, b: Item, tc: tuple, tb: tuple) -> int | None:
+    """The first character apart of the thinking (``tc``, ``tb``: :func:`_thinking`) then the answer, counted over
+    the thinking's characters then the answer's; where a thinking kept as a digest differs, 0 (somewhere in it: a
+    lower bound), and where the two end their thinking in other states (one answered, one never closed), the end
+    of the thinking."""
+    if tc[1:] != tb[1:]:
+        return first_apart(tc[2], tb[2]) if tc[1] == tb[1] == "text" else 0
+    length = len(tc[2]) if tc[1] == "text" else tc[3]
+    if tc[0] != tb[0]:
+        return length
+    i = first_apart(c.output or "", b.output or "")
+    return None if i is None else length + i
 
 
 def part_of(item: Item, record: Record | None = None) -> str:
-    """The row an item's answer counts in (:data:`PARTS`): "solo" or "under load" (any other condition) where it
-    names a condition; else "batched" where its record ran at a concurrency above 1, else ""."""
-    if item.condition:
-        return "solo" if item.condition == "solo" else "under load"
+    """The row an item's answer counts in (:data:`PARTS`): "under load" where it names a condition other than
+    "solo"; else "batched" where its record ran at a concurrency other than 1 (or one of no kind: not taken for
+    one at a time); else "solo" where it names that condition, else ""."""
+    if item.condition and item.condition != "solo":
+        return "under load"
     params = record.params if record is not None and isinstance(record.params, dict) else {}
     conc = params.get("concurrency", 1)
-    return "batched" if type(conc) in (int, float) and conc > 1 else ""
+    if type(conc) is not int or conc != 1:
+        return "batched"
+    return "solo" if item.condition == "solo" else ""
 
 
 def compare_outputs(cand: Record, base: Record, part: str | None = None) -> OutputIdentity:
@@ -178,7 +197,7 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
             if i is None and (c.output != b.output or _thinking(c) != _thinking(b)):
                 i = len(c.token_ids)  # the same ids read back as other text: apart at the end
         else:
-            i = _chars_apart(c, b)
+            i = _chars_apart(c, b, _thinking(c), _thinking(b))
         out.n += 1
         if i is None:
             out.identical += 1
@@ -188,20 +207,32 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
     return out
 
 
+#: Suite parameters that judge or select answers but cannot move one (an item's prompt, condition and generation
+#: parameters are compared item by item): sandbox workers and timeouts, the extraction scored, the subset's size
+#: (items pair by id) and gate thresholds.
+NON_ANSWER_PARAMS = NON_SCORING_PARAMS | {"timeout_s", "primary", "limit", "min_solo_right_share"}
+
+
 def compare_releases_outputs(cand: list[Record], base: list[Record], kinds: tuple[str, ...] = IDENTITY_KINDS,
                              stands: Callable[[Record], str | None] | None = None) -> list[OutputIdentity]:
-    """Every candidate record of ``kinds`` with items, against the baseline record the gates pair it with
+    """Every candidate record of ``kinds`` against the baseline record the gates pair it with
     (validate.pairing.match_records), in the candidate's order: its rows (:func:`compare_outputs`, one per
     :data:`PARTS` its items or the baseline's fall in), or one row saying why it was not compared (no baseline
-    record, an ambiguous rename, a record that failed its audit, what ``stands`` says of a candidate record, such
-    as another tree having made it, or :func:`validate.pairing.apart`)."""
+    record, an ambiguous rename, no answers on its side, a record that failed its audit, what ``stands`` says of a
+    candidate record, such as another tree having made it, or :func:`validate.pairing.apart` with every suite
+    parameter but :data:`NON_ANSWER_PARAMS`, and not the metrics formula version, which moves no answer). A
+    record without answers beside a baseline record without answers gives no row."""
     out = []
-    mine = [r for r in cand if r.suite_kind in kinds and r.items]
+    mine = [r for r in cand if r.suite_kind in kinds]
     for p in match_records(mine, [r for r in base if r.suite_kind in kinds]).pairs:
         r, b = p.cand, p.base
+        if not r.items and (b is None or not b.items):
+            continue
         why = [p.refused] if p.refused else []
         if b is None and not why:
             why = ["the baseline has no record of this suite"]
+        if not r.items:
+            why.append("the record holds no answers")
         if getattr(r, "audit_failed", None):
             why.append(f"the record failed its audit: {r.audit_failed}")
         if stands is not None and stands(r):
@@ -210,7 +241,7 @@ def compare_releases_outputs(cand: list[Record], base: list[Record], kinds: tupl
             why.append(f"the baseline's record failed its audit: {b.audit_failed}")
         if b is not None and not why:
             pb, pc = (x.params if isinstance(x.params, dict) else {} for x in (b, r))
-            why = apart(b, r, params=sorted((set(pb) | set(pc)) - NON_SCORING_PARAMS), machine=False)
+            why = apart(b, r, params=sorted((set(pb) | set(pc)) - NON_ANSWER_PARAMS), machine=False, formula=False)
         if why:
             out.append(OutputIdentity(r.config, r.suite, r.suite_kind, refused="; ".join(why)))
             continue

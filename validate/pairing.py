@@ -148,10 +148,11 @@ def _diff(what: str, b: object, c: object, may: tuple[str, ...]) -> str | None:
 
 
 def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machine: bool = True,
-          configuration: bool = True) -> list[str]:
+          configuration: bool = True, formula: bool = True) -> list[str]:
     """Why record ``b`` (baseline) and ``c`` (candidate) cannot be compared, or [] when everything that can move
     their figures is the same: both completed, the same suite kind, the suite parameters ``params``, the metrics
-    formula version, the model, and
+    formula version (unless ``formula`` is False: the greedy answers' table compares outputs, not figures), the
+    model, and
 
     - ``configuration``: the configuration snapshot as run, but for :data:`SNAPSHOT_MAY_DIFFER` (server
       settings, extra args, env, memory utilisation, model and dtype, hardware, ...); False where two
@@ -175,7 +176,7 @@ def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machin
     diff = [k for k in params if pb.get(k) != pc.get(k)]
     if diff:
         bad.append("suite parameters differ (" + ", ".join(f"{k}: {pb.get(k)!r} vs {pc.get(k)!r}" for k in diff) + ")")
-    if b.metrics_formula_version != c.metrics_formula_version:
+    if formula and b.metrics_formula_version != c.metrics_formula_version:
         bad.append(f"metrics formula version {b.metrics_formula_version} vs {c.metrics_formula_version}")
     if b.model != c.model:  # a faster, smaller model must not hide a slower plugin
         bad.append(f"the model differs ({b.model!r} vs {c.model!r})")

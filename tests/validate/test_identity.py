@@ -247,3 +247,71 @@ def test_records_pair_by_the_gates_rule_and_sandbox_workers_do_not_refuse():
     a.params, b.params = {"workers": 4}, {"workers": 8}
     [x] = compare_releases_outputs([b], [a])
     assert (x.n, x.identical, x.refused) == (1, 1, None)
+
+
+def _thought(output="The answer is 42.", reasoning=None, digest=None, chars=9999, state="answered"):
+    it = _item(0, None, output=output)
+    it.thinking = state
+    if reasoning is not None:
+        it.reasoning = reasoning
+    if digest is not None:
+        it.reasoning_chars, it.reasoning_sha256 = chars, digest
+    return it
+
+
+def test_the_end_of_the_thinking_and_a_digest_are_told_apart_from_text():
+    """An answer moved into an unclosed thinking is not the same reply; a thinking that opens with '#' is text;
+    text equal to '#' and a digest is not that digest; the same digest counts its characters before the answer."""
+    def cmp(c, b):
+        x = compare_outputs(_rec("b", [c]), _rec("a", [b]))
+        return x.n, x.identical, x.first_apart
+    assert cmp(_thought("", "6 * 7 = 42 The answer is 42.", state="unclosed"),
+               _thought(" The answer is 42.", "6 * 7 = 42")) == (1, 0, [10])
+    assert cmp(_thought(reasoning="6 * 7 = 42", state="unclosed"), _thought(reasoning="6 * 7 = 42")) == (1, 0, [10])
+    assert cmp(_thought(reasoning="# Plan: add 6 and 7"), _thought(reasoning="# Plan: multiply")) == (1, 0, [8])
+    assert cmp(_thought(reasoning="#aa"), _thought(digest="aa")) == (1, 0, [0])
+    assert cmp(_thought("The answer is 41.", digest="aa", chars=65),
+               _thought("The answer is 42.", digest="aa", chars=65)) == (1, 0, [65 + 15])
+    odd = _thought(reasoning="x")
+    odd.reasoning = ["x"]  # a runner writes text or a digest, never this: compared, it would hide a difference
+    assert compare_outputs(_rec("b", [odd]), _rec("a", [_thought(reasoning="y")])).left_out == {
+        "a thinking field of no kind": 1}
+
+
+def test_parameters_that_move_no_answer_and_the_metrics_formula_do_not_refuse():
+    for kind, key, values in (("gsm8k", "primary", ("strict", "flexible")), ("gsm8k", "limit", (200, 100)),
+                              ("humaneval", "timeout_s", (10, 20)),
+                              ("strict-sanity", "min_solo_right_share", (0.9, 0.8))):
+        a, b = _rec("a", [_item(0, [1])], kind=kind), _rec("b", [_item(0, [1])], kind=kind)
+        a.params, b.params = {key: values[0]}, {key: values[1]}
+        [x] = compare_releases_outputs([b], [a])
+        assert (x.n, x.identical, x.refused) == (1, 1, None), key
+    a, b = _rec("a", [_item(0, [1])]), _rec("b", [_item(0, [1])])
+    b.metrics_formula_version = a.metrics_formula_version + 1
+    [x] = compare_releases_outputs([b], [a])
+    assert (x.n, x.identical) == (1, 1)
+
+
+def test_conditions_concurrency_and_empty_records_are_attributed():
+    """Answers under another overload than the baseline's are not paired; a concurrency of no kind is not taken
+    for one prompt at a time, nor is an eval item named solo; a rename two candidate records could claim is
+    refused as the gates refuse it, though one of them holds no answers; a record without answers says so."""
+    bi, ci = _item(0, [1, 2]), _item(0, [1, 3])
+    bi.condition, ci.condition = "overload x2.0", "overload x1.0625"
+    [x] = compare_releases_outputs([_rec("b", [ci])], [_rec("a", [bi])])
+    assert (x.part, x.n, x.left_out) == ("under load", 0, {"another prompt or condition": 1})
+    for conc in ("8", [8], None, True, 64):
+        ci = _item(0, [1, 2])
+        ci.condition = "solo"
+        a, b = _rec("a", [_item(0, [1, 2])], kind="gsm8k"), _rec("b", [ci], kind="gsm8k")
+        a.params = b.params = {"concurrency": conc}
+        a.items[0].condition = "solo"
+        assert [x.part for x in compare_releases_outputs([b], [a])] == ["batched"], conc
+    base = _rec("a", [_item(0, [1, 2])])
+    c1, c2 = _rec("b", [_item(0, [1, 2])]), _rec("b", [])
+    c1.suite, c2.suite = "sanity-a", "sanity-b"
+    [x] = compare_releases_outputs([c1, c2], [base])  # sanity-b, without answers and paired with none: no row
+    assert (x.suite, x.n) == ("sanity-a", 0) and "cannot be told" in x.refused
+    [x] = compare_releases_outputs([_rec("b", [])], [_rec("a", [_item(0, [1, 2])])])
+    assert x.refused == "the record holds no answers"
+    assert compare_releases_outputs([_rec("b", [])], [_rec("a", [])]) == []
