@@ -248,8 +248,9 @@ def load_config(path: Path) -> ServeConfig:
     Raises:
         InputError: the file is missing, malformed, has unknown keys or wrong types, its ``name`` differs
             from the file name, or ``env`` sets an ``R9K_*`` variable that is not a registered knob (nothing
-            would read it) or gives a knob a value its type rejects; every such key is named with its line and,
-            for an unknown one, the closest registered name.
+            would read it) or gives a knob a value its type rejects, or asks for r9k's fp8 dispatch on NVIDIA
+            hardware without ``--linear-backend triton`` (it would dispatch nothing); every such key is named with
+            its line and, for an unknown one, the closest registered name.
     """
     from r9k.knobs import check_env
 
@@ -272,6 +273,15 @@ def load_config(path: Path) -> ServeConfig:
             if name in cfg.env:
                 problems[name] = ("asks for an r9k dispatch, but expects_plugin is false (nothing would check that "
                                   "the server runs it): set expects_plugin: true or drop the knob")
+    if not problems and cfg.env.get("R9K_FP8_BLOCK_GEMM") == "r9k" and "nvidia" in cfg.hardware.kind.lower():
+        # r9k's fp8 dispatch wraps vLLM's Triton block kernel (r9k/ops/fp8.py); on CUDA vLLM's automatic order
+        # takes DeepGEMM, CUTLASS or Marlin first, so without the flag the knob would dispatch nothing, silently
+        args = cfg.server.extra_args
+        if not any(a == "--linear-backend=triton" or (a == "--linear-backend" and args[i + 1:i + 2] == ["triton"])
+                   for i, a in enumerate(args)):
+            problems["R9K_FP8_BLOCK_GEMM"] = (
+                "r9k on NVIDIA hardware needs server.extra_args [--linear-backend, triton]: vLLM's automatic "
+                "choice on CUDA is not the Triton block kernel r9k's dispatch replaces (r9k/ops/fp8.py)")
     if problems:
         lines = []
         for key, why in problems.items():

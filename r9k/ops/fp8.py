@@ -3,9 +3,11 @@
 vLLM 0.32 runs a block-quantised fp8 checkpoint (128x128 weight blocks, dynamic 1x128 activation groups:
 DeepSeek-V3, Qwen3 fp8) through the ``Fp8BlockScaledMMLinearKernel`` it selects per platform
 (vllm/model_executor/kernels/linear/__init__.py, ``_POSSIBLE_FP8_BLOCK_KERNELS``); its Triton one,
-``TritonFp8BlockScaledMMKernel``, is what ROCm runs without AITER and what CUDA runs where DeepGEMM, CUTLASS's
-block kernel and FlashInfer are not available. Its ``apply_weights(layer, x, bias=None)`` (inherited from
-``Fp8BlockScaledMMLinearKernel``) quantises x per token and group of 128 (``QuantFP8``) and calls
+``TritonFp8BlockScaledMMKernel``, is what ROCm runs without AITER (the seeds' RDNA4 cards). On CUDA the automatic
+order puts DeepGEMM, CUTLASS's block kernel and Marlin's fp8 kernel before it, so a CUDA server reaches this
+dispatch only with ``--linear-backend triton`` (serve/h200-next-fp8.yaml). Its ``apply_weights(layer, x,
+bias=None)`` (inherited from ``Fp8BlockScaledMMLinearKernel``) quantises x per token and group of 128
+(``QuantFP8``) and calls
 ``torch.ops.vllm.w8a8_triton_block_scaled_mm_func`` -> ``fp8_utils.w8a8_triton_block_scaled_mm``.
 
 With ``R9K_FP8_BLOCK_GEMM=r9k`` that method of ``TritonFp8BlockScaledMMKernel`` is wrapped (bound to the real

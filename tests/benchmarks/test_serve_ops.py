@@ -432,3 +432,53 @@ def test_every_c_op_the_cuda_graph_wrappers_call_has_a_stand_in():
             names.add(node.attr)
     assert "weak_ref_tensor" in names and "get_cuda_view_from_cpu_tensor" in names
     assert names - {n for ns, n in ops.OPS if ns == "_C"} == set()
+
+
+_FP8_CHOICE = r'''
+import sys, torch
+lib = torch.library.Library("_C", "FRAGMENT")
+for n in ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_supports_block_fp8", "cutlass_scaled_mm_supports_fp4",
+          "cutlass_group_gemm_supported"):  # as the archive's _C stand-in answers: no CUTLASS kernel built
+    try:
+        getattr(torch.ops._C, n)
+    except AttributeError:
+        lib.define(f"{n}(int cuda_device_capability) -> bool")
+        lib.impl(n, lambda c: False, "CompositeExplicitAutograd")
+import vllm.model_executor.kernels.linear as L
+from vllm.config import KernelConfig, VllmConfig, set_current_vllm_config
+from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import FP8ScaledMMLinearLayerConfig
+from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape, create_fp8_quant_key
+from vllm.platforms import PlatformEnum, current_platform as cp
+from vllm.platforms.interface import DeviceCapability
+cls = type(cp)  # an sm90 CUDA device, after the imports (CUDA-only modules are not imported here)
+cp._enum = PlatformEnum.CUDA
+cls.is_cuda = cls.is_cuda_alike = lambda self=None: True
+cls.is_cpu = lambda self=None: False
+cls.get_device_capability = classmethod(lambda c, device_id=0: DeviceCapability(9, 0))
+cfg = FP8ScaledMMLinearLayerConfig(
+    weight_quant_key=create_fp8_quant_key(static=True, group_shape=GroupShape(128, 128)),
+    activation_quant_key=create_fp8_quant_key(static=False, group_shape=GroupShape(1, 128)),
+    input_dtype=torch.bfloat16, out_dtype=torch.bfloat16, weight_shape=(4096, 2048))
+for backend in sys.argv[1:]:
+    with set_current_vllm_config(VllmConfig(kernel_config=KernelConfig(linear_backend=backend))):
+        k = L.choose_scaled_mm_linear_kernel(cfg, L._POSSIBLE_FP8_BLOCK_KERNELS, quantization="fp8_block_w8a8")
+    print("CHOSEN", backend, k.__name__)
+'''
+
+
+@pytest.mark.timeout(300)
+def test_the_fp8_configuration_reaches_the_triton_block_kernel_r9k_replaces():
+    """vLLM 0.32's own kernel choice for a 128x128 block-fp8 linear on an sm90 device without CUTLASS (the
+    archive's): automatic order takes Marlin's fp8 kernel (``_C.gptq_marlin_repack`` at weight load, no stand-in,
+    and not the kernel r9k's R9K_FP8_BLOCK_GEMM wraps); the fp8 configuration's ``--linear-backend`` takes the
+    Triton block kernel."""
+    pytest.importorskip("vllm")
+    from validate.config import find_config
+
+    args = find_config(ROOT, "h200-next-fp8").server.extra_args
+    backend = args[args.index("--linear-backend") + 1]
+    out = subprocess.run([sys.executable, "-c", _FP8_CHOICE, "auto", backend], capture_output=True, text=True,
+                         timeout=240)
+    chosen = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("CHOSEN")]
+    assert chosen == [["auto", "MarlinFP8ScaledMMLinearKernel"], [backend, "TritonFp8BlockScaledMMKernel"]], \
+        out.stderr[-2000:]

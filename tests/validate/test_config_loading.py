@@ -213,3 +213,19 @@ def test_a_suite_name_that_is_no_safe_file_name_is_refused_at_load(scratch, caps
     scratch.config("fake-ok")
     assert main(["suite", "..x", "--config", "fake-ok"]) == 2
     assert "suites/..x.yaml: name '..x'" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_the_fp8_dispatch_on_nvidia_needs_the_triton_linear_backend(tmp_path):
+    """On CUDA vLLM 0.32 picks DeepGEMM, CUTLASS or Marlin for a block-fp8 linear before its Triton kernel, the one
+    r9k's dispatch wraps: without --linear-backend triton the knob would dispatch nothing and nothing would say so."""
+    text = ("name: fp8\nmodel: {path: m, served_name: m}\nserver: {max_num_seqs: 4, max_model_len: 4096%s}\n"
+            "env: {R9K_FP8_BLOCK_GEMM: r9k}\nhardware: {gpus: 1, kind: %s}\n")
+    p = write(tmp_path, "fp8.yaml", text % ("", "NVIDIA H"))
+    with pytest.raises(InputError, match=r"fp8.yaml:4: env.R9K_FP8_BLOCK_GEMM: r9k on NVIDIA hardware needs "
+                                         r"server.extra_args \[--linear-backend, triton\]"):
+        load_config(p)
+    for args in (", extra_args: [--linear-backend, triton]", ", extra_args: [--linear-backend=triton]"):
+        assert load_config(write(tmp_path, "fp8.yaml", text % (args, "NVIDIA H"))).env["R9K_FP8_BLOCK_GEMM"] == "r9k"
+    assert load_config(write(tmp_path, "fp8.yaml", text % ("", "r9700"))).hardware.kind == "r9700"  # ROCm's choice
+    with pytest.raises(InputError, match="needs server.extra_args"):
+        load_config(write(tmp_path, "fp8.yaml", text % (", extra_args: [--linear-backend, marlin]", "nvidia-h100")))
