@@ -11,11 +11,14 @@ behind vLLM's ``(EngineCore pid=42) `` prefix (whose pid must then be the line's
 * every ``R9K_MOE_CACHE_STATS_SEC`` seconds a layer serves steps, and at exit, its counters since the server
   started (cumulative; integers)::
 
-      R9K-MOE-CACHE-STATS pid=4242 rank=0 layer=model.layers.0.mlp.experts experts=16 slots=4 staging=12 steps=31
-      routed=496 distinct=301 distinct_max=16 hits=97 misses=204 inserts=120 evictions=116 read_through=84
-      over_thresh=9 chunks=31 bytes=51380224
+      R9K-MOE-CACHE-STATS pid=4242 rank=0 layer=model.layers.0.mlp.experts experts=16 slots=4 staging=12
+      device_bytes=13107712 resident_bytes=50331648 steps=31 routed=496 distinct=301 distinct_max=16 hits=97
+      misses=204 inserts=120 evictions=116 read_through=84 over_thresh=9 chunks=31 bytes=51380224
 
-  (one line in the log). ``steps`` counts the cache's planning steps (a vLLM step of more tokens than the cache's
+  (one line in the log). ``device_bytes`` is what the layer's cache holds on its device (slots, staging and its
+  tables: on CUDA the allocator's count across the cache's set-up, ``torch.cuda.memory_allocated``; elsewhere the
+  sum of its buffers), ``resident_bytes`` what the layer's experts took there before the cache took them (all
+  resident); a line without the two (an older plugin's) is still read. ``steps`` counts the cache's planning steps (a vLLM step of more tokens than the cache's
   bound is several), ``routed`` the (token, choice) pairs, ``distinct`` the distinct experts summed over steps,
   ``distinct_max`` the most in one step, ``hits`` / ``misses`` distinct experts resident or not, ``inserts`` misses
   copied into a slot, ``read_through`` misses served from the staging slots for that step only, ``over_thresh``
@@ -44,8 +47,12 @@ _N = r"(?:0|[1-9]\d{0,18})"  # a non-negative integer, no sign, no leading zeros
 _SUMMARY_RE = re.compile(_PROC + SUMMARY_PREFIX + rf" pid=(?P<pid>{_N}) rank=(?P<rank>{_N}) layers=(?P<layers>{_N})"
                          rf" moe_layers=(?P<moe_layers>{_N}) slots=(?P<slots>{_N}) staging=(?P<staging>{_N})"
                          r" thresh=(?P<thresh>(?:0|1)(?:\.\d{1,6})?)\s*$")
+#: the layer's memory on its device and all resident, bytes (after the shape; absent from an older plugin's lines)
+MEMORY = ("device_bytes", "resident_bytes")
 _STATS_RE = re.compile(_PROC + STATS_PREFIX + rf" pid=(?P<pid>{_N}) rank=(?P<rank>{_N}) layer=(?P<layer>[\w.:-]+)"
-                       + "".join(rf" {k}=(?P<{k}>{_N})" for k in _SHAPE + COUNTERS) + r"\s*$")
+                       + "".join(rf" {k}=(?P<{k}>{_N})" for k in _SHAPE)
+                       + "(?:" + "".join(rf" {k}=(?P<{k}>{_N})" for k in MEMORY) + ")?"
+                       + "".join(rf" {k}=(?P<{k}>{_N})" for k in COUNTERS) + r"\s*$")
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class LayerStats:
     slots: int
     staging: int
     counters: dict[str, int] = field(default_factory=dict)
+    device_bytes: int | None = None    # None: the line did not say (an older plugin's)
+    resident_bytes: int | None = None
 
 
 def summary_line(pid: int, rank: int, layers: int, moe_layers: int, slots: int, staging: int, thresh: float) -> str:
@@ -82,14 +91,18 @@ def summary_line(pid: int, rank: int, layers: int, moe_layers: int, slots: int, 
             f"staging={max(staging, 0)} thresh={thresh:.6g}")
 
 
-def stats_line(pid: int, rank: int, layer: str, experts: int, slots: int, staging: int, counters: dict[str, int]) -> str:
-    """The ``R9K-MOE-CACHE-STATS`` line (no newline). ``counters`` holds every name in :data:`COUNTERS` (ints >= 0).
+def stats_line(pid: int, rank: int, layer: str, experts: int, slots: int, staging: int, counters: dict[str, int],
+               device_bytes: int | None = None, resident_bytes: int | None = None) -> str:
+    """The ``R9K-MOE-CACHE-STATS`` line (no newline). ``counters`` holds every name in :data:`COUNTERS` (ints >= 0);
+    ``device_bytes`` and ``resident_bytes`` (ints >= 0) are printed when both are given.
 
     Raises:
         KeyError: a counter is missing.
     """
+    memory = (f"device_bytes={int(device_bytes)} resident_bytes={int(resident_bytes)} "
+              if device_bytes is not None and resident_bytes is not None else "")
     return (f"{STATS_PREFIX} pid={pid} rank={rank} layer={layer} experts={experts} slots={slots} staging={staging} "
-            + " ".join(f"{k}={int(counters[k])}" for k in COUNTERS))
+            + memory + " ".join(f"{k}={int(counters[k])}" for k in COUNTERS))
 
 
 @dataclass
@@ -127,7 +140,8 @@ def parse(text: str) -> Parsed:
         m = _STATS_RE.match(raw)
         if m and _pid_ok(m):
             out.stats.append(LayerStats(int(m["pid"]), int(m["rank"]), m["layer"], *(int(m[k]) for k in _SHAPE),
-                                        counters={k: int(m[k]) for k in COUNTERS}))
+                                        counters={k: int(m[k]) for k in COUNTERS},
+                                        **{k: int(m[k]) if m[k] is not None else None for k in MEMORY}))
             continue
         m = _SUMMARY_RE.match(raw)
         if m and _pid_ok(m):
@@ -144,11 +158,13 @@ def delta(before: Parsed, during: Parsed) -> dict:
     layer had no line yet, or where a counter went down: a restarted process), summed over layers and ranks.
 
     Returns:
-        ``{"layers": [{"pid", "rank", "layer", "experts", "slots", "staging", <counters>}], "total": {<counters>,
-        "hit_rate", "distinct_per_step"}, "malformed": n}`` (``malformed``: ``during``'s); ``total`` is None when no
-        stats line was read. ``hit_rate`` = hits / distinct, ``distinct_per_step`` = distinct / steps (None when
-        their denominator is 0); ``distinct_max`` is the process's own maximum (since it started), in ``total``
-        the largest of the layers'.
+        ``{"layers": [{"pid", "rank", "layer", "experts", "slots", "staging", "device_bytes", "resident_bytes",
+        <counters>}], "total": {<counters>, "hit_rate", "distinct_per_step", "device_bytes", "resident_bytes",
+        "device_share"}, "malformed": n}`` (``malformed``: ``during``'s); ``total`` is None when no stats line was
+        read. ``hit_rate`` = hits / distinct, ``distinct_per_step`` = distinct / steps (None when their denominator
+        is 0); ``distinct_max`` is the process's own maximum (since it started), in ``total`` the largest of the
+        layers'. The memory (bytes, not differenced: what the layers hold) is summed over the layers, None unless
+        every layer's line says it; ``device_share`` = device_bytes / resident_bytes.
     """
     b = before.last()
     rows = []
@@ -158,11 +174,15 @@ def delta(before: Parsed, during: Parsed) -> dict:
         d = {k: s.counters[k] - base.get(k, 0) for k in COUNTERS}
         d["distinct_max"] = s.counters["distinct_max"]
         rows.append({"pid": s.pid, "rank": s.rank, "layer": s.layer, "experts": s.experts, "slots": s.slots,
-                     "staging": s.staging, **d})
+                     "staging": s.staging, "device_bytes": s.device_bytes, "resident_bytes": s.resident_bytes, **d})
     total = None
     if rows:
         total = {k: sum(r[k] for r in rows) for k in COUNTERS if k != "distinct_max"}
         total["distinct_max"] = max(r["distinct_max"] for r in rows)
         total["hit_rate"] = total["hits"] / total["distinct"] if total["distinct"] else None
         total["distinct_per_step"] = total["distinct"] / total["steps"] if total["steps"] else None
+        for k in MEMORY:
+            total[k] = sum(r[k] for r in rows) if all(r[k] is not None for r in rows) else None
+        total["device_share"] = (total["device_bytes"] / total["resident_bytes"]
+                                 if total["device_bytes"] is not None and total["resident_bytes"] else None)
     return {"layers": rows, "total": total, "malformed": during.malformed}

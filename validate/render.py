@@ -271,6 +271,12 @@ class MoeRow:
     def mib(self) -> float:
         return self.total.get("bytes", 0) / 2**20
 
+    @property
+    def held_mib(self) -> float | None:
+        """What the layers' caches hold on their devices, MiB (None where a counter line did not say)."""
+        b = self.total.get("device_bytes")
+        return b / 2**20 if isinstance(b, (int, float)) else None
+
 
 def moe_rows(by_config: dict[str, dict[str, Record]]) -> list[MoeRow]:
     """One :class:`MoeRow` per record whose ``moe_cache`` holds counters; a record whose counters cannot be read

@@ -127,6 +127,8 @@ class Layer:
     experts: Any
     expert_bytes: int
     rank: int
+    device_bytes: int = 0    # what the cache holds on the layer's device (take_triton_layer measures it)
+    resident_bytes: int = 0  # what the layer's experts took there before: all resident
     staged: int = 0          # read-through experts copied into staging slots (every chunk's)
     distinct_max: int = 0
     last_log: float = 0.0
@@ -142,7 +144,8 @@ class Layer:
 
     def line(self) -> str:
         c = self.cache
-        return counters.stats_line(os.getpid(), self.rank, self.name, c.E, c.n_slots, c.stage_slots, self.counters())
+        return counters.stats_line(os.getpid(), self.rank, self.name, c.E, c.n_slots, c.stage_slots, self.counters(),
+                                   self.device_bytes, self.resident_bytes)
 
 
 @dataclass
@@ -263,7 +266,9 @@ def take_layer(experts: Any, layer: Any) -> Layer | None:
     replace_parameter(layer, "w13_weight", cache.weights[0])
     replace_parameter(layer, "w2_weight", cache.weights[1])
     eb = sum(h[0].numel() * h.element_size() for h in cache.host)
-    entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank())
+    # on the CPU the slots are host memory too: what the cache's buffers hold against the packed experts'
+    entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank(), cache.buffer_bytes(),
+                  sum(h.numel() * h.element_size() for h in host))
     STATE.layers.append(entry)
     experts._r9k_moe = entry
     log.info("r9k moe: %s: %d experts (%.3f MiB each, packed) in the host store, %d slots + %d staging slots "
@@ -468,9 +473,14 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
         h = torch.empty(t.shape, dtype=t.dtype, pin_memory=w13.device.type == "cuda")  # CPU: the interpreter's
         h.copy_(t)
         host.append(h)
+    cuda = w13.device.type == "cuda"
+    before = torch.cuda.memory_allocated(w13.device) if cuda else 0
     cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device=w13.device, insert_thresh=STATE.thresh,
-                        stage_slots=stage if read == "stage" else None, pin=w13.device.type == "cuda", read=read)
+                        stage_slots=stage if read == "stage" else None, pin=cuda, read=read)
     cache.fill()
+    # the allocator's count across the set-up (the layer's own tensors still held): what the cache added
+    device_bytes = torch.cuda.memory_allocated(w13.device) - before if cuda else cache.buffer_bytes()
+    resident_bytes = sum(t.numel() * t.element_size() for _, _, t in tensors)
     from vllm.model_executor.utils import replace_parameter
 
     qc = experts.quant_config
@@ -480,7 +490,7 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
         if desc is not None:
             getattr(qc, desc).scale = buf
     eb = sum(h[0].numel() * h.element_size() for h in cache.host)
-    entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank())
+    entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank(), device_bytes, resident_bytes)
     STATE.layers.append(entry)
     experts._r9k_moe = entry
     graph = ("misses not inserted are read from host memory through the step's pointer table (no staging; every "

@@ -40,6 +40,20 @@ def test_stats_line_parses_back():
     assert s.counters == C
 
 
+def test_the_memory_fields_parse_back_and_sum_and_an_older_line_lacks_them():
+    text = counters.stats_line(100, 0, "l0", 16, 4, 0, C, device_bytes=30, resident_bytes=120)
+    assert " staging=0 device_bytes=30 resident_bytes=120 steps=1 " in text
+    s = counters.parse(text).stats[0]
+    assert (s.device_bytes, s.resident_bytes, s.counters) == (30, 120, C)
+    assert counters.parse(_stats()).stats[0].device_bytes is None  # an older plugin's line is still read
+    assert counters.parse(text.replace("device_bytes=30 ", "")).malformed == 1  # one without the other is not
+    two = counters.parse(text + "\n" + counters.stats_line(100, 0, "l1", 16, 4, 0, C, 10, 40))
+    t = counters.delta(counters.Parsed(), two)["total"]
+    assert (t["device_bytes"], t["resident_bytes"], t["device_share"]) == (40, 160, 0.25)
+    t = counters.delta(counters.Parsed(), counters.parse(text + "\n" + _stats(layer="l1")))["total"]
+    assert (t["device_bytes"], t["resident_bytes"], t["device_share"]) == (None, None, None)  # one layer did not say
+
+
 def test_summary_line_parses_back():
     text = counters.summary_line(7, 1, 2, 3, 4, -1, 0.99)
     assert text == "R9K-MOE-CACHE pid=7 rank=1 layers=2 moe_layers=3 slots=4 staging=0 thresh=0.99"
@@ -139,3 +153,22 @@ def test_notes_rows_skip_what_the_log_did_not_say():
     r = rows[0]
     assert (r.config, r.suite, r.layers, r.shape) == ("cpu-moe", "sanity", 2, "4 + 12 of 16")
     assert r.total["inserts"] == 14 and r.mib == 24 / 2**20
+
+
+def test_the_notes_show_what_the_caches_hold_against_all_resident(tmp_path):
+    """The seeds' figure: 270 of 512 slots read through hold about half of the experts' bytes; a counter line that
+    did not say its memory shows a dash, never a number."""
+    from tests.conftest import REPO
+    from tests.validate.test_records_render import PROBE, rec
+    from validate.record import record_path, write_record
+    from validate.render import render_release
+
+    held = counters.stats_line(100, 0, "l0", 512, 270, 0, C, device_bytes=426_076_160, resident_bytes=805_306_368)
+    for cfg, text in (("h200-next", held), ("fn-tp2", _stats())):
+        r = rec(cfg, "probe", metrics=PROBE)
+        r.moe_cache = counters.delta(counters.Parsed(), counters.parse(text))
+        write_record(record_path(tmp_path, "v9", cfg, "probe"), r)
+    md = render_release(REPO, tmp_path, "v9", None).read_text()
+    section = md.split("## The expert cache", 1)[1].split("\n## ", 1)[0]
+    assert "| h200-next | probe | 1 | 270 + 0 of 512 | 406.3 MiB (0.53) | 1 |" in section
+    assert "| fn-tp2 | probe | 1 | 4 + 12 of 16 | – | 1 |" in section

@@ -10,6 +10,7 @@ import types
 import pytest
 import torch
 
+from r9k import counters
 from r9k.ops import moe
 
 pytestmark = pytest.mark.timeout(120)
@@ -150,6 +151,13 @@ def test_fp8_scales_move_with_the_weights(triton):
     assert experts.quant_config._w1.scale.data_ptr() == cache.weights[2].data_ptr() \
         == layer.w13_weight_scale_inv.data_ptr()
     assert torch.equal(cache.host[2], s13)
+    # memory: the cache's buffers on the (interpreter's) device, against the experts all resident (weights + scales,
+    # fp32: 8 x (4x2 + 2x2 + 2x1 + 1x1) x 4 bytes = 480)
+    entry = moe.STATE.layers[0]
+    assert entry.resident_bytes == 8 * (8 + 4 + 2 + 1) * 4 == 480
+    assert entry.device_bytes == cache.buffer_bytes() > cache.n_slots * (8 + 4 + 2 + 1) * 4
+    s = counters.parse(entry.line()).stats[0]
+    assert (s.device_bytes, s.resident_bytes) == (cache.buffer_bytes(), 480)
 
 
 def test_a_step_maps_ids_and_the_wrapped_functions_see_the_layer(triton):
