@@ -199,9 +199,9 @@ GDN_PREFILL_CONV = _k(
 FP8_BLOCK_GEMM = _k(
     "R9K_FP8_BLOCK_GEMM", str, "r9k", "stock",
     "vLLM's block-scaled fp8 linear op (TritonFp8BlockScaledMMKernel.apply_weights: 128x128 weight blocks, "
-    "dynamic 1x128 activation groups, the kernel vLLM selects on ROCm without AITER and on CUDA without "
-    "DeepGEMM / CUTLASS): r9k (its activation quant and block GEMM, kernels.fp8.fp8_linear) or stock (vLLM's "
-    "own Triton kernel); docs/kernels/fp8.md",
+    "dynamic 1x128 activation groups, the kernel vLLM selects on ROCm without AITER and on CUDA with "
+    "--linear-backend triton): r9k (its activation quant and block GEMM, kernels.fp8.fp8_linear) or stock "
+    "(vLLM's own Triton kernel); docs/kernels/fp8.md",
     choices=("r9k", "stock"), dispatch="fp8_block_gemm",
 )
 PROVENANCE_LOG = _k(
@@ -258,5 +258,11 @@ MOE_CACHE_STATS_SEC = _k(
     "R9K_MOE_CACHE_STATS_SEC", float, 10.0, 10.0,
     "seconds between a layer's counter lines (written at the first step after the interval, and at exit); 0 = "
     "after every step (the seeds' R9K_EXPERT_CACHE_STATS_SEC)",
+    check=lambda v: "must be >= 0" if v < 0 else None,
+)
+CALLS_SEC = _k(
+    "R9K_CALLS_SEC", float, 10.0, 10.0,
+    "seconds between a process's R9K-CALLS lines (r9k/calls.py: its dispatched calls by route and step kind, "
+    "counted on the device; written after the first step past the interval, and at exit); 0 = after every step",
     check=lambda v: "must be >= 0" if v < 0 else None,
 )

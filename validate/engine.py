@@ -146,6 +146,25 @@ def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
     return counters.delta(before, during)
 
 
+def r9k_calls(log_path: Path | None, log_from: int) -> dict | None:
+    """r9k's dispatched calls over one suite (r9k.calls.delta: the ``R9K-CALLS`` lines written to ``log_path`` after
+    byte ``log_from`` less those before), or None when the log holds no such line. Never raises: a log that cannot
+    be read or parsed gives ``{"error": why}``."""
+    from r9k import calls
+
+    if log_path is None:
+        return None
+    try:
+        data = log_path.read_bytes()
+        before = calls.parse(data[:log_from].decode(errors="replace"))
+        during = calls.parse(data[log_from:].decode(errors="replace"))
+    except Exception as e:  # noqa: BLE001 - a counter line must never fail a suite
+        return {"error": f"{type(e).__name__}: {e}"}
+    if not during.lines and not during.malformed:
+        return None
+    return calls.delta(before, during)
+
+
 def write_attachments(record: Path, files: dict[str, tuple[bytes, str]]) -> dict[str, dict]:
     """Write each ``name -> (content, extension)`` beside ``record`` as ``<suite>.<name>.<sha256[:12]>.<ext>``
     (atomically: a temp file fsynced and renamed; the hash in the name keeps an earlier run's file, which its
@@ -388,6 +407,7 @@ class Engine:
                                                  release))
             if server is not None:
                 result.moe_cache = moe_counters(server.log_path or self.o.server_log, log_from)
+                result.r9k_calls = r9k_calls(server.log_path or self.o.server_log, log_from)
             verdict = self._verdict(s, result, server, log_from)
         except InputError as e:  # e.g. data missing for this suite: attributed to it, the release goes on
             verdict = Verdict(status="error", cause=f"bad input: {e}")
@@ -506,7 +526,8 @@ class Engine:
             knobs=knobs.in_force(cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.source_name(),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
-            server_metrics=result.server_metrics, moe_cache=result.moe_cache, client=result.client_tally,
+            server_metrics=result.server_metrics, moe_cache=result.moe_cache, r9k_calls=result.r9k_calls,
+            client=result.client_tally,
             gate=s.spec.gate.model_dump(), perf_gate=s.perf_gate(), share_gate=s.share_gate(),
         )
         path = record_path(self.o.reports, release, cfg.name, s.spec.name)

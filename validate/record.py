@@ -139,6 +139,9 @@ class Record(BaseModel):
     # r9k's expert-cache counters over the suite, parsed from the server log's R9K-MOE-CACHE-STATS lines
     # (validate.engine.moe_counters, r9k.counters.delta): {"layers": [...], "total": {...}, "malformed": n}
     moe_cache: dict[str, Any] | None = None
+    # r9k's dispatched calls over the suite by route and step kind, parsed from the server log's R9K-CALLS lines
+    # (validate.engine.r9k_calls, r9k.calls.delta): {"steps", "calls", "per_step", "processes", "malformed"}
+    r9k_calls: dict[str, Any] | None = None
     client: dict[str, Any] | None = None  # the same requests as the client saw them (validate.client.Tally.summary)
     # files written beside the record: name -> {"file": name in the record's folder, "sha256", "bytes", "lines"}
     attachments: dict[str, dict[str, Any]] | None = None

@@ -114,6 +114,7 @@ class ReleaseView:
     settings: dict[str, list[str]] = field(default_factory=dict)  # config -> changed settings vs the baseline
     server: dict[str, "ServerRow"] = field(default_factory=dict)  # config -> the server's own counters
     moe: list = field(default_factory=list)  # MoeRow per record with expert-cache counters
+    calls: list = field(default_factory=list)  # CallsRow per record with r9k's dispatched calls
     changes_md: str = ""  # reports/<release>/changes.md, written by people
     upgrading_md: str = ""  # reports/<release>/upgrading.md, written by people
     thinking: list = field(default_factory=list)  # validate.reasoning.ThinkingRow per eval record
@@ -213,6 +214,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
     attach_numbers(view, reports)
     view.server = {cfg: server_row(suites) for cfg, suites in view.by_config.items()}
     view.moe = moe_rows(view.by_config)
+    view.calls = calls_rows(view.by_config)
     view.headline = headline(view)
     from validate.reasoning import thinking_rows
 
@@ -290,6 +292,43 @@ def moe_rows(by_config: dict[str, dict[str, Record]]) -> list[MoeRow]:
             shapes = {(x.get("slots"), x.get("staging"), x.get("experts")) for x in mc["layers"] if isinstance(x, dict)}
             shape = "varies" if len(shapes) != 1 else "{} + {} of {}".format(*next(iter(shapes)))
             out.append(MoeRow(cfg, name, len(mc["layers"]), shape, mc["total"], int(mc.get("malformed") or 0)))
+    return out
+
+
+@dataclass
+class CallsRow:
+    """r9k's dispatched calls over one suite of one configuration (the record's ``r9k_calls``): the steps by kind,
+    and per dispatch and route its calls by kind with the calls a step of that kind."""
+
+    config: str
+    suite: str
+    steps: dict
+    calls: list  # (dispatch, route, {kind: (calls, per step or None)})
+    processes: int = 0
+    malformed: int = 0
+
+
+def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
+    """One :class:`CallsRow` per record whose ``r9k_calls`` can be read (else none: nothing is shown that the log did
+    not say)."""
+    from r9k.calls import KINDS
+
+    out = []
+    for cfg, suites in by_config.items():
+        for name, r in suites.items():
+            c = r.r9k_calls
+            if not (isinstance(c, dict) and isinstance(c.get("steps"), dict) and isinstance(c.get("calls"), list)):
+                continue
+            steps = {k: c["steps"].get(k) for k in KINDS}
+            by: dict[tuple[str, str], dict] = {}
+            for x in c["calls"]:
+                if not isinstance(x, dict) or x.get("kind") not in KINDS or not _finite(x.get("calls")):
+                    continue
+                n, st = x["calls"], steps.get(x["kind"])
+                per = n / st if _finite(st) and st else None
+                by.setdefault((str(x.get("dispatch")), str(x.get("route"))), {})[x["kind"]] = (n, per)
+            out.append(CallsRow(cfg, name, steps, [(d, rt, v) for (d, rt), v in sorted(by.items())],
+                                int(c.get("processes") or 0), int(c.get("malformed") or 0)))
     return out
 
 

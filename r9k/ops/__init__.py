@@ -8,7 +8,7 @@ unquantized MoE layers (:mod:`r9k.ops.moe`: ``moe_cache``; on CUDA and ROCm not 
 
 A dispatch is named by the r9k kernel it routes to; the provenance line of every process lists the names
 installed there and the families whose install failed, so a server where the plugin is loaded but inactive cannot
-pass for one that runs r9k's kernels.
+pass for one that runs r9k's kernels. Where one is installed, :mod:`r9k.calls` counts its calls by step kind.
 """
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def install() -> Installed:
             if fam not in HOST_FAMILIES:
                 out.skipped[fam] = why
         log.info("r9k: no GPU op dispatch installed: %s", why)
+        _count_calls(out)
         return out
     _set_fast_launch()
     from r9k.ops import fp8, gdn
@@ -99,4 +100,19 @@ def install() -> Installed:
         except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so
             log.exception("r9k: %s dispatch not installed", what)
             out.failed.append(fam)
+    _count_calls(out)
     return out
+
+
+def _count_calls(out: Installed) -> None:
+    """Mark vLLM's steps for r9k.calls where a dispatch is installed; nothing (and an earlier mark undone) where
+    none is, so stock knobs leave vLLM untouched. Never raises: the counts are a figure, not the dispatch."""
+    from r9k import calls
+
+    try:
+        if out.names:
+            calls.install()
+        else:
+            calls.uninstall()
+    except Exception:  # noqa: BLE001 - no counts rather than no server
+        log.exception("r9k: the calls' step marks not installed (no R9K-CALLS lines)")

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import torch
 
 from kernels._util import _interpreting, cdiv
-from r9k import knobs
+from r9k import calls, knobs
 
 log = logging.getLogger("r9k")
 
@@ -101,8 +101,10 @@ def linear(x2d: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, out_dty
         _refused(e)
         from vllm.model_executor.layers.quantization.utils import fp8_utils
 
+        calls.count(DISPATCH, "vllm", x2d.device)
         qa, sa = fp8_utils.per_token_group_quant_fp8(x2d, 128, dtype=weight.dtype)
         return fp8_utils.w8a8_triton_block_scaled_mm(qa, weight, sa, scale, [128, 128], out_dtype)
+    calls.count(DISPATCH, "r9k", x2d.device)  # in the op's body: a call in a CUDA graph counts at each replay
     STATE.routed["r9k"] += 1
     return y
 
@@ -141,6 +143,8 @@ def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
                 or not isinstance(x, torch.Tensor) or x.dtype not in _FLOATS or x.shape[-1] != cov[0].shape[1]
                 or not (x.is_cuda or _interpreting())):
             STATE.routed["stock"] += 1
+            if not torch.compiler.is_compiling():  # traced, this would count once at tracing: not counted
+                calls.count_args(DISPATCH, "vllm", args, kwargs)
             return original(self, *args, **kwargs)
         w, s, out_dtype = cov
         x2d = x.reshape(-1, x.shape[-1])
@@ -153,7 +157,9 @@ def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
                 y = fp8_linear(x2d if x2d.stride(-1) == 1 else x2d.contiguous(), w, s, out_dtype)
             except ValueError as e:  # checked before any launch: vLLM's kernel runs the call
                 _refused(e)
+                calls.count(DISPATCH, "vllm", x.device)
                 return original(self, *args, **kwargs)
+            calls.count(DISPATCH, "r9k", x.device)
             STATE.routed["r9k"] += 1
         if bias is not None:
             y = y + bias

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from r9k import knobs
+from r9k import calls, knobs
 
 log = logging.getLogger("r9k")
 
@@ -216,6 +216,7 @@ def _wrap_core_method(original: Callable, sig: inspect.Signature) -> Callable:
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
         res = _route_core(sig, args, kwargs)
+        calls.count_args("gdn_seq", "vllm" if res is None else "r9k", args, kwargs)
         if res is not None:
             return res
         STATE.routed["stock_seq"] += 1
@@ -229,6 +230,7 @@ def _wrap_core_function(original: Callable, sig: inspect.Signature) -> Callable:
     @functools.wraps(original)
     def chunk_gated_delta_rule(*args, **kwargs):
         res = _route_core(sig, args, kwargs)
+        calls.count_args("gdn_seq", "vllm" if res is None else "r9k", args, kwargs)
         if res is not None:
             return res
         STATE.routed["stock_seq"] += 1
@@ -286,6 +288,7 @@ def _wrap_conv_function(original: Callable, sig: inspect.Signature) -> Callable:
     @functools.wraps(original)
     def causal_conv1d_fn(*args, **kwargs):
         res = _route_conv(sig, args, kwargs)
+        calls.count_args("gdn_conv", "vllm" if res is None else "r9k", args, kwargs)
         if res is not None:
             return res
         STATE.routed["stock_conv"] += 1

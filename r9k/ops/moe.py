@@ -85,7 +85,9 @@ from typing import Any, Callable
 
 import torch
 
-from r9k import counters, knobs
+from r9k import calls, counters, knobs
+from r9k.lines import logger as _logger
+from r9k.lines import rank as _rank
 
 log = logging.getLogger("r9k")
 
@@ -180,14 +182,6 @@ def _pass(why: str, name: str) -> None:
     if STATE.passed[why] == 1:
         log.warning("r9k moe: %s keeps vLLM's experts: %s (said once; every such layer does the same)", name, why)
 
-
-def _rank() -> int:
-    try:
-        from vllm.distributed import parallel_state
-
-        return int(parallel_state.get_tensor_model_parallel_rank())
-    except Exception:  # noqa: BLE001 - no parallel state (a unit test): rank 0
-        return 0
 
 
 def _max_tokens() -> int:
@@ -309,6 +303,7 @@ def run_step(entry: Layer, output: torch.Tensor, hidden_states: torch.Tensor, w1
         RuntimeError: ``w1`` is not the layer's slot buffer (the layer's parameters were replaced after loading).
     """
     cache = entry.cache
+    calls.count(DISPATCH, "r9k", hidden_states.device)
     if w1.data_ptr() != cache.weights[0].data_ptr() or w2.data_ptr() != cache.weights[1].data_ptr():
         raise RuntimeError(f"r9k moe: {entry.name}: the experts kernel was called on weights that are not the "
                            "cache's slots (were the layer's parameters replaced after loading?)")
@@ -367,6 +362,8 @@ def _wrap_apply(original: Callable, sig: inspect.Signature) -> Callable:
     def apply(self, *args, **kwargs):
         entry = getattr(self, "_r9k_moe", None)
         if entry is None:
+            if not torch.compiler.is_compiling():  # traced, this would count once at tracing: not counted
+                calls.count_args(DISPATCH, "vllm", args, kwargs)
             return original(self, *args, **kwargs)
         ba = sig.bind(self, *args, **kwargs)
         ba.apply_defaults()
@@ -594,6 +591,7 @@ def run_step_triton(entry: Layer, a: dict[str, Any]) -> None:
             CUDA graph is being captured (naming R9K_MOE_CACHE_STAGING).
     """
     cache = entry.cache
+    calls.count(DISPATCH, "r9k", a["hidden_states"].device)  # captured: counts at each replay
     w1, w2 = a["w1"], a["w2"]
     if w1.data_ptr() != cache.weights[0].data_ptr() or w2.data_ptr() != cache.weights[1].data_ptr():
         raise RuntimeError(f"r9k moe: {entry.name}: the experts kernel was called on weights that are not the "
@@ -760,18 +758,6 @@ def _wrap_loader(original: Callable) -> Callable:
 
     process_weights_after_loading.__r9k_original__ = original
     return process_weights_after_loading
-
-
-def _logger() -> logging.Logger:
-    """The r9k logger with a plain stderr handler (the provenance line's), at INFO."""
-    if not log.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.propagate = False
-    if log.level == logging.NOTSET or log.level > logging.INFO:
-        log.setLevel(logging.INFO)
-    return log
 
 
 def log_all() -> None:

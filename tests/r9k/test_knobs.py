@@ -18,6 +18,7 @@ EXPECTED = {  # name: (type, default, stock)
     "R9K_MOE_CACHE_THRESH": (float, 0.99, 0.99),
     "R9K_MOE_CACHE_STATS": (bool, True, True),
     "R9K_MOE_CACHE_STATS_SEC": (float, 10.0, 10.0),
+    "R9K_CALLS_SEC": (float, 10.0, 10.0),
 }
 
 
@@ -101,7 +102,8 @@ def test_every_knob_is_read_by_the_plugin():
              "R9K_FP8_BLOCK_GEMM": "FP8_BLOCK_GEMM()", "R9K_MOE_CACHE_SLOTS": "MOE_CACHE_SLOTS()",
              "R9K_MOE_CACHE_STAGING": "MOE_CACHE_STAGING()", "R9K_MOE_CACHE_READ": "MOE_CACHE_READ()",
              "R9K_MOE_CACHE_THRESH": "MOE_CACHE_THRESH()",
-             "R9K_MOE_CACHE_STATS": "MOE_CACHE_STATS()", "R9K_MOE_CACHE_STATS_SEC": "MOE_CACHE_STATS_SEC()"}
+             "R9K_MOE_CACHE_STATS": "MOE_CACHE_STATS()", "R9K_MOE_CACHE_STATS_SEC": "MOE_CACHE_STATS_SEC()",
+             "R9K_CALLS_SEC": "CALLS_SEC()"}
     assert set(attrs) == set(KNOBS)
     for name, use in attrs.items():
         assert use in text, f"{name} is registered but nothing reads it"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from r9k import counters
+from r9k import calls, counters
 from tests.conftest import REPO
 from validate.data import resolve_data_dir
 from validate.engine import Engine, Outcome, RunOptions
@@ -107,6 +107,20 @@ def test_counters_show_misses_and_read_throughs(runs):
         assert 0 < c["inserts"] <= 16 and c["hits"] > c["misses"] > 0 and c["evictions"] == 0
 
 
+def test_every_step_calls_each_cached_layer_once_and_stock_counts_nothing(runs):
+    """vLLM's CPU runner marks each step (r9k/calls.py): each prompt, sent alone, is a prefill step and 15 decode
+    steps, each through both layers' cache exactly once; stock knobs install no mark and print no line."""
+    assert calls.parse(runs["stock"][1]).lines == []
+    for name in ("quarter", "all"):
+        p = calls.parse(runs[name][1])
+        assert p.malformed == 0
+        (c,) = p.last().values()  # one engine core
+        assert c.steps["prefill"] >= len(PROMPTS) and c.steps["decode"] >= len(PROMPTS) * (MAX_TOKENS - 1)
+        for kind in ("prefill", "decode"):
+            assert c.calls[("moe_cache", "r9k", kind)] == 2 * c.steps[kind], (name, kind, c)
+        assert ("moe_cache", "vllm", "decode") not in c.calls
+
+
 def test_counters_reach_the_record_and_the_notes(runs):
     reports, outcome = runs["reports"]
     (rec,) = outcome.records
@@ -122,3 +136,8 @@ def test_counters_reach_the_record_and_the_notes(runs):
     assert t["device_bytes"] > t["resident_bytes"] > 0 and t["device_share"] > 1
     held = f"{t['device_bytes'] / 2**20:,.1f} MiB ({t['device_share']:.2f})"
     assert f"| 2 | 4 + 12 of 16 | {held} | {t['steps']:,} |" in row and f"| {t['read_through']:,} |" in row
+    c = rec.r9k_calls  # the probe's own steps, each through both layers
+    assert c["malformed"] == 0 and c["steps"]["decode"] > 0
+    got = {(x["route"], x["kind"]): x["calls"] for x in c["calls"] if x["dispatch"] == "moe_cache"}
+    assert got[("r9k", "decode")] == 2 * c["steps"]["decode"] and c["per_step"]["moe_cache:r9k:decode"] == 2.0
+    assert "## r9k's kernels in the steps" in md

@@ -59,6 +59,7 @@ class SuiteResult:
     server_died: str | None = None  # the runner found the server dead: why, when, and what happened before
     server_metrics: dict[str, Any] | None = None  # the server's own counters over the suite (the engine fills it)
     moe_cache: dict[str, Any] | None = None  # r9k's expert-cache counters over the suite, from the server log (the engine)
+    r9k_calls: dict[str, Any] | None = None  # r9k's dispatched calls by step kind over the suite (the engine)
     client_tally: dict[str, Any] | None = None  # every request as the client saw it (the engine fills it)
     # name -> (content, file extension): files the engine writes beside the record and hashes into it
     attachments: dict[str, tuple[bytes, str]] = field(default_factory=dict)
