@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from kernels.fp8 import fp8_block_gemm_ref, fp8_quant_block_weight_ref, fp8_quant_group_ref
+from r9k import calls
 from r9k.ops import fp8 as dispatch
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -192,9 +193,12 @@ def test_layer_runs_r9k_within_the_gemm_bound(M, K, N, bias, monkeypatch, gen):
     try:
         dispatch.install(type(kern))
         before = dispatch.STATE.routed["r9k"]
+        counted = calls.totals().get(("fp8_block_gemm", "r9k", "other"), 0)
         y = layer(x)
         y = y[0] if isinstance(y, tuple) else y
         assert dispatch.STATE.routed["r9k"] == before + 1
+        # outside a model runner's step: counted on the device as "other" (r9k/calls.py)
+        assert calls.totals().get(("fp8_block_gemm", "r9k", "other"), 0) == counted + 1
     finally:
         dispatch.uninstall()
     assert y.shape == (2, M, N) and y.dtype == torch.bfloat16
