@@ -1,23 +1,30 @@
-"""How often r9k's dispatched kernels ran, and in which kind of step: counted on the device, read by the engine.
+"""How often r9k's dispatches ran, and in which kind of step: counted on the device, read by the engine.
 
 A dispatch that is installed is not a dispatch that runs: vLLM may pick another kernel (on CUDA its automatic
 order takes Marlin's fp8 kernel before the Triton one r9k wraps), a step may fall outside the dispatch's shapes, and
-vLLM's decode replays CUDA graphs in which no Python runs. So each call a dispatch routes, to r9k's kernel or back
-to vLLM's, adds one to a counter kept in a device tensor, indexed by the kind of the step running, itself held in
-a device tensor that the model runner's step sets before the forward and resets after it (:func:`install` wraps
-vLLM's ``execute_model``). The add is a kernel on the call's stream: a call captured into a CUDA graph counts at
-every replay, in the kind of the step that replays it. Kinds: ``prefill`` (a step where some request schedules
-more than one token, speculative tokens aside: a prefill or a chunk of one, with any decodes beside it),
-``decode`` (every request one token), ``other`` (outside a step: vLLM's profile, warm-up and capture runs).
+vLLM's decode replays CUDA graphs in which no Python runs. So each call a dispatch routes to r9k (for ``moe_cache``:
+the expert cache planned the step; vLLM's experts compute it unless the layer reads its misses through r9k's
+pointer-table GEMM) adds one to a counter kept in a device tensor, indexed by the kind of the step running, itself
+held in a device tensor that the model runner's step sets before the forward and resets once the step is done
+(:func:`install` wraps vLLM's ``execute_model`` and ``sample_tokens``, where a drafter proposes). The add is a kernel
+on the call's stream: a call captured into a CUDA graph counts at every replay, in the kind of the step that replays
+it. A call sent back to vLLM is counted where the dispatch decides at run time (eager code, and r9k's own ops);
+inside code torch.compile traced, that decision was taken while tracing and such calls are not counted.
 
-Each process that counts prints a line every ``R9K_CALLS_SEC`` seconds after a step, and at exit (cumulative
-since it started; the dispatches with no call left out)::
+Kinds: ``prefill`` (a step where some request schedules more than one token besides its speculative ones: a
+prefill or a chunk of one, with any decodes beside it; a one-token prompt or last chunk reads as a decode),
+``decode`` (every request one token), ``other`` (outside a step: vLLM's profile and capture runs, a step that
+schedules nothing). vLLM's V2 runner warms up through real steps, before any suite.
+
+Each process that counts prints a line after a step once ``R9K_CALLS_SEC`` seconds have passed since its last,
+and at exit (cumulative since it started; the dispatches with no call left out)::
 
     R9K-CALLS pid=4242 rank=0 steps=prefill:12,decode:840,other:3 calls=gdn_seq:r9k:prefill:36,moe_cache:r9k:decode:3360
 
 alone on its line, at most behind vLLM's ``(EngineCore pid=42) `` prefix (whose pid must then be the line's). The
-validation engine parses the lines (:func:`parse`) and keeps each suite's share (:func:`delta`) in the record.
-Costs: one small kernel per dispatched call and one a step, and a device-to-host read at each line.
+validation engine parses the lines (:func:`parse`) and keeps each suite's share (:func:`delta`): the steps and calls
+of up to ``R9K_CALLS_SEC`` before a suite's end can fall in the next suite's share (the calls a step are not
+moved). Costs: one small kernel per counted call and two a step, and a device-to-host read at each line.
 """
 from __future__ import annotations
 
@@ -57,23 +64,30 @@ class _State:
     rows: dict[tuple[str, str], int] = field(default_factory=dict)   # (dispatch, route) -> row
     devices: dict[str, _Device] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    patches: list[tuple[Any, str, Any, bool]] = field(default_factory=list)
-    interval: float = 10.0
+    patches: list[tuple[Any, str, Callable, Callable]] = field(default_factory=list)  # (class, name, vLLM's, ours)
+    interval: float = 1.0
     last_log: float = 0.0
+    wrapped: set[str] = field(default_factory=set)  # the runner methods wrapped
+    open: bool = False  # a step whose forward ran and whose sampling is still to come
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 STATE = _State()
 MAX_ROWS = 16  # dispatch names x routes; r9k.ops.FAMILIES has 4 names
+_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def _row(dispatch: str, route: str) -> int:
     key = (dispatch, route)
-    if key not in STATE.rows:
-        if route not in ROUTES or len(STATE.rows) >= MAX_ROWS:
-            raise ValueError(f"r9k calls: cannot count {dispatch}:{route}")
-        STATE.rows[key] = len(STATE.rows)
-    return STATE.rows[key]
+    row = STATE.rows.get(key)
+    if row is None:
+        with STATE.lock:  # two threads (vLLM's dual-batch overlap) must not take one row for two keys
+            row = STATE.rows.get(key)
+            if row is None:
+                if route not in ROUTES or not _NAME_RE.fullmatch(dispatch) or len(STATE.rows) >= MAX_ROWS:
+                    raise ValueError(f"r9k calls: cannot count {dispatch}:{route}")
+                row = STATE.rows[key] = len(STATE.rows)
+    return row
 
 
 def _on(device: Any) -> _Device:
@@ -193,18 +207,50 @@ def _device_of(runner: Any) -> Any:
     return dev if dev is not None and str(dev) != "meta" else None
 
 
-def _wrap(original: Callable) -> Callable:
+def _safely(fn: Callable, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001 - counting must never fail a step
+        _warn_once(f"r9k calls: {getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
+
+
+def _start(runner: Any, scheduler_output: Any, dummy: bool) -> None:
+    begin_step("other" if dummy else step_kind(scheduler_output), _device_of(runner))
+
+
+def _wrap_execute(original: Callable) -> Callable:
     @functools.wraps(original)
     def execute_model(self, scheduler_output, *args, **kwargs):
-        dummy = bool(kwargs.get("dummy_run", False))
-        begin_step("other" if dummy else step_kind(scheduler_output), _device_of(self))
+        _safely(_start, self, scheduler_output, bool(kwargs.get("dummy_run", False)))
+        out = None
         try:
-            return original(self, scheduler_output, *args, **kwargs)
+            out = original(self, scheduler_output, *args, **kwargs)
+            return out
         finally:
-            end_step()
+            # None: vLLM samples (and a drafter proposes) in sample_tokens next, still the same step
+            STATE.open = out is None and "sample_tokens" in STATE.wrapped
+            if not STATE.open:
+                _safely(end_step)
 
     execute_model.__r9k_original__ = original
     return execute_model
+
+
+def _wrap_sample(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def sample_tokens(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if STATE.open:
+                STATE.open = False
+                _safely(end_step)
+
+    sample_tokens.__r9k_original__ = original
+    return sample_tokens
+
+
+_WRAPPERS = {"execute_model": _wrap_execute, "sample_tokens": _wrap_sample}
 
 
 def install() -> list[str]:
@@ -223,20 +269,28 @@ def install() -> list[str]:
             continue
         if "execute_model" not in vars(cls):
             continue
-        fn = vars(cls)["execute_model"]
-        if getattr(fn, "__r9k_original__", None) is None:
-            STATE.patches.append((cls, "execute_model", fn, True))
-            setattr(cls, "execute_model", _wrap(fn))
-        out.append(f"{module}.{cls_name}.execute_model")
+        for attr, wrap in _WRAPPERS.items():
+            fn = vars(cls).get(attr)
+            if fn is None:
+                continue
+            if getattr(fn, "__r9k_original__", None) is None:
+                wrapper = wrap(fn)
+                STATE.patches.append((cls, attr, fn, wrapper))
+                setattr(cls, attr, wrapper)
+            STATE.wrapped.add(attr)
+            out.append(f"{module}.{cls_name}.{attr}")
     _atexit_once()
     return out
 
 
 def uninstall() -> None:
     """Undo :func:`install` and forget the counters."""
-    for owner, attr, original, _ in reversed(STATE.patches):
-        setattr(owner, attr, original)
+    for owner, attr, original, wrapper in reversed(STATE.patches):
+        if vars(owner).get(attr) is wrapper:  # ours still: never put back over another's wrap of it
+            setattr(owner, attr, original)
     STATE.patches.clear()
+    STATE.wrapped.clear()
+    STATE.open = False
     STATE.devices.clear()
     STATE.rows.clear()
     STATE.steps = dict.fromkeys(KINDS, 0)
@@ -254,7 +308,7 @@ def _atexit_once() -> None:
 
 # ---- what the engine reads ---------------------------------------------------------------------------------
 _PROC = r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?"
-_N = r"(?:0|[1-9]\d{0,18})"
+_N = r"(?:0|[1-9][0-9]{0,18})"  # ASCII digits only
 _CALL = rf"[a-z][a-z0-9_]*:(?:{'|'.join(ROUTES)}):(?:{'|'.join(KINDS)}):{_N}"
 _LINE_RE = re.compile(_PROC + PREFIX + rf" pid=(?P<pid>{_N}) rank=(?P<rank>{_N})"
                       + " steps=" + ",".join(rf"{k}:(?P<{k}>{_N})" for k in KINDS)

@@ -43,7 +43,7 @@ COUNTERS = ("steps", "routed", "distinct", "distinct_max", "hits", "misses", "in
             "over_thresh", "chunks", "bytes")
 _SHAPE = ("experts", "slots", "staging")
 _PROC = r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?"
-_N = r"(?:0|[1-9]\d{0,18})"  # a non-negative integer, no sign, no leading zeros, at most 19 digits
+_N = r"(?:0|[1-9][0-9]{0,18})"  # a non-negative integer (ASCII digits), no sign, no leading zeros, at most 19 digits
 _SUMMARY_RE = re.compile(_PROC + SUMMARY_PREFIX + rf" pid=(?P<pid>{_N}) rank=(?P<rank>{_N}) layers=(?P<layers>{_N})"
                          rf" moe_layers=(?P<moe_layers>{_N}) slots=(?P<slots>{_N}) staging=(?P<staging>{_N})"
                          r" thresh=(?P<thresh>(?:0|1)(?:\.\d{1,6})?)\s*$")
@@ -163,8 +163,9 @@ def delta(before: Parsed, during: Parsed) -> dict:
         "device_share"}, "malformed": n}`` (``malformed``: ``during``'s); ``total`` is None when no stats line was
         read. ``hit_rate`` = hits / distinct, ``distinct_per_step`` = distinct / steps (None when their denominator
         is 0); ``distinct_max`` is the process's own maximum (since it started), in ``total`` the largest of the
-        layers'. The memory (bytes, not differenced: what the layers hold) is summed over the layers, None unless
-        every layer's line says it; ``device_share`` = device_bytes / resident_bytes.
+        layers'. The memory (bytes, not differenced: what the layers hold) is each (rank, layer)'s latest line's,
+        summed over layers and ranks, None unless every such line says it; ``device_share`` = device_bytes /
+        resident_bytes.
     """
     b = before.last()
     rows = []
@@ -181,8 +182,12 @@ def delta(before: Parsed, during: Parsed) -> dict:
         total["distinct_max"] = max(r["distinct_max"] for r in rows)
         total["hit_rate"] = total["hits"] / total["distinct"] if total["distinct"] else None
         total["distinct_per_step"] = total["distinct"] / total["steps"] if total["steps"] else None
+        # what is held now: each (rank, layer)'s latest process (a process restarted in the suite held its
+        # layers once, not twice); summed over layers and ranks
+        held = {(s.rank, s.layer): s for s in during.stats}
         for k in MEMORY:
-            total[k] = sum(r[k] for r in rows) if all(r[k] is not None for r in rows) else None
+            vals = [getattr(s, k) for s in held.values()]
+            total[k] = sum(vals) if all(v is not None for v in vals) else None
         total["device_share"] = (total["device_bytes"] / total["resident_bytes"]
                                  if total["device_bytes"] is not None and total["resident_bytes"] else None)
     return {"layers": rows, "total": total, "malformed": during.malformed}

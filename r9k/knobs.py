@@ -261,8 +261,9 @@ MOE_CACHE_STATS_SEC = _k(
     check=lambda v: "must be >= 0" if v < 0 else None,
 )
 CALLS_SEC = _k(
-    "R9K_CALLS_SEC", float, 10.0, 10.0,
+    "R9K_CALLS_SEC", float, 1.0, 1.0,
     "seconds between a process's R9K-CALLS lines (r9k/calls.py: its dispatched calls by route and step kind, "
-    "counted on the device; written after the first step past the interval, and at exit); 0 = after every step",
+    "counted on the device; written after the first step past the interval, and at exit; each is a device read, "
+    "and a suite's share is exact to within this at its edges); 0 = after every step",
     check=lambda v: "must be >= 0" if v < 0 else None,
 )

@@ -270,14 +270,27 @@ class MoeRow:
     malformed: int = 0
 
     @property
-    def mib(self) -> float:
-        return self.total.get("bytes", 0) / 2**20
+    def mib(self) -> float | None:
+        """Bytes copied from the host store, MiB (None where the record holds no count)."""
+        b = _count(self.total.get("bytes"))
+        return b / 2**20 if b is not None else None
 
     @property
     def held_mib(self) -> float | None:
         """What the layers' caches hold on their devices, MiB (None where a counter line did not say)."""
-        b = self.total.get("device_bytes")
-        return b / 2**20 if isinstance(b, (int, float)) else None
+        b = _count(self.total.get("device_bytes"))
+        return b / 2**20 if b is not None else None
+
+    @property
+    def share(self) -> float | None:
+        """``device_share`` where it is a finite number >= 0, else None."""
+        x = self.total.get("device_share")
+        return float(x) if _finite(x) and not isinstance(x, bool) and x >= 0 else None
+
+
+def _count(x: Any) -> int | None:
+    """``x`` where it is a count (an int >= 0, not a bool), else None: an edited record shows a dash, not its text."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and x >= 0 else None
 
 
 def moe_rows(by_config: dict[str, dict[str, Record]]) -> list[MoeRow]:
@@ -291,7 +304,7 @@ def moe_rows(by_config: dict[str, dict[str, Record]]) -> list[MoeRow]:
                 continue
             shapes = {(x.get("slots"), x.get("staging"), x.get("experts")) for x in mc["layers"] if isinstance(x, dict)}
             shape = "varies" if len(shapes) != 1 else "{} + {} of {}".format(*next(iter(shapes)))
-            out.append(MoeRow(cfg, name, len(mc["layers"]), shape, mc["total"], int(mc.get("malformed") or 0)))
+            out.append(MoeRow(cfg, name, len(mc["layers"]), shape, mc["total"], _count(mc.get("malformed")) or 0))
     return out
 
 
@@ -311,7 +324,9 @@ class CallsRow:
 def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
     """One :class:`CallsRow` per record whose ``r9k_calls`` can be read (else none: nothing is shown that the log did
     not say)."""
-    from r9k.calls import KINDS
+    import re
+
+    from r9k.calls import KINDS, ROUTES
 
     out = []
     for cfg, suites in by_config.items():
@@ -319,16 +334,17 @@ def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
             c = r.r9k_calls
             if not (isinstance(c, dict) and isinstance(c.get("steps"), dict) and isinstance(c.get("calls"), list)):
                 continue
-            steps = {k: c["steps"].get(k) for k in KINDS}
+            steps = {k: _count(c["steps"].get(k)) for k in KINDS}
             by: dict[tuple[str, str], dict] = {}
             for x in c["calls"]:
-                if not isinstance(x, dict) or x.get("kind") not in KINDS or not _finite(x.get("calls")):
-                    continue
-                n, st = x["calls"], steps.get(x["kind"])
-                per = n / st if _finite(st) and st else None
-                by.setdefault((str(x.get("dispatch")), str(x.get("route"))), {})[x["kind"]] = (n, per)
+                if not (isinstance(x, dict) and x.get("kind") in KINDS and x.get("route") in ROUTES
+                        and isinstance(x.get("dispatch"), str) and re.fullmatch(r"[a-z][a-z0-9_]*", x["dispatch"])
+                        and _count(x.get("calls")) is not None):
+                    continue  # what the log could not have said is not shown
+                n, st = x["calls"], steps[x["kind"]]
+                by.setdefault((x["dispatch"], x["route"]), {})[x["kind"]] = (n, n / st if st else None)
             out.append(CallsRow(cfg, name, steps, [(d, rt, v) for (d, rt), v in sorted(by.items())],
-                                int(c.get("processes") or 0), int(c.get("malformed") or 0)))
+                                _count(c.get("processes")) or 0, _count(c.get("malformed")) or 0))
     return out
 
 

@@ -2,6 +2,7 @@
 R9K-CALLS line and how the engine reads it, and the notes' table."""
 from __future__ import annotations
 
+import functools
 import logging
 import types
 
@@ -148,7 +149,63 @@ def test_the_notes_show_the_calls_a_step(tmp_path):
     idle.r9k_calls = {"steps": {"prefill": 2, "decode": 0}, "calls": [], "malformed": 0}
     write_record(record_path(tmp_path, "v9", "h200-next", "sanity"), idle)
     md = render_release(REPO, tmp_path, "v9", None).read_text()
-    section = md.split("## r9k's kernels in the steps", 1)[1].split("\n## ", 1)[0]
+    section = md.split("## r9k's dispatches in the steps", 1)[1].split("\n## ", 1)[0]
     assert "| h200-next | probe | 4 / 100 | fp8_block_gemm | r9k | – | 1,200 (12.0) |" in section
     assert "| h200-next | probe | 4 / 100 | gdn_seq | r9k | 12 (3.0) | – |" in section
     assert "| h200-next | sanity | 2 / 0 | – | – | – | – |" in section  # steps and no dispatched call: said
+
+
+def test_a_drafter_in_sample_tokens_counts_in_its_step_and_counting_never_fails_a_step(fresh, monkeypatch):
+    """vLLM samples, and a speculative drafter proposes, in sample_tokens after execute_model returns None: the
+    step is still the same kind. A step the marks cannot read still runs; uninstall leaves another's wrap."""
+    mod = types.ModuleType("fake_runner2")
+
+    class Runner:
+        device = torch.device("cpu")
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            calls.count("fp8_block_gemm", "r9k", self.device)
+            return None
+
+        def sample_tokens(self, grammar_output):
+            calls.count("moe_cache", "r9k", self.device)  # the drafter's MoE layer
+            return "sampled"
+
+    mod.Runner = Runner
+    monkeypatch.setitem(__import__("sys").modules, "fake_runner2", mod)
+    monkeypatch.setattr(calls, "RUNNERS", (("fake_runner2", "Runner"),))
+    assert calls.install() == ["fake_runner2.Runner.execute_model", "fake_runner2.Runner.sample_tokens"]
+    r = Runner()
+    assert r.execute_model(_out(a=1)) is None and r.sample_tokens(None) == "sampled"
+    assert calls.totals() == {("fp8_block_gemm", "r9k", "decode"): 1, ("moe_cache", "r9k", "decode"): 1}
+    bad = _out(a=3)
+    bad.scheduled_spec_decode_tokens = {"a": 5}  # of no kind vLLM sends: the step runs, uncounted as a kind
+    assert r.execute_model(bad) is None and r.sample_tokens(None) == "sampled"
+    assert calls.STATE.devices["cpu"].kind.item() == calls.KINDS.index("other")
+    ours = Runner.execute_model
+    Runner.execute_model = functools.wraps(ours)(lambda self, *a, **k: ours(self, *a, **k))  # another plugin's
+    calls.uninstall()
+    assert Runner.execute_model.__wrapped__ is ours  # not put back over the other plugin's wrap
+
+
+def test_an_edited_record_shows_no_number_its_log_could_not_have_said(tmp_path):
+    from tests.conftest import REPO
+    from tests.validate.test_records_render import PROBE, rec
+    from validate.record import record_path, write_record
+    from validate.render import render_release
+
+    r = rec("h200-next", "probe", metrics=PROBE)
+    r.r9k_calls = {"steps": {"prefill": "many", "decode": -100}, "processes": "x", "malformed": [1],
+                   "calls": [{"dispatch": "fp8_block_gemm", "route": "r9k", "kind": "decode", "calls": -1200},
+                             {"dispatch": "gdn_seq", "route": "r9k | injected", "kind": "prefill", "calls": 5},
+                             {"dispatch": "moe_cache", "route": "r9k", "kind": "decode", "calls": 7}]}
+    r.moe_cache = {"layers": [], "total": {"bytes": "x", "device_bytes": True, "device_share": "lots"},
+                   "malformed": "y"}
+    write_record(record_path(tmp_path, "v9", "h200-next", "probe"), r)
+    md = render_release(REPO, tmp_path, "v9", None).read_text()
+    assert "could not be rendered" not in md
+    section = md.split("## r9k's dispatches in the steps", 1)[1].split("\n## ", 1)[0]
+    assert "| h200-next | probe | – / – | moe_cache | r9k | – | 7 (–) |" in section
+    assert "injected" not in section and "-1,200" not in section and "many" not in section
+    moe = md.split("## The expert cache", 1)[1].split("\n## ", 1)[0]
+    assert "(lots)" not in moe and "0.0 MiB" not in moe

@@ -18,7 +18,7 @@ EXPECTED = {  # name: (type, default, stock)
     "R9K_MOE_CACHE_THRESH": (float, 0.99, 0.99),
     "R9K_MOE_CACHE_STATS": (bool, True, True),
     "R9K_MOE_CACHE_STATS_SEC": (float, 10.0, 10.0),
-    "R9K_CALLS_SEC": (float, 10.0, 10.0),
+    "R9K_CALLS_SEC": (float, 1.0, 1.0),
 }
 
 

@@ -172,3 +172,11 @@ def test_the_notes_show_what_the_caches_hold_against_all_resident(tmp_path):
     section = md.split("## The expert cache", 1)[1].split("\n## ", 1)[0]
     assert "| h200-next | probe | 1 | 270 + 0 of 512 | 406.3 MiB (0.53) | 1 |" in section
     assert "| fn-tp2 | probe | 1 | 4 + 12 of 16 | – | 1 |" in section
+
+
+def test_a_process_restarted_in_the_suite_holds_its_layers_once():
+    old = counters.stats_line(100, 0, "l0", 16, 4, 0, C, device_bytes=30, resident_bytes=120)
+    new = counters.stats_line(200, 0, "l0", 16, 4, 0, C, device_bytes=40, resident_bytes=120)
+    t = counters.delta(counters.Parsed(), counters.parse(f"{old}\n{new}"))["total"]
+    assert (t["device_bytes"], t["resident_bytes"]) == (40, 120)  # the latest process's, not both summed
+    assert t["hits"] == 2 * C["hits"]  # the counters still add both processes' work

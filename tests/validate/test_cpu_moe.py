@@ -140,4 +140,4 @@ def test_counters_reach_the_record_and_the_notes(runs):
     assert c["malformed"] == 0 and c["steps"]["decode"] > 0
     got = {(x["route"], x["kind"]): x["calls"] for x in c["calls"] if x["dispatch"] == "moe_cache"}
     assert got[("r9k", "decode")] == 2 * c["steps"]["decode"] and c["per_step"]["moe_cache:r9k:decode"] == 2.0
-    assert "## r9k's kernels in the steps" in md
+    assert "## r9k's dispatches in the steps" in md
