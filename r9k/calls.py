@@ -114,6 +114,10 @@ def count(dispatch: str, route: str, device: Any) -> None:
     kind of the step running there: a kernel on the current stream (captured into a CUDA graph, it counts at every
     replay). Never raises: a count that cannot be taken is logged once."""
     try:
+        import torch
+
+        if torch.compiler.is_compiling():  # traced, it would count once at tracing: the op's body counts instead
+            return
         d = _on(device)
         d.counts[_row(dispatch, route)].index_add_(0, d.kind, d.one)
     except Exception as e:  # noqa: BLE001 - counting must never fail a call

@@ -209,3 +209,15 @@ def test_an_edited_record_shows_no_number_its_log_could_not_have_said(tmp_path):
     assert "injected" not in section and "-1,200" not in section and "many" not in section
     moe = md.split("## The expert cache", 1)[1].split("\n## ", 1)[0]
     assert "(lots)" not in moe and "0.0 MiB" not in moe
+
+
+def test_nothing_is_counted_while_torch_compile_traces(fresh):
+    """A dispatch decided inside traced code would count once at tracing and never at run time: not counted."""
+    def f(x):
+        calls.count("gdn_seq", "vllm", x.device)
+        return x + 1
+
+    torch.compile(f, backend="eager")(torch.zeros(3))
+    assert calls.totals() == {}
+    f(torch.zeros(3))
+    assert calls.totals() == {("gdn_seq", "vllm", "other"): 1}
