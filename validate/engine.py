@@ -127,42 +127,39 @@ def host_cpu() -> str | None:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
 
 
-def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
-    """The expert cache's counters over one suite (r9k.counters.delta: the stats lines written to ``log_path``
-    after byte ``log_from`` less those before), or None when the log holds no cache line. Never raises: a log that
-    cannot be read or parsed gives ``{"error": why}``."""
-    from r9k import counters
+def log_shares(log_path: Path | None, log_from: int) -> dict[str, dict | None]:
+    """The plugin's counter lines over one suite, from one read of the server log: ``{"moe_cache": the expert
+    cache's counters (r9k.counters.delta), "r9k_calls": r9k's dispatched calls (r9k.calls.delta)}``, each the lines
+    written to ``log_path`` after byte ``log_from`` less those before, or None when the log holds no such line.
+    Never raises: a log that cannot be read or parsed gives ``{"error": why}`` for what it could not give."""
+    from r9k import calls, counters
 
+    kinds = {"moe_cache": (counters, "stats"), "r9k_calls": (calls, "lines")}  # parser module, its lines' field
     if log_path is None:
-        return None
+        return dict.fromkeys(kinds)
+    out: dict[str, dict | None] = {}
     try:
         data = log_path.read_bytes()
-        before = counters.parse(data[:log_from].decode(errors="replace"))
-        during = counters.parse(data[log_from:].decode(errors="replace"))
+        text_before, text_during = data[:log_from].decode(errors="replace"), data[log_from:].decode(errors="replace")
     except Exception as e:  # noqa: BLE001 - a counter line must never fail a suite
-        return {"error": f"{type(e).__name__}: {e}"}
-    if not during.stats and not during.malformed:
-        return None
-    return counters.delta(before, during)
+        return {name: {"error": f"{type(e).__name__}: {e}"} for name in kinds}
+    for name, (mod, lines) in kinds.items():
+        try:
+            before, during = mod.parse(text_before), mod.parse(text_during)
+            out[name] = mod.delta(before, during) if getattr(during, lines) or during.malformed else None
+        except Exception as e:  # noqa: BLE001 - likewise
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
+    """The expert cache's counters over one suite (:func:`log_shares`' ``moe_cache``)."""
+    return log_shares(log_path, log_from)["moe_cache"]
 
 
 def r9k_calls(log_path: Path | None, log_from: int) -> dict | None:
-    """r9k's dispatched calls over one suite (r9k.calls.delta: the ``R9K-CALLS`` lines written to ``log_path`` after
-    byte ``log_from`` less those before), or None when the log holds no such line. Never raises: a log that cannot
-    be read or parsed gives ``{"error": why}``."""
-    from r9k import calls
-
-    if log_path is None:
-        return None
-    try:
-        data = log_path.read_bytes()
-        before = calls.parse(data[:log_from].decode(errors="replace"))
-        during = calls.parse(data[log_from:].decode(errors="replace"))
-    except Exception as e:  # noqa: BLE001 - a counter line must never fail a suite
-        return {"error": f"{type(e).__name__}: {e}"}
-    if not during.lines and not during.malformed:
-        return None
-    return calls.delta(before, during)
+    """r9k's dispatched calls over one suite (:func:`log_shares`' ``r9k_calls``)."""
+    return log_shares(log_path, log_from)["r9k_calls"]
 
 
 def write_attachments(record: Path, files: dict[str, tuple[bytes, str]]) -> dict[str, dict]:
@@ -406,8 +403,8 @@ class Engine:
             result = asyncio.run(self._run_async(runner, cfg, s, server, self.baseline_hint(release, cfg, s, runner),
                                                  release))
             if server is not None:
-                result.moe_cache = moe_counters(server.log_path or self.o.server_log, log_from)
-                result.r9k_calls = r9k_calls(server.log_path or self.o.server_log, log_from)
+                shares = log_shares(server.log_path or self.o.server_log, log_from)
+                result.moe_cache, result.r9k_calls = shares["moe_cache"], shares["r9k_calls"]
             verdict = self._verdict(s, result, server, log_from)
         except InputError as e:  # e.g. data missing for this suite: attributed to it, the release goes on
             verdict = Verdict(status="error", cause=f"bad input: {e}")
