@@ -74,7 +74,7 @@ class _State:
 
 STATE = _State()
 MAX_ROWS = 16  # dispatch names x routes; r9k.ops.FAMILIES has 4 names
-_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+NAME_RE = re.compile(r"[a-z][a-z0-9_]*")  # a dispatch name (r9k.ops.FAMILIES' names)
 
 
 def _row(dispatch: str, route: str) -> int:
@@ -84,7 +84,7 @@ def _row(dispatch: str, route: str) -> int:
         with STATE.lock:  # two threads (vLLM's dual-batch overlap) must not take one row for two keys
             row = STATE.rows.get(key)
             if row is None:
-                if route not in ROUTES or not _NAME_RE.fullmatch(dispatch) or len(STATE.rows) >= MAX_ROWS:
+                if route not in ROUTES or not NAME_RE.fullmatch(dispatch) or len(STATE.rows) >= MAX_ROWS:
                     raise ValueError(f"r9k calls: cannot count {dispatch}:{route}")
                 row = STATE.rows[key] = len(STATE.rows)
     return row
@@ -313,7 +313,7 @@ def _atexit_once() -> None:
 # ---- what the engine reads ---------------------------------------------------------------------------------
 _PROC = r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?"
 _N = r"(?:0|[1-9][0-9]{0,18})"  # ASCII digits only
-_CALL = rf"[a-z][a-z0-9_]*:(?:{'|'.join(ROUTES)}):(?:{'|'.join(KINDS)}):{_N}"
+_CALL = rf"{NAME_RE.pattern}:(?:{'|'.join(ROUTES)}):(?:{'|'.join(KINDS)}):{_N}"
 _LINE_RE = re.compile(_PROC + PREFIX + rf" pid=(?P<pid>{_N}) rank=(?P<rank>{_N})"
                       + " steps=" + ",".join(rf"{k}:(?P<{k}>{_N})" for k in KINDS)
                       + rf" calls=(?P<calls>-|{_CALL}(?:,{_CALL})*)\s*$")

@@ -324,9 +324,7 @@ class CallsRow:
 def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
     """One :class:`CallsRow` per record whose ``r9k_calls`` can be read (else none: nothing is shown that the log did
     not say)."""
-    import re
-
-    from r9k.calls import KINDS, ROUTES
+    from r9k.calls import KINDS, NAME_RE, ROUTES
 
     out = []
     for cfg, suites in by_config.items():
@@ -338,7 +336,7 @@ def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
             by: dict[tuple[str, str], dict] = {}
             for x in c["calls"]:
                 if not (isinstance(x, dict) and x.get("kind") in KINDS and x.get("route") in ROUTES
-                        and isinstance(x.get("dispatch"), str) and re.fullmatch(r"[a-z][a-z0-9_]*", x["dispatch"])
+                        and isinstance(x.get("dispatch"), str) and NAME_RE.fullmatch(x["dispatch"])
                         and _count(x.get("calls")) is not None):
                     continue  # what the log could not have said is not shown
                 n, st = x["calls"], steps[x["kind"]]

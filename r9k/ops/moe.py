@@ -183,7 +183,6 @@ def _pass(why: str, name: str) -> None:
         log.warning("r9k moe: %s keeps vLLM's experts: %s (said once; every such layer does the same)", name, why)
 
 
-
 def _max_tokens() -> int:
     try:
         from vllm.config import get_current_vllm_config
