@@ -56,7 +56,7 @@ def test_counts_land_in_the_kind_of_the_step_running(fresh):
     calls.count("gdn_seq", "elsewhere", cpu)  # a count that cannot be taken never raises
 
 
-def test_the_step_marks_wrap_the_runner_and_print_the_line(fresh, monkeypatch, caplog):
+def test_the_step_marks_wrap_the_runner_and_print_the_line(fresh, monkeypatch):
     """A runner whose forward dispatches two MoE calls a step: the line after each step says the steps and calls
     by kind; a dummy run is no step; uninstall puts vLLM's method back."""
     mod = types.ModuleType("fake_runner")
@@ -77,11 +77,15 @@ def test_the_step_marks_wrap_the_runner_and_print_the_line(fresh, monkeypatch, c
     assert calls.install() == ["fake_runner.Runner.execute_model"]
     assert calls.install() == ["fake_runner.Runner.execute_model"]  # once
     r = Runner()
-    with caplog.at_level(logging.INFO, logger="r9k"):
-        assert r.execute_model(_out(a=12)) == "out"
-        assert r.execute_model(_out(a=1)) == "out"
-        r.execute_model(_out(a=1), dummy_run=True)
-    lines = [m for m in caplog.messages if m.startswith("R9K-CALLS ")]
+    # the lines' logger stops propagating once it has its handler (r9k/lines.py): listen on it directly
+    seen: list[logging.LogRecord] = []
+    listener = logging.Handler()
+    listener.emit = seen.append
+    monkeypatch.setattr(logging.getLogger("r9k"), "handlers", [*logging.getLogger("r9k").handlers, listener])
+    assert r.execute_model(_out(a=12)) == "out"
+    assert r.execute_model(_out(a=1)) == "out"
+    r.execute_model(_out(a=1), dummy_run=True)
+    lines = [m for m in (x.getMessage() for x in seen) if m.startswith("R9K-CALLS ")]
     assert len(lines) == 3
     last = calls.parse(lines[-1]).lines[0]
     assert last.steps == {"prefill": 1, "decode": 1, "other": 1}
