@@ -38,6 +38,8 @@
 #   serve_stock  the release `stock` with every knob at its stock value (--knobs stock; the baseline of the pair)
 #   serve_r9k    the release `r9k` with the configuration's knobs, gated against `stock` where its records exist
 #   serve_gate   `gate r9k --against stock` and `gate --perf`, JUnit beside each
+#   release:NAME:KNOBS[:CONFIG[:SUITES]]  one release of the quick checklist under a knob set (e.g.
+#                release:stock-again:stock, release:gdn:gdn::sanity+probe+betterbench), gated against `stock`
 set -u
 OUT=${1:?usage: device_run.sh OUTDIR [STEP ...]}
 shift
@@ -135,6 +137,16 @@ for step in $STEPS; do
     serve_stock) serve_release serve_stock "${R9K_SERVE_LIMIT:-560}" stock --knobs stock --baseline none ;;
     serve_r9k) if [ -d "$REPORTS/stock" ]; then serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline stock
                else serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline none; fi ;;
+    release:*) # release:NAME:KNOBS[:CONFIG[:SUITES]]: the release NAME of CONFIG (default R9K_SERVE_CONFIG) under
+               # KNOBS (stock, config or a knob set the configuration names), SUITES '+'-separated (default
+               # R9K_SERVE_SUITES), gated against the release `stock` where its records exist
+               IFS=: read -r _ rel knobs cfg suites <<< "$step"
+               cfg=${cfg:-$SERVE_CONFIG}; args=""
+               for s in ${suites//+/ }; do args="$args --suite $s"; done
+               [ -z "$suites" ] && args=$SERVE_SUITES
+               base=none; [ "$rel" != stock ] && [ -d "$REPORTS/stock/$cfg" ] && base=stock
+               SERVE_CONFIG=$cfg SERVE_SUITES=$args serve_release "release_${rel}_${cfg}" "${R9K_SERVE_LIMIT:-900}" \
+                 "$rel" --knobs "$knobs" --baseline "$base" ;;
     serve_gate) step check serve_gate 60 $V gate r9k --against stock --reports "$REPORTS" --junit-xml "$OUT/gate.xml"
                 step check serve_gate_perf 60 $V gate r9k --against stock --perf --reports "$REPORTS" \
                   --junit-xml "$OUT/gate_perf.xml" ;;
