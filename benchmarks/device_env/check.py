@@ -91,10 +91,12 @@ def target_environment(pins: Pins) -> dict[str, str]:
 
 def requirement_problems(requires: dict[str, list[str]], pins: Pins) -> list[str]:
     """Each wheel's Requires-Dist (``requires``: pinned wheel name -> its requirement strings) that no pin and no
-    ``[host].provided`` entry meets at the host's markers: one line each, naming the wheel and the requirement."""
+    ``[host].provided`` entry meets at the host's markers, and no ``[host].image`` distribution names (the image's
+    versions are not recorded, so any is taken): one line each, naming the wheel and the requirement."""
     env = target_environment(pins)
     pinned = {canonicalize_name(w.name): w.version for w in pins.wheels}
     provided = {canonicalize_name(k): v for k, v in pins.host.provided.items()}
+    image = {canonicalize_name(n) for n in pins.host.image}
     problems = []
     for wheel, reqs in sorted(requires.items()):
         for text in reqs:
@@ -103,6 +105,8 @@ def requirement_problems(requires: dict[str, list[str]], pins: Pins) -> list[str
                 continue
             name = canonicalize_name(r.name)
             have = pinned.get(name) or provided.get(name)
+            if have is None and name in image:
+                continue
             if have is None:
                 problems.append(f"{wheel} requires {text}: not pinned and not on the host")
             elif not r.specifier.contains(Version(have), prereleases=True):
