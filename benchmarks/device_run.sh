@@ -35,6 +35,7 @@
 # choose what runs; R9K_REPORTS an existing reports folder
 # (carried from an earlier call) to add to; R9K_SERVE_LIMIT a release step's limit in seconds (default 560).
 #   serve_ops    the stand-ins' GPU tests (tests/benchmarks/test_serve_ops.py -m gpu: the device views, ~20 s)
+#   serve_smoke  start the configuration's server and stop at its first served request (benchmarks/serve_smoke.py)
 #   serve_stock  the release `stock` with every knob at its stock value (--knobs stock; the baseline of the pair)
 #   serve_r9k    the release `r9k` with the configuration's knobs, gated against `stock` where its records exist
 #   serve_gate   `gate r9k --against stock` and `gate --perf`, JUnit beside each
@@ -134,6 +135,8 @@ for step in $STEPS; do
                  --shapes "decode=0,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_fresh.json" ;;
     serve_ops) tests serve_ops 120 -q -rfs --tb=short -m gpu -p no:cacheprovider \
                  tests/benchmarks/test_serve_ops.py ;;
+    serve_smoke) step check serve_smoke "${R9K_SERVE_LIMIT:-900}" python3 -m benchmarks.serve_smoke --config "$SERVE_CONFIG" \
+                   --out "$OUT/smoke" ;;
     serve_stock) serve_release serve_stock "${R9K_SERVE_LIMIT:-560}" stock --knobs stock --baseline none ;;
     serve_r9k) if [ -d "$REPORTS/stock" ]; then serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline stock
                else serve_release serve_r9k "${R9K_SERVE_LIMIT:-560}" r9k --baseline none; fi ;;
