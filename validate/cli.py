@@ -23,7 +23,8 @@ console = Console(stderr=False, highlight=False, width=None if sys.stdout.isatty
 
 
 class _Bar:
-    """Adapter from a runner's ``progress(advance, total=, description=)`` to one rich task.
+    """Adapter from a runner's ``progress(advance, total=, description=)`` to one rich task; a description (what
+    the runner is at: "pass 3 of 12") is shown after the suite's label.
 
     Off a terminal (CI logs, ``> file``) rich draws nothing until the end, so a plain line is printed every
     ``LOG_EVERY_S`` seconds instead.
@@ -45,11 +46,13 @@ class _Bar:
         kw = {}
         if total is not None:
             kw["total"] = total
+        if description is not None and description != self.label.rsplit("/", 1)[-1]:  # not the suite's name again
+            kw["description"] = f"{self.label}: {description}"
         self.p.update(self.task, advance=advance, **kw)
         if not self.p.console.is_terminal and self._clock() - self._last >= self.LOG_EVERY_S:
             self._last = self._clock()
             t = self.p.tasks[self.task]
-            self.p.console.print(f"{self.label}: {t.completed:.0f} of {t.total or '?'} "
+            self.p.console.print(f"{t.description}: {t.completed:.0f} of {t.total or '?'} "
                                  f"({self._last - self._t0:.0f} s)")
 
     def close(self) -> None:

@@ -468,7 +468,7 @@ class Engine:
                          record_dir=self.o.reports, release=release, server_alive=server.alive if server else (lambda: True),
                          server_gone=server_gone, server_pid=server.main_pid if server is not None else None,
                          progress=bar.update if bar else (lambda *a, **k: None), log=self.say,
-                         baseline_hint=baseline_hint)
+                         baseline_hint=baseline_hint, budget_s=s.budget_s)
         from validate.server_metrics import ServerMetrics
 
         sm = ServerMetrics(server.url if server is not None else None)

@@ -481,3 +481,55 @@ def test_the_notes_sort_probes_around_edited_rates():
               {"index": 2, "rate_per_s": 0.5}, {"index": 3, "rate_per_s": float("nan")}, {"index": 4, "rate_per_s": True}]
     assert [p["index"] for p in by_number(probes, "rate_per_s")] == [2, 0, 1, 3, 4]
     assert by_number("probes", "rate_per_s") == [] and as_list(3) == [] and as_list([0.9, 0.8]) == [0.9, 0.8]
+
+
+def test_the_quick_plan_fits_its_budget_with_the_reference_probe():
+    """The quick profile's arrivals, read from the suite file: one probe at 0.5 req/s and, against a quick
+    baseline (whose SLO rate is that probe's), a reference probe at the same rate; both seeded schedules hold 4
+    arrivals, the last at 12.75 s, so the plan's arrivals span 25.5 s of the 35 s budget. 6 requests spanned
+    19.5 s a probe: 39 s with the reference probe."""
+    from tests.conftest import REPO
+    from validate.runners.arrivals import probe_seed
+    from validate.suite import load_suite
+
+    s = load_suite(REPO / "suites" / "arrivals.yaml", "quick")
+    p = s.params
+    plan = [(rate, p.probe_min_queries) for rate in p.rates_per_s]
+    plan.append((p.rates_per_s[-1], max(p.reference_queries, p.probe_min_queries)))  # the reference probe
+    spans = [schedule(r, p.burstiness, min_duration_s=p.probe_min_duration_s, min_queries=q,
+                      seed=probe_seed(p.seed, r)) for r, q in plan]
+    assert [len(x.times_s) for x in spans] == [4, 4] and [round(x.span_s, 2) for x in spans] == [12.75, 12.75]
+    assert sum(x.span_s for x in spans) < s.budget_s == 35
+    before = schedule(0.5, 1.0, min_duration_s=10, min_queries=6, seed=probe_seed(0, 0.5))
+    assert round(2 * before.span_s, 1) == 39.0 > s.budget_s
+
+
+@pytest.mark.timeout(120)
+def test_the_quick_profile_runs_its_probe_and_the_reference_probe_on_the_fake_server(monkeypatch):
+    """The quick params against the synthetic server with a baseline's SLO rate of 0.5 req/s: two probes of 4
+    requests each, the second the reference probe on the same seeded schedule, and nothing else."""
+    from tests.conftest import REPO
+    from validate.runners import arrivals as arr
+    from validate.runners.text import TextPool
+    from validate.suite import load_suite
+
+    async def pool(*a, **k):
+        return TextPool(list(range(4000)))
+
+    monkeypatch.setattr(TextPool, "build", pool)
+    p = load_suite(REPO / "suites" / "arrivals.yaml", "quick").params
+
+    async def go():
+        async with SynthServer(Script(ttft_ms=2.0, itl_ms=1.0)) as srv:
+            async with OpenAIClient(srv.url, "synth") as c:
+                ctx = _Ctx(c, {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 99})
+                ctx.baseline_hint = {"release": "v1", "value": 0.5}
+                return await arr.run(ctx, p), len(srv.records)
+
+    out, received = asyncio.run(go())
+    m = out.metrics
+    assert not out.errors and received == 8 and m["requests_logged"] == 8
+    assert [(pr["rate_per_s"], pr["requests"], pr.get("reference", False)) for pr in m["probes"]] == [
+        (0.5, 4, False), (0.5, 4, True)]
+    assert m["reference"] == {"release": "v1", "rate_per_s": 0.5, "probe": 1}
+    assert [pr["schedule_span_s"] for pr in m["probes"]] == [12.747, 12.747] and m["slo_rate_per_s"] == 0.5

@@ -28,15 +28,19 @@ PARAMS = {"passes": 2, "decode_tokens": 8, "prefill_depths": [64], "concurrency"
 POOL = list(range(1000, 1000 + 8192))  # distinct ids: no two windows from other offsets share a block
 
 
-def run_against_synth(monkeypatch, script: Script, params: dict = PARAMS):
-    """BetterBench's run on the synthetic server (which has no /tokenize: the text pool is :data:`POOL`). Returns
-    (SuiteResult, every request body the server received in arrival order as (path, body))."""
+def run_against_synth(monkeypatch, script: Script, params: dict = PARAMS, budget_s: float | None = None,
+                      progress=None, on_pool=None):
+    """BetterBench's run on the synthetic server (which has no /tokenize: the text pool is :data:`POOL`), under
+    the time budget ``budget_s``, with ``progress`` as the context's, calling ``on_pool()`` when the pool is built.
+    Returns (SuiteResult, every request body the server received in arrival order as (path, body))."""
     from validate.client import OpenAIClient
     from validate.config import ModelSpec, ServeConfig, ServerSpec
     from validate.runners.base import RunContext
 
     async def pool(cls, client, data_dir, min_tokens, start=0):
         assert min_tokens <= len(POOL)
+        if on_pool:
+            on_pool()
         return TextPool(list(POOL))
 
     monkeypatch.setattr(betterbench.TextPool, "build", classmethod(pool))
@@ -55,7 +59,8 @@ def run_against_synth(monkeypatch, script: Script, params: dict = PARAMS):
 
             srv._handle = spy
             async with OpenAIClient(srv.url, "synth") as c:
-                ctx = RunContext(root=REPO, config=cfg, profile="quick", client=c, data_dir=None, record_dir=REPO)
+                ctx = RunContext(root=REPO, config=cfg, profile="quick", client=c, data_dir=None, record_dir=REPO,
+                                 budget_s=budget_s, **({"progress": progress} if progress else {}))
                 return await betterbench.run(ctx, betterbench.BetterBenchParams(**params))
 
     return asyncio.run(asyncio.wait_for(go(), 50)), received

@@ -83,7 +83,8 @@ def test_a_budget_is_no_param_and_every_quick_suite_states_one(tmp_path):
     cl = load_checklist(REPO)
     budgets = {name: find_suite(REPO, name, "quick").budget_s for name in cl.plan(["cpu-smol"])[0][1]}
     assert all(b is not None for b in budgets.values()), budgets
-    assert sum(budgets.values()) <= 300  # the quick release's suites within five minutes on cpu-smol
+    # the quick release's suites within 5 minutes 15 s on cpu-smol, arrivals' reference probe included
+    assert sum(budgets.values()) <= 315
 
 
 def test_unknown_kind_lists_known(tmp_path):

@@ -31,6 +31,9 @@ class RunContext:
     # progress(advance, total=None, description=None): the CLI binds it to a rich progress bar
     progress: Callable[..., None] = lambda *a, **k: None
     log: Callable[[str], None] = print
+    # the suite's time budget on its profile (seconds; the suite file's profiles.<profile>.budget_s), None if
+    # unstated: a runner that sizes its work to it (BetterBench's passes) reads it here
+    budget_s: float | None = None
 
     @property
     def think_end(self) -> str:

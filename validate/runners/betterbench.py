@@ -28,6 +28,22 @@ Each pass measures, on one launch:
   block-aligned ``P`` (vLLM counts every prompt token as queried and the cached full blocks as hits). The hit rate
   is a share, neither a time nor a rate: the performance gate records it and never judges it.
 
+**How many passes.** Where the suite's profile states no time budget, ``passes`` passes run. Where it states one
+(``profiles.<profile>.budget_s``, :attr:`validate.runners.base.RunContext.budget_s`), the passes are sized to it
+on the hardware they run on (:func:`pass_stop`): the first pass always runs, and another runs while the time since
+the suite started (the text pool's build included) plus the slowest pass so far plus :data:`BUDGET_RESERVE_S` (the
+engine's work after the runner) stays within the budget, up to ``max_passes``. ``min_passes`` (5) is the fewest a
+side on which the performance gate decides with some noise between the sides (the one-sided exact Mann-Whitney p
+of two sides of n passes is ``k / C(2n, n)`` where ``k`` counts the orderings at least as extreme: 4 a side give
+1/70 = 0.014 only when every pass of one side lies beyond every pass of the other, and 2/70 = 0.029 with one pair
+swapped, 4/70 = 0.057 with two; 5 a side keep p < 0.05 up to 4 swapped pairs of 25, 12/252 = 0.048; 3 a side
+give at least 1/20 = 0.05, never below 0.05). Where the budget holds fewer, the passes that fit run and the record
+says so (``passes_why``); the gate then says it cannot tell and how many passes would let it decide. The record
+keeps the count run (``passes``), the count planned after the first pass (``passes_planned``), why the passes
+stopped (``passes_stop``: ``count``, ``max_passes`` or ``budget``; ``passes_why`` in words) and each pass's wall
+time (``pass_s``). The count run is a metric, never a measuring parameter: records of other counts compare
+(validate.perfgate.MEASURING_PARAMS leaves the counts out).
+
 **Combined decode** (tok/s) is the geometric mean, over the concurrency levels up to max_num_seqs, of the
 per-stream decode rate 1 / TPOT-p50 at that level: the decode speed one user sees, averaged from a lone
 stream to a full batch. One figure that moves with the decode step and with batching efficiency alike.
@@ -47,13 +63,14 @@ those measured before subsampling.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
-
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from validate.client import OpenAIClient, RequestResult, gather_limited
 from validate.metrics import LoadMetrics, band, combined_decode, prefill_rate, summarize, tpot_s
@@ -67,6 +84,13 @@ from validate.suite import register_runner
 #: Most latency samples kept per concurrency level and kind (TTFT, ITL): at most 11 KB of record per 1,000 kept
 #: (indented JSON); the full profile keeps about 11,000 (+125 KB), the quick one about 5,900 (+64 KB).
 LATENCY_SAMPLES_MAX = 2000
+
+#: Seconds of the budget kept for what the engine does after the runner within the suite's wall time (a /metrics
+#: scrape, the server log's counters, the record's write): the passes are sized to the budget less this.
+BUDGET_RESERVE_S = 1.0
+
+#: The clock the passes are sized by (seconds, monotonic); a module name so that a test can give a fake one.
+clock = time.monotonic
 
 #: The shared-prompt rows' prompts, one per prompt type: fixed text here rather than a file under suites/data,
 #: as :data:`validate.runners.text.ESSAY` is, because each defines what its figure measures and is sent as is (no
@@ -84,7 +108,12 @@ SHARED_PROMPTS: dict[str, str] = {
 
 class BetterBenchParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    passes: int = Field(20, ge=1)
+    passes: int = Field(20, ge=1, description="passes run where the suite's profile states no time budget (budget_s)")
+    min_passes: int = Field(5, ge=1, description=(
+        "with a time budget: the fewest passes a side on which the performance gate decides (a one-sided exact "
+        "Mann-Whitney p < 0.05 with up to 4 of 25 pairs swapped); where the budget holds fewer, those that fit run "
+        "and the record says so"))
+    max_passes: int = Field(20, ge=1, description="with a time budget: the most passes run, however many would fit")
     decode_tokens: int = Field(512, ge=8)
     prefill_depths: list[int] = Field([2048, 8192, 16384, 32768], min_length=1)
     concurrency: list[int] = Field([1, 2, 4, 8, 16], min_length=1)
@@ -98,6 +127,64 @@ class BetterBenchParams(BaseModel):
     prefix_concurrency: int = Field(8, ge=1, description="clients of the prefix-repetition row")
     prefix_output_tokens: int | None = Field(None, ge=2, description="output tokens per request; None: agg_tokens")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _counts(self):
+        if self.min_passes > self.max_passes:
+            raise ValueError(f"min_passes {self.min_passes} is above max_passes {self.max_passes}")
+        return self
+
+
+def pass_stop(p: BetterBenchParams, budget_s: float | None, elapsed_s: float, pass_s: list[float]) -> str | None:
+    """Why no further pass runs, or None when one more does (the module docstring's rule).
+
+    Args:
+        p: the suite's params (``passes``, ``max_passes``).
+        budget_s: the suite's time budget on its profile (seconds), None where it states none.
+        elapsed_s: seconds since the suite started (the text pool's build and every pass so far).
+        pass_s: each pass run so far, its wall time in seconds.
+    Returns:
+        None, ``"count"`` (no budget: ``passes`` ran), ``"max_passes"`` or ``"budget"`` (the slowest pass so far
+        would end past ``budget_s`` less :data:`BUDGET_RESERVE_S`).
+    """
+    if budget_s is None:
+        return "count" if len(pass_s) >= p.passes else None
+    if len(pass_s) >= p.max_passes:
+        return "max_passes"
+    if pass_s and elapsed_s + max(pass_s) + BUDGET_RESERVE_S > budget_s:
+        return "budget"
+    return None
+
+
+def passes_planned(p: BetterBenchParams, budget_s: float | None, elapsed_s: float, pass_s: list[float]) -> int:
+    """How many passes :func:`pass_stop` would run if every later pass took as long as the slowest so far:
+    ``passes`` without a budget, else ``len(pass_s) + floor((budget_s - BUDGET_RESERVE_S - elapsed_s) / slowest)``
+    within [``len(pass_s)``, ``max_passes``]. Raises ValueError with a budget and no pass measured yet."""
+    if budget_s is None:
+        return p.passes
+    if not pass_s:
+        raise ValueError("the passes a budget holds are planned from a measured pass")
+    slowest = max(max(pass_s), 1e-9)
+    more = math.floor((budget_s - BUDGET_RESERVE_S - elapsed_s) / slowest)
+    return min(p.max_passes, len(pass_s) + max(0, more))
+
+
+def stop_sentence(p: BetterBenchParams, budget_s: float | None, stop: str, elapsed_s: float, pass_s: list[float],
+                  run: int) -> str:
+    """``metrics["passes_why"]``: why the passes stopped where they did, in words, and where the ``run`` passes
+    that measured figures are fewer than ``min_passes`` under a budget, that the gate cannot decide on them."""
+    if stop == "count":
+        return f"{p.passes} passes: the profile states no time budget"
+    took = f"passes took {min(pass_s):.1f} to {max(pass_s):.1f} s"
+    if stop == "max_passes":
+        out = f"max_passes {p.max_passes} ran within the {budget_s:g} s budget ({took}, {elapsed_s:.1f} s in all)"
+    else:
+        out = (f"the budget: one more pass would end at {elapsed_s + max(pass_s):.1f} s, past the {budget_s:g} s "
+               f"budget less {BUDGET_RESERVE_S:g} s for the record ({took})")
+    if run < p.min_passes:
+        out += (f"; {run} passes measured, fewer than min_passes {p.min_passes}: the performance gate may not "
+                "decide on them")
+    return out
 
 
 async def concurrency_step(client: OpenAIClient, streams: int, requests_per_client: int, prompts, max_tokens: int
@@ -254,6 +341,10 @@ class BetterBenchMetrics(BaseModel):
     concurrency: list[int]
     summary: dict[str, Band] = Field(description="every per-pass figure's median and min-max band")
     per_pass: list[dict[str, float | int | None]]
+    passes_planned: int | None = Field(None, description="passes planned after the first (passes without a budget)")
+    passes_stop: str | None = Field(None, description="why the passes stopped: count, max_passes or budget")
+    passes_why: str | None = Field(None, description="passes_stop in words, and a count below min_passes")
+    pass_s: list[float] = Field(default_factory=list, description="each pass's wall time (s), failed ones included")
     latency_samples: dict[str, dict[str, Any]] = Field(default_factory=dict)
     formula: str
     combined_decode_tok_s: float | None = None
@@ -365,107 +456,148 @@ def audit(rec, folder) -> list[str]:
     return out
 
 
+@dataclass
+class Bench:
+    """What every pass of one run shares: the context, the params, the sizes as run (prefill ``depths``, concurrency
+    ``levels``, the rows' answer lengths, the prefix length), the text pool and its seeded draw, and what the passes
+    add to: per level the (TTFT ms, ITL ms) samples, the failed steps' lines, per pass without a hit rate why."""
+
+    ctx: RunContext
+    p: BetterBenchParams
+    pool: TextPool
+    depths: list[int]
+    levels: list[int]
+    shared_out: int
+    prefix_out: int
+    prefix_len: int
+    rng: random.Random
+    latency: dict[int, tuple[list[float], list[float]]] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    no_hit_rate: list[str] = field(default_factory=list)
+
+
+async def measure_pass(b: Bench, n: int) -> dict | None:
+    """Pass ``n``: every row once, as the module docstring lists them. Returns the pass's figures (floats to 3
+    decimals), or None when its decode request failed (the pass is left out; the line is in ``b.failed``)."""
+    ctx, p, s = b.ctx, b.p, b.ctx.config.server
+    row: dict = {"pass": n}
+    r = await ctx.client.chat([{"role": "user", "content": ESSAY}], max_tokens=p.decode_tokens, ignore_eos=True)
+    ctx.progress(1)
+    if not r.ok:
+        b.failed.append(f"pass {n} decode: {r.error}")
+        return None
+    t = tpot_s(r)
+    if t is None:  # the decode rate is undefined: an error of this step, never 1 / 0
+        b.failed.append(f"pass {n} decode: no TPOT (the tokens after the first chunk span no time)")
+    else:
+        row.update(decode_tok_s=1 / t, decode_step_ms=t * 1e3)
+    if r.ttft_s is not None:
+        row["ttft_ms"] = r.ttft_s * 1e3
+    for d in b.depths:
+        r = await ctx.client.completion(b.pool.window(d, b.rng), max_tokens=1)
+        ctx.progress(1)
+        if not r.ok:
+            b.failed.append(f"pass {n} prefill {d}: {r.error}")
+            continue
+        if not r.ttft_s:
+            b.failed.append(f"pass {n} prefill {d}: no token-bearing chunk, TTFT undefined")
+            continue
+        row[f"prefill_{d}_tok_s"] = prefill_rate(d, r.ttft_s)
+    for c in b.levels:
+        windows = {(k, j): b.pool.window(p.prompt_tokens, b.rng) for k in range(c) for j in range(p.requests_per_client)}
+        m, res = await concurrency_step(ctx.client, c, p.requests_per_client, lambda k, j: windows[(k, j)], p.agg_tokens)
+        ctx.progress(len(res))
+        if m.errors:
+            b.failed.append(f"pass {n} concurrency {c}: {m.errors} errors; first: {next(x.error for x in res if not x.ok)}")
+        ttft, itl = latency_values(res)
+        b.latency[c][0].extend(ttft)
+        b.latency[c][1].extend(itl)
+        row[f"c{c}_tok_s"] = m.output_tok_s
+        row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
+        row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
+        row[f"c{c}_tpot_ms_p50"] = m.tpot_ms_p50
+    for kind in SHARED_PROMPTS:  # after the levels: the figures above are measured as they were without these rows
+        figs, res = await shared_row(ctx.client, kind, p.shared_copies, b.shared_out)
+        ctx.progress(len(res))
+        if bad := [x for x in res if not x.ok]:
+            b.failed.append(f"pass {n} shared prompt {kind}: {len(bad)} errors; first: {bad[0].error}")
+        row.update(figs)
+    if b.prefix_len >= 1:
+        figs, why, res = await prefix_row(ctx.client, b.pool, b.rng, b.prefix_len, p.prefix_suffix_tokens,
+                                          p.prefix_concurrency, p.requests_per_client, b.prefix_out,
+                                          ctx.client.base_url)
+        ctx.progress(len(res))
+        if bad := [x for x in res if not x.ok]:
+            b.failed.append(f"pass {n} prefix row: {len(bad)} errors; first: {bad[0].error}")
+        if why:
+            b.no_hit_rate.append(f"pass {n}: {why}")
+        row.update(figs)
+    undefined = [c for c in b.levels if c <= s.max_num_seqs and row.get(f"c{c}_tpot_ms_p50") is None]
+    if undefined:  # leaving a level out would make combined decode read as another figure (and faster)
+        b.failed.append(f"pass {n}: no TPOT at concurrency {', '.join(map(str, undefined))} (every token of an answer "
+                        "in one chunk, or no request succeeded): combined decode undefined")
+        row["combined_decode_tok_s"] = None
+    else:
+        row["combined_decode_tok_s"] = combined_decode({c: row.get(f"c{c}_tpot_ms_p50") for c in b.levels},
+                                                       s.max_num_seqs)
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
+
+
 @register_runner("betterbench", BetterBenchParams, preflight=needs_train_text, sample_server_s=5.0,
                  metrics_model=BetterBenchMetrics, figures=figures, headline=headline, summary=summary, order=20,
                  audit=audit, audit_hashes=False)
 async def run(ctx: RunContext, p: BetterBenchParams) -> SuiteResult:
+    t0 = clock()  # the budget covers the text pool's build too
     s = ctx.config.server
     limit = s.max_model_len - 8
     depths = [d for d in p.prefill_depths if d <= limit] or [limit]
     levels = list(p.concurrency)
-    shared_out = p.shared_tokens or p.agg_tokens
     prefix_out = p.prefix_output_tokens or p.agg_tokens
     # the prefix row's prompt and answer fit the context, as the prefill depths do
     prefix_len = min(p.prefix_tokens, s.max_model_len - 8 - p.prefix_suffix_tokens - prefix_out)
     pool = await TextPool.build(ctx.client, ctx.data_dir,
                                 min_tokens=max(max(depths) * 2, 8192, 2 * max(prefix_len, 0)))
+    b = Bench(ctx, p, pool, depths, levels, p.shared_tokens or p.agg_tokens, prefix_out, prefix_len,
+              random.Random(p.seed), latency={c: ([], []) for c in levels})
     prefix_n = p.prefix_concurrency * p.requests_per_client
     per_pass_requests = (1 + len(depths) + sum(c * p.requests_per_client for c in levels)
                          + len(SHARED_PROMPTS) * p.shared_copies + prefix_n * (prefix_len >= 1))
-    ctx.progress(0, total=p.passes * per_pass_requests, description="betterbench")
-    rng = random.Random(p.seed)
-    passes, failed = [], []
-    latency: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in levels}
-    no_hit_rate: list[str] = []  # per pass without a hit rate: why
+    budget = ctx.budget_s
+    planned = passes_planned(p, None, 0.0, []) if budget is None else None
     if prefix_len < 1:
-        failed.append(f"prefix row: max_model_len {s.max_model_len} leaves no room for a prefix before "
-                      f"{p.prefix_suffix_tokens} suffix and {prefix_out} answer tokens")
-    for n in range(p.passes):
-        row: dict = {"pass": n}
-        r = await ctx.client.chat([{"role": "user", "content": ESSAY}], max_tokens=p.decode_tokens, ignore_eos=True)
-        ctx.progress(1)
-        if not r.ok:
-            failed.append(f"pass {n} decode: {r.error}")
-            continue
-        t = tpot_s(r)
-        if t is None:  # the decode rate is undefined: an error of this step, never 1 / 0
-            failed.append(f"pass {n} decode: no TPOT (the tokens after the first chunk span no time)")
-        else:
-            row.update(decode_tok_s=1 / t, decode_step_ms=t * 1e3)
-        if r.ttft_s is not None:
-            row["ttft_ms"] = r.ttft_s * 1e3
-        for d in depths:
-            r = await ctx.client.completion(pool.window(d, rng), max_tokens=1)
-            ctx.progress(1)
-            if not r.ok:
-                failed.append(f"pass {n} prefill {d}: {r.error}")
-                continue
-            if not r.ttft_s:
-                failed.append(f"pass {n} prefill {d}: no token-bearing chunk, TTFT undefined")
-                continue
-            row[f"prefill_{d}_tok_s"] = prefill_rate(d, r.ttft_s)
-        for c in levels:
-            windows = {(k, j): pool.window(p.prompt_tokens, rng) for k in range(c) for j in range(p.requests_per_client)}
-            m, res = await concurrency_step(ctx.client, c, p.requests_per_client, lambda k, j: windows[(k, j)], p.agg_tokens)
-            ctx.progress(len(res))
-            if m.errors:
-                failed.append(f"pass {n} concurrency {c}: {m.errors} errors; first: {next(x.error for x in res if not x.ok)}")
-            ttft, itl = latency_values(res)
-            latency[c][0].extend(ttft)
-            latency[c][1].extend(itl)
-            row[f"c{c}_tok_s"] = m.output_tok_s
-            row[f"c{c}_ttft_ms_p50"] = m.ttft_ms_p50
-            row[f"c{c}_ttft_ms_p99"] = m.ttft_ms_p99
-            row[f"c{c}_tpot_ms_p50"] = m.tpot_ms_p50
-        for kind in SHARED_PROMPTS:  # after the levels: the figures above are measured as they were without these rows
-            figs, res = await shared_row(ctx.client, kind, p.shared_copies, shared_out)
-            ctx.progress(len(res))
-            if bad := [x for x in res if not x.ok]:
-                failed.append(f"pass {n} shared prompt {kind}: {len(bad)} errors; first: {bad[0].error}")
-            row.update(figs)
-        if prefix_len >= 1:
-            figs, why, res = await prefix_row(ctx.client, pool, rng, prefix_len, p.prefix_suffix_tokens,
-                                              p.prefix_concurrency, p.requests_per_client, prefix_out,
-                                              ctx.client.base_url)
-            ctx.progress(len(res))
-            if bad := [x for x in res if not x.ok]:
-                failed.append(f"pass {n} prefix row: {len(bad)} errors; first: {bad[0].error}")
-            if why:
-                no_hit_rate.append(f"pass {n}: {why}")
-            row.update(figs)
-        undefined = [c for c in levels if c <= s.max_num_seqs and row.get(f"c{c}_tpot_ms_p50") is None]
-        if undefined:  # leaving a level out would make combined decode read as another figure (and faster)
-            failed.append(f"pass {n}: no TPOT at concurrency {', '.join(map(str, undefined))} (every token of an answer "
-                          "in one chunk, or no request succeeded): combined decode undefined")
-            row["combined_decode_tok_s"] = None
-        else:
-            row["combined_decode_tok_s"] = combined_decode({c: row.get(f"c{c}_tpot_ms_p50") for c in levels},
-                                                           s.max_num_seqs)
-        passes.append({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()})
+        b.failed.append(f"prefix row: max_model_len {s.max_model_len} leaves no room for a prefix before "
+                        f"{p.prefix_suffix_tokens} suffix and {prefix_out} answer tokens")
+    passes: list[dict] = []
+    pass_s: list[float] = []
+    while (stop := pass_stop(p, budget, clock() - t0, pass_s)) is None:
+        n = len(pass_s)
+        plan = max(planned, n + 1) if planned is not None else None
+        ctx.progress(0, total=plan * per_pass_requests if plan else None,
+                     description=f"pass {n + 1} of {plan or '?'}" + (f" ({budget:g} s budget)" if budget else ""))
+        start = clock()
+        row = await measure_pass(b, n)
+        pass_s.append(clock() - start)
+        if row is not None:
+            passes.append(row)
+        if planned is None:  # the first pass says what a pass takes here
+            planned = passes_planned(p, budget, clock() - t0, pass_s)
+    why = stop_sentence(p, budget, stop, clock() - t0, pass_s, len(passes))
+    ctx.log(f"betterbench: {len(passes)} passes ({why})")
     out = SuiteResult()
-    if failed:
-        out.errors.append(f"{len(failed)} BetterBench steps failed; first: {failed[0]}")
+    if b.failed:
+        out.errors.append(f"{len(b.failed)} BetterBench steps failed; first: {b.failed[0]}")
     keys = list(dict.fromkeys(k for row in passes for k in row if k != "pass"))  # a figure may miss in some passes
     out.metrics = {
-        "passes": len(passes), "prefill_depths": depths, "concurrency": levels,
+        "passes": len(passes), "passes_planned": planned, "passes_stop": stop, "passes_why": why,
+        "pass_s": [round(t, 2) for t in pass_s], "prefill_depths": depths, "concurrency": levels,
         "summary": {k: band([row.get(k) for row in passes]) for k in keys},
         "per_pass": passes,
-        "latency_samples": latency_samples(latency, p.seed),
+        "latency_samples": latency_samples(b.latency, p.seed),
         "formula": "combined_decode = geometric mean over concurrency <= max_num_seqs of 1/TPOT-p50",
         "shared_prompts": dict(SHARED_PROMPTS),
         "prefix_tokens": prefix_len if prefix_len >= 1 else None,
-        "server_prefix_cache_hit_rate_why": (f"no hit rate in {len(no_hit_rate)} of {p.passes} passes; first: "
-                                             f"{no_hit_rate[0]}") if no_hit_rate else None,
+        "server_prefix_cache_hit_rate_why": (f"no hit rate in {len(b.no_hit_rate)} of {len(pass_s)} passes; first: "
+                                             f"{b.no_hit_rate[0]}") if b.no_hit_rate else None,
     }
     if passes:
         sm = out.metrics["summary"]
