@@ -78,10 +78,11 @@ Modules: :mod:`kernels.moe.cache` (ExpertCache, its plan and gather-copy kernels
 (moe_topk_sum), :mod:`kernels.moe.reference` (the top-k sum's reference). The design and the H200 figures:
 docs/kernels/moe.md.
 """
-from kernels.moe.cache import DEFAULT_INSERT_THRESH, CacheStats, ExpertCache, StepPlan, device_bytes
+from kernels.moe.cache import (DEFAULT_INSERT_THRESH, CacheStats, ExpertCache, StepPlan, allocator_bytes,
+                               device_bytes)
 from kernels.moe.ptr_gemm import invoke_ptr_moe
 from kernels.moe.reference import moe_topk_sum_ref
 from kernels.moe.topk_sum import moe_topk_sum
 
-__all__ = ["ExpertCache", "CacheStats", "StepPlan", "DEFAULT_INSERT_THRESH", "device_bytes", "invoke_ptr_moe", "moe_topk_sum",
-           "moe_topk_sum_ref"]
+__all__ = ["ExpertCache", "CacheStats", "StepPlan", "DEFAULT_INSERT_THRESH", "device_bytes", "allocator_bytes",
+           "invoke_ptr_moe", "moe_topk_sum", "moe_topk_sum_ref"]

@@ -300,6 +300,30 @@ def device_bytes(E: int, n_slots: int, tensor_bytes: list[int], max_tokens: int,
     return b
 
 
+ALLOC_BLOCK = 512        # PyTorch's CUDA caching allocator: kMinBlockSize, the rounding of every request
+ALLOC_SMALL = 1 << 20    # kSmallSize: the small pool's largest request, the large pool's unsplit remainder at most
+
+
+def allocator_bytes(nbytes: list[int]) -> tuple[int, int]:
+    """The least and the most bytes PyTorch's CUDA caching allocator counts (``torch.cuda.memory_allocated``) for
+    live allocations of ``nbytes`` bytes each, in its default configuration (PYTORCH_CUDA_ALLOC_CONF without
+    ``max_split_size_mb``, ``expandable_segments`` or ``roundup_power2_divisions``).
+
+    Source: c10/cuda/CUDACachingAllocator.cpp (``round_size``, ``get_pool``, ``should_split``,
+    ``get_allocation_size``): a request is rounded up to a multiple of 512 B (kMinBlockSize; an empty tensor takes
+    no block); one of at most 1 MiB (kSmallSize) is served by the small pool, whose blocks are split whenever
+    512 B or more remain, so it counts exactly the rounded size; a larger one by the large pool, whose block is
+    split only where more than 1 MiB remains, so the block it counts may be up to 1 MiB over the rounded size
+    (a fresh segment for a request of 10 MiB or more is rounded to 2 MiB, kRoundLarge: 67.5 MiB takes 68 MiB,
+    135 MiB takes 136 MiB; a cached free block is taken whole the same way).
+
+    Returns:
+        (sum of the rounded sizes, that plus 1 MiB for every allocation of more than 1 MiB).
+    """
+    rounded = [-(-int(n) // ALLOC_BLOCK) * ALLOC_BLOCK for n in nbytes if int(n) > 0]
+    return sum(rounded), sum(rounded) + ALLOC_SMALL * sum(1 for r in rounded if r > ALLOC_SMALL)
+
+
 _WORD = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
 

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import importlib
 import inspect
 import logging
@@ -470,12 +471,20 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
         h.copy_(t)
         host.append(h)
     cuda = w13.device.type == "cuda"
-    before = torch.cuda.memory_allocated(w13.device) if cuda else 0
-    cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device=w13.device, insert_thresh=STATE.thresh,
-                        stage_slots=stage if read == "stage" else None, pin=cuda, read=read)
-    cache.fill()
-    # the allocator's count across the set-up (the layer's own tensors still held): what the cache added
-    device_bytes = torch.cuda.memory_allocated(w13.device) - before if cuda else cache.buffer_bytes()
+    # the allocator's count across the set-up (the layer's own tensors still held): what the cache added. Python's
+    # cyclic collector is held off meanwhile: a collection here would free unrelated tensors (garbage in reference
+    # cycles, e.g. an earlier layer's cache) inside the count.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        before = torch.cuda.memory_allocated(w13.device) if cuda else 0
+        cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device=w13.device, insert_thresh=STATE.thresh,
+                            stage_slots=stage if read == "stage" else None, pin=cuda, read=read)
+        cache.fill()
+        device_bytes = torch.cuda.memory_allocated(w13.device) - before if cuda else cache.buffer_bytes()
+    finally:
+        if collecting:
+            gc.enable()
     resident_bytes = sum(t.numel() * t.element_size() for _, _, t in tensors)
     from vllm.model_executor.utils import replace_parameter
 

@@ -2,13 +2,14 @@
 every step against the host path's (the reference) under a routing trace of changing batch shapes, the tables'
 addresses reading the right expert's bytes, no staging slots and every step on the device at any miss count;
 and the cache's device memory (``device_bytes``) exactly, against the buffers it allocates and against all
-experts resident, at the seeds' shapes."""
+experts resident, at the seeds' shapes; and what PyTorch's CUDA caching allocator counts for those buffers
+(``allocator_bytes``) at the layer test's shapes."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kernels.moe import ExpertCache, device_bytes
+from kernels.moe import ExpertCache, allocator_bytes, device_bytes
 from tests.kernels.moe.test_expert_cache import trace
 
 pytestmark = pytest.mark.timeout(300)
@@ -128,3 +129,56 @@ def test_device_bytes_at_the_seeds_shapes():
     assert b135 / resident <= 0.3 and round(b135 / resident, 3) == 0.264
     staged = device_bytes(E, 270, tb, T, k, stage_slots=E - 270, read="stage")
     assert staged > resident
+
+
+@pytest.mark.parametrize("dp,want", [(True, 197_484), (False, 197_072)], ids=["device-plan", "host-path"])
+def test_fp8_layer_bytes_exactly(dp, want):
+    """A block-fp8 layer (E = 8, hidden 128, intermediate 128: w13 [256, 128] and w2 [128, 128] e4m3 an expert,
+    their 128x128 block scales [2, 1] and [1, 1] fp32) read through at 4 slots, 4 tokens of top-2: every tensor's
+    slots, scales included, and the tables of all four, to the byte."""
+    E, f8 = 8, torch.float8_e4m3fn
+    host = [torch.zeros(E, 256, 128, dtype=f8), torch.zeros(E, 128, 128, dtype=f8), torch.zeros(E, 2, 1),
+            torch.zeros(E, 1, 1)]
+    cache = ExpertCache(host, 4, 4, 2, read="through", device_plan=dp)
+    slots = 4 * (256 * 128 + 128 * 128 + 2 * 4 + 1 * 4)        # 196,656: the scales' slots are 48 B of it
+    fixed = 4 * 2 * 4 + E * 4 + 4 * E * 8 + 3 * 4 * 8         # slot ids, map, tables [4, 8], sources [12]
+    plan = E * 4 + 4 * 4 + 4 * 8 + 2 * 16 * 4 + (1 + 2 * E) * 4 + 16 * 8 + 8  # slot_of .. step (NSP = 16)
+    assert cache.buffer_bytes() == slots + fixed + (plan if dp else 0) == want
+    assert device_bytes(E, 4, [32768, 16384, 8, 4], 4, 2, read="through", device_plan=dp) == want
+    # the allocator's count of the same buffers: the two weights' slots (multiples of 512 B) and 6 small buffers
+    # (8 more for the plan state) of one 512-B block each; none above 1 MiB, so no slack
+    small = 512 * (6 + (8 if dp else 0))
+    assert allocator_bytes([t.numel() * t.element_size() for t in cache.buffers()]) == \
+        (131_072 + 65_536 + small,) * 2
+
+
+def test_allocator_bytes_at_the_layer_tests_shapes():
+    """E = 512, top-10, 8192 tokens, hidden 1024, intermediate 256, read-through at 270 slots (the GPU layer test):
+    in block fp8 the slots of w13 are 135 MiB and of w2 67.5 MiB, neither a multiple of the allocator's 2-MiB
+    segment rounding, so the allocator may count up to 1 MiB over each (136 MiB and 68 MiB taken whole: 1.5 MiB
+    over) besides 3,052 B of 512-B rounding of the small buffers; in bf16 (270 and 135 MiB) only w2's can be over.
+    The counts an H100 gave (torch.cuda.memory_allocated across the set-up) lie inside the bounds."""
+    E, k, T, H, I = 512, 10, 8192, 1024, 256
+
+    def sizes(tb, slots):
+        NT, NSP = len(tb), 512
+        return [slots * b for b in tb] + [T * k * 4, E * 4, NT * E * 8, 3 * NT * 8, E * 4, slots * 4, slots * 8,
+                                          NSP * 4, NSP * 4, (1 + 2 * E) * 4, 16 * 8, 8]
+
+    fp8 = [2 * I * H, H * I, (2 * I // 128) * (H // 128) * 4, (H // 128) * (I // 128) * 4]
+    assert fp8 == [524_288, 262_144, 128, 64]
+    b = device_bytes(E, 270, fp8, T, k, read="through")
+    assert sum(sizes(fp8, 270)) == b == 212_748_308
+    lo, hi = allocator_bytes(sizes(fp8, 270))
+    assert (lo - b, hi - lo) == (3_052, 2 * 2**20)
+    assert lo + 2**20 + 2**19 == b + 1_575_916 <= hi         # both slot buffers in fresh segments: 1.58 MB over
+    assert lo <= 213_799_936 <= hi and 213_799_936 - lo == 2**20  # an H100's count with w2's block split
+    assert lo - b + 2**20 + 2**19 > 512 * 16 + 2**20         # over a bound of one MiB and 512 B a buffer
+    bf16 = [2 * I * H * 2, H * I * 2]
+    b = device_bytes(E, 270, bf16, T, k, read="through")
+    lo, hi = allocator_bytes(sizes(bf16, 270))
+    assert (b, lo - b, hi - lo) == (425_024_868, 2_716, 2 * 2**20)
+    assert 426_076_160 - lo == 2**20                          # an H100's count: 135 MiB of w2 taken as 136 MiB
+    # nothing for an empty tensor; 512-B rounding; 1 MiB is the small pool's largest, one byte more the large's
+    one = 512 + 512 + 1024 + 2**20 + 2**20 + 512
+    assert allocator_bytes([0, 1, 512, 513, 2**20, 2**20 + 1]) == (one, one + 2**20) == (2_099_712, 3_148_288)

@@ -20,11 +20,13 @@ vLLM's compiled ops that path calls are stood in by torch (vllm_moe_stand_ins.py
 """
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
 import torch
 
+from kernels.moe import allocator_bytes, device_bytes
 from tests.kernels.moe import vllm_moe_case as case
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -83,6 +85,7 @@ def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, sta
     stock = case.make_layer(weights, k, device, act)
     _install(moe, monkeypatch, slots, staging, read)
     if ON_GPU:
+        gc.collect()  # earlier tests' caches (held by reference cycles) freed before the count, not inside it
         torch.cuda.synchronize()
         m0 = torch.cuda.memory_allocated()
     taken = case.make_layer(weights, k, device, act)
@@ -95,11 +98,24 @@ def test_cache_is_bit_identical_to_stock(moe_state, monkeypatch, fmt, slots, sta
     cache = entry.cache
     assert cache.read == read
     ptr_calls = _count_ptr_gemm(monkeypatch)
+    # the cache's buffers are its formula's bytes, from the shapes alone (slots of w13, w2 and in fp8 their block
+    # scales, tables, plan state); the experts all resident, the same per expert
+    tb = case.expert_bytes(H, I, fmt, act)
+    assert cache.buffer_bytes() == device_bytes(E, slots, tb, cache.max_tokens, k, read=read, device_plan=True,
+                                                stage_slots=cache.stage_slots if read == "stage" else None)
+    assert entry.resident_bytes == E * sum(tb)
+    if not ON_GPU:
+        assert entry.device_bytes == cache.buffer_bytes()
     if ON_GPU:
         torch.cuda.synchronize()
         used = torch.cuda.memory_allocated() - m0
-        # the cache's buffers, rounded up to the allocator's 512-B blocks (1 MiB for anything vLLM's objects hold)
-        assert 0 <= used - cache.buffer_bytes() <= 512 * len(cache.buffers()) + 2**20, (used, cache.buffer_bytes())
+        # vLLM's resident tensors are freed (allocated and freed inside the count): the layer holds the cache's
+        # buffers and nothing else, the blocks the allocator gave them, which are their bytes rounded up to 512 B
+        # and, above 1 MiB, up to 1 MiB more (kernels.moe.allocator_bytes); the stats line's figure the same
+        blocks = case.allocator_blocks(cache.buffers())
+        lo, hi = allocator_bytes([t.numel() * t.element_size() for t in cache.buffers()])
+        assert used == blocks == entry.device_bytes, (used, blocks, entry.device_bytes, cache.buffer_bytes())
+        assert lo <= blocks <= hi, (blocks, lo, hi, cache.buffer_bytes())
         if read == "through" and slots in MEMORY_BOUND:
             assert used / resident <= MEMORY_BOUND[slots], (used, resident)
         print(f"device memory: {used} B of {resident} B all-resident ({used / resident:.3f}), {slots} slots, {read}")

@@ -199,6 +199,38 @@ def make_weights(E: int, H: int, I: int, fmt: str, gen: torch.Generator, dtype=t
     return out
 
 
+def expert_bytes(H: int, I: int, fmt: str, dtype=torch.bfloat16) -> list[int]:
+    """One expert's bytes of each tensor :func:`make_weights` makes, from the shapes alone: ``[w13, w2]`` (2I x H
+    and H x I in ``dtype``), for "fp8" ``[w13, w2, s13, s2]`` (1 B an element; the 128x128 block scales fp32)."""
+    if fmt == "fp8":
+        b = FP8_BLOCK[0] * FP8_BLOCK[1]
+        return [2 * I * H, H * I, 2 * I * H // b * 4, H * I // b * 4]
+    return [2 * I * H * dtype.itemsize, H * I * dtype.itemsize]
+
+
+def allocator_blocks(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the CUDA caching allocator's blocks that hold ``tensors`` (each its own allocation; empty ones hold
+    none), read from ``torch.cuda.memory_snapshot()``: a segment's blocks lie in address order from its start.
+
+    Raises:
+        AssertionError: a tensor's data pointer starts no allocated block (a view, or not the allocator's).
+    """
+    starts = {}
+    for seg in torch.cuda.memory_snapshot():
+        addr = seg["address"]
+        for blk in seg["blocks"]:
+            starts[addr] = blk
+            addr += blk["size"]
+    total = 0
+    for t in tensors:
+        if t.numel() == 0:
+            continue
+        blk = starts.get(t.data_ptr())
+        assert blk is not None and blk["state"] == "active_allocated", (tuple(t.shape), t.dtype, blk)
+        total += blk["size"]
+    return total
+
+
 def make_layer(weights: dict, k: int, device, act_dtype=torch.bfloat16, name: str = "model.layers.0.mlp.experts"):
     """A module as vLLM leaves a Triton-experts MoE layer after loading (see the module docstring), holding
     ``weights`` (make_weights) on ``device`` (cloned: each layer owns its tensors)."""
