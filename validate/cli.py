@@ -68,6 +68,16 @@ def _int_at_least(least: int):
     return parse
 
 
+def _knob_set(text: str) -> str:
+    """``--knobs``: config, stock or a knob set's name (a configuration without it is refused before launch)."""
+    from validate.record import check_name
+
+    try:
+        return check_name("--knobs", text, "gdn")
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 _positive_int = _int_at_least(1)
 _at_least_16 = _int_at_least(16)  # ServerSpec's bound on max_model_len
 
@@ -93,7 +103,7 @@ def _opts(args) -> "RunOptions":
                       url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None,
                       launch_timeout_s=getattr(args, "launch_timeout", None),
                       baseline=getattr(args, "baseline", None),
-                      stock_knobs=getattr(args, "knobs", "config") == "stock")
+                      knobs=getattr(args, "knobs", None) or "config")
 
 
 def _external(opts, args):
@@ -601,14 +611,16 @@ def cmd_configs(args) -> int:
     from validate.config import all_configs
 
     t = Table(title="serving configurations (serve/)")
-    for col in ("name", "model", "tp", "max_num_seqs", "max_model_len", "hardware", "description"):
+    for col in ("name", "model", "tp", "max_num_seqs", "max_model_len", "hardware", "knob sets (--knobs)",
+                "description"):
         t.add_column(col)
     for c in all_configs(_root()):
         model = c.model.path or (f"{c.model.prepare.distribution}:{c.model.prepare.file}" if getattr(c.model.prepare, "file", None)
                                  else c.model.source_name() or "")
+        sets = "; ".join(f"{n}: {', '.join(ks)}" for n, ks in c.knob_sets.items()) or "–"
         t.add_row(c.name, model, str(c.server.tensor_parallel_size), str(c.server.max_num_seqs),
                   str(c.server.max_model_len), f"{c.hardware.gpus}x {c.hardware.kind}" if c.hardware.gpus else c.hardware.kind,
-                  c.description)
+                  sets, c.description)
     console.print(t)
     return 0
 
@@ -658,9 +670,11 @@ def _common(p: argparse.ArgumentParser, run: bool = True) -> None:
     p.add_argument("--server-log", help="with --url: the server's log, to check the plugin's provenance line")
     p.add_argument("--launch-timeout", type=float, help="seconds a server may take to become ready (overrides "
                    "the configuration's launch_timeout_s; a first start on a busy machine compiles slowly)")
-    p.add_argument("--knobs", choices=["config", "stock"], default="config", help="stock: launch each configuration "
-                   "with every R9K_* knob at its stock value (r9k loaded, dispatching nothing): the stock side of an "
-                   "r9k-against-stock pair on one configuration")
+    p.add_argument("--knobs", type=_knob_set, default="config", metavar="{config,stock,SET}", help="config: each "
+                   "configuration's env; stock: every R9K_* knob at its stock value (r9k loaded, dispatching nothing): "
+                   "the stock side of an r9k-against-stock pair on one configuration; SET: a knob set of the "
+                   "configuration (its knob_sets; `configs` lists them): those knobs at the configuration's values, "
+                   "every other knob stock")
 
 
 def parser() -> argparse.ArgumentParser:

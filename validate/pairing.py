@@ -94,11 +94,12 @@ def match_records(cand: list[Record], base: list[Record], base_config: str | Non
 #: What a record's configuration snapshot MAY differ in between two records compared (dotted keys; a key names
 #: everything under it): its name and words, how long the engine waits for a launch, the measured run-to-run
 #: drift (validate.perfgate.noise_floor takes the smaller), the SLO (the share gate compares SLOs itself), the
-#: port, the name clients send, and Ray's placement resources. Everything else in it (server settings, extra
+#: port, the name clients send, Ray's placement resources, and the named knob sets (the env as run holds a set's
+#: effect). Everything else in it (server settings, extra
 #: args, memory utilisation, entrypoint, env, model and its dtype, hardware, warm restart, ...) can move the
 #: figures and must be the same.
 SNAPSHOT_MAY_DIFFER = ("name", "description", "launch_timeout_s", "perf_noise_pct", "slo", "server.port",
-                       "model.served_name", "hardware.resources")
+                       "model.served_name", "hardware.resources", "knob_sets")
 #: Suite parameters that cannot change a score or an answer (how many sandboxes run at once); every other one must
 #: match for two evals to be paired (validate.compare) or their answers compared (validate.identity).
 NON_SCORING_PARAMS = frozenset({"workers"})
