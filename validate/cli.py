@@ -588,7 +588,8 @@ def _perf_gate(args) -> int:
     perf = None
     if BENCH_KIND in kinds or ARRIVALS_KIND not in kinds:  # neither: compare_perf says there is nothing to gate
         perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
-                            reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+                            reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None,
+                            base_config=args.against_config)
         print_perf(perf)
     elif args.release == args.against and base_reports.resolve() == reports.resolve():
         raise InputError(f"{args.release} against itself: a release is never its own baseline")
