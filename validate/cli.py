@@ -608,6 +608,37 @@ def _perf_gate(args) -> int:
     return _finish(args, verdict)
 
 
+def cmd_attribution(args) -> int:
+    """``attribution``: the table of each knob set's release against the baseline (validate.attribution). 0: every
+    release compared; 2: something was refused (named: a record that fails its audit, a pair the gates refuse)."""
+    from validate.attribution import HEADERS, attribute, markdown, table_rows
+    from validate.suite import perf_gate_specs
+
+    reports = Path(args.reports) if args.reports else _root() / "reports"
+    a = attribute(reports, args.config, args.baseline, args.releases, perf_gate_specs(_root()),
+                  base_config=args.against_config,
+                  reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+    t = Table(title=escape(f"{', '.join(a.releases)} against {a.baseline} on {a.config}"
+                           + (f" (baseline: {a.base_config})" if a.base_config != a.config else "")))
+    for col in HEADERS:
+        t.add_column(col)
+    style = {"slower": "red", "faster": "green", "cannot tell": "yellow"}
+    for row, r in zip(table_rows(a), a.rows):
+        s = style.get(r.mark)
+        t.add_row(*[escape(c) for c in row[:5]], f"[{s}]{escape(row[5])}[/{s}]" if s else escape(row[5]), row[6])
+    console.print(t)
+    for x in a.notes:
+        console.print(f"[dim]note: {escape(x)}[/dim]", soft_wrap=True)
+    for x in a.refused:
+        console.print(f"[red]not compared: {escape(x)}[/red]", soft_wrap=True)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(a))
+        console.print(f"markdown: {args.markdown}")
+    if a.refused:
+        return _exit(2, f"{len(a.refused)} comparison(s) refused")
+    return _exit(0, f"{len(a.rows)} figure(s) of {len(a.releases)} release(s) against {a.baseline}")
+
+
 def cmd_configs(args) -> int:
     from validate.config import all_configs
 
@@ -734,6 +765,18 @@ def parser() -> argparse.ArgumentParser:
                            "made (named as such) instead of exiting 2")
         _common(p, run=False)
         p.set_defaults(fn=fn)
+    p = sub.add_parser("attribution", help="what each knob set's release moves against a baseline: BetterBench's "
+                       "gated figures, the probe's and the soak's, with the performance gate's marks")
+    p.add_argument("--config", required=True, help="the configuration the releases ran (e.g. h200-next)")
+    p.add_argument("--baseline", required=True, help="the baseline release (e.g. the --knobs stock run)")
+    p.add_argument("--releases", nargs="+", required=True, help="the candidate releases, one a knob set (e.g. gdn "
+                   "moe r9k)")
+    p.add_argument("--against-config", help="the baseline's configuration, when it differs (the memory pair: "
+                   "h200-next-offload)")
+    p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    _common(p, run=False)
+    p.set_defaults(fn=cmd_attribution)
     for name, fn, hlp in (("configs", cmd_configs, "list serving configurations"),
                           ("suites", cmd_suites, "list suites and the checklist"),
                           ("knobs", cmd_knobs, "list the R9K_* knobs")):
