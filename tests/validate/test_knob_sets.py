@@ -125,3 +125,23 @@ def test_a_sets_records_pair_with_the_stock_runs():
         assert apart(base, cand) == []
     base.config_snapshot.pop("knob_sets")  # a stock record made before the sets were named
     assert apart(base, cand) == []
+
+
+def test_the_release_verdict_gates_a_set_against_stock(tmp_path):
+    """`release gdn --knobs gdn --baseline stock`: the verdict pairs the set's BetterBench record with stock's (no
+    refusal) and a 40% slower decode step is a finding."""
+    from tests.validate.test_attribution import bench
+    from tests.validate.test_compare import save
+    from validate.verdict import assess_release
+
+    cfg = find_config(REPO, "h200-next")
+    b, c = bench("stock", 1.0, "stock"), bench("gdn", 1.4, "gdn")
+    b.config_snapshot = with_knob_set(cfg, "stock").model_dump(mode="json")
+    c.config_snapshot = with_knob_set(cfg, "gdn").model_dump(mode="json")
+    save(tmp_path, b, c)
+    v = assess_release(tmp_path, "gdn", baseline="stock", root=REPO, accept_other_tree=True)
+    assert v.perf.unpaired == [] and v.perf.limited == []
+    marks = {x.name: x.outcome for x in v.checks if x.name.startswith("perf ")}
+    assert marks == {"perf decode_step_ms": "finding", "perf combined_decode_tok_s": "finding",
+                     "perf prefill_1024_tok_s": "pass"}
+    assert v.exit_code() == 1
