@@ -40,7 +40,11 @@
 #   serve_r9k    the release `r9k` with the configuration's knobs, gated against `stock` where its records exist
 #   serve_gate   `gate r9k --against stock` and `gate --perf`, JUnit beside each
 #   release:NAME:KNOBS[:CONFIG[:SUITES]]  one release of the quick checklist under a knob set (e.g.
-#                release:stock-again:stock, release:gdn:gdn::sanity+probe+betterbench), gated against `stock`
+#                release:stock-again:stock, release:gdn:gdn::sanity+probe+betterbench), gated against `stock`;
+#                release:offload:stock:h200-next-offload is the memory pair's other side (vLLM's UVA offload of the
+#                bytes the cache saves)
+#   serve_attr   the attribution table of every knob-set release and `r9k` present against `stock`, to
+#                OUT/attribution.md, and `moe` against `offload` (the memory pair) to OUT/attribution_offload.md
 set -u
 OUT=${1:?usage: device_run.sh OUTDIR [STEP ...]}
 shift
@@ -153,6 +157,14 @@ for step in $STEPS; do
     serve_gate) step check serve_gate 60 $V gate r9k --against stock --reports "$REPORTS" --junit-xml "$OUT/gate.xml"
                 step check serve_gate_perf 60 $V gate r9k --against stock --perf --reports "$REPORTS" \
                   --junit-xml "$OUT/gate_perf.xml" ;;
+    serve_attr) rels=$(for r in gdn moe fp8 r9k; do [ -d "$REPORTS/$r/$SERVE_CONFIG" ] && echo "$r"; done)
+                step check serve_attr 60 $V attribution --config "$SERVE_CONFIG" --baseline stock --releases $rels \
+                  --reports "$REPORTS" --markdown "$OUT/attribution.md"
+                if [ -d "$REPORTS/offload" ] && [ -d "$REPORTS/moe" ]; then
+                  step check serve_attr_offload 60 $V attribution --config "$SERVE_CONFIG" --baseline offload \
+                    --against-config h200-next-offload --releases moe --reports "$REPORTS" \
+                    --markdown "$OUT/attribution_offload.md"
+                fi ;;
     allreduce) if [ "$NGPU" -ge 2 ]; then run allreduce 120 $K --op allreduce --mode loop --mode graph \
                  --json "$OUT/allreduce.json"; else echo "== allreduce skipped: $NGPU GPU(s)"; fi ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -71,6 +71,16 @@ def _int_at_least(least: int):
     return parse
 
 
+def _knob_set(text: str) -> str:
+    """``--knobs``: config, stock or a knob set's name (a configuration without it is refused before launch)."""
+    from validate.record import check_name
+
+    try:
+        return check_name("--knobs", text, "gdn")
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 _positive_int = _int_at_least(1)
 _at_least_16 = _int_at_least(16)  # ServerSpec's bound on max_model_len
 
@@ -96,7 +106,7 @@ def _opts(args) -> "RunOptions":
                       url=args.url, model=args.model, server_log=Path(args.server_log) if args.server_log else None,
                       launch_timeout_s=getattr(args, "launch_timeout", None),
                       baseline=getattr(args, "baseline", None),
-                      stock_knobs=getattr(args, "knobs", "config") == "stock")
+                      knobs=getattr(args, "knobs", None) or "config")
 
 
 def _external(opts, args):
@@ -581,7 +591,8 @@ def _perf_gate(args) -> int:
     perf = None
     if BENCH_KIND in kinds or ARRIVALS_KIND not in kinds:  # neither: compare_perf says there is nothing to gate
         perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
-                            reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+                            reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None,
+                            base_config=args.against_config)
         print_perf(perf)
     elif args.release == args.against and base_reports.resolve() == reports.resolve():
         raise InputError(f"{args.release} against itself: a release is never its own baseline")
@@ -600,18 +611,51 @@ def _perf_gate(args) -> int:
     return _finish(args, verdict)
 
 
+def cmd_attribution(args) -> int:
+    """``attribution``: the table of each knob set's release against the baseline (validate.attribution). 0: every
+    release compared; 2: something was refused (named: a record that fails its audit, a pair the gates refuse)."""
+    from validate.attribution import HEADERS, attribute, markdown, table_rows
+    from validate.suite import perf_gate_specs
+
+    reports = Path(args.reports) if args.reports else _root() / "reports"
+    a = attribute(reports, args.config, args.baseline, args.releases, perf_gate_specs(_root()),
+                  base_config=args.against_config,
+                  reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
+    t = Table(title=escape(f"{', '.join(a.releases)} against {a.baseline} on {a.config}"
+                           + (f" (baseline: {a.base_config})" if a.base_config != a.config else "")))
+    for col in HEADERS:
+        t.add_column(col)
+    style = {"slower": "red", "faster": "green", "cannot tell": "yellow"}
+    for row, r in zip(table_rows(a), a.rows):
+        s = style.get(r.mark)
+        t.add_row(*[escape(c) for c in row[:5]], f"[{s}]{escape(row[5])}[/{s}]" if s else escape(row[5]), row[6])
+    console.print(t)
+    for x in a.notes:
+        console.print(f"[dim]note: {escape(x)}[/dim]", soft_wrap=True)
+    for x in a.refused:
+        console.print(f"[red]not compared: {escape(x)}[/red]", soft_wrap=True)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(a))
+        console.print(f"markdown: {args.markdown}")
+    if a.refused:
+        return _exit(2, f"{len(a.refused)} comparison(s) refused")
+    return _exit(0, f"{len(a.rows)} figure(s) of {len(a.releases)} release(s) against {a.baseline}")
+
+
 def cmd_configs(args) -> int:
     from validate.config import all_configs
 
     t = Table(title="serving configurations (serve/)")
-    for col in ("name", "model", "tp", "max_num_seqs", "max_model_len", "hardware", "description"):
+    for col in ("name", "model", "tp", "max_num_seqs", "max_model_len", "hardware", "knob sets (--knobs)",
+                "description"):
         t.add_column(col)
     for c in all_configs(_root()):
         model = c.model.path or (f"{c.model.prepare.distribution}:{c.model.prepare.file}" if getattr(c.model.prepare, "file", None)
                                  else c.model.source_name() or "")
+        sets = "; ".join(f"{n}: {', '.join(ks)}" for n, ks in c.knob_sets.items()) or "–"
         t.add_row(c.name, model, str(c.server.tensor_parallel_size), str(c.server.max_num_seqs),
                   str(c.server.max_model_len), f"{c.hardware.gpus}x {c.hardware.kind}" if c.hardware.gpus else c.hardware.kind,
-                  c.description)
+                  sets, c.description)
     console.print(t)
     return 0
 
@@ -661,9 +705,11 @@ def _common(p: argparse.ArgumentParser, run: bool = True) -> None:
     p.add_argument("--server-log", help="with --url: the server's log, to check the plugin's provenance line")
     p.add_argument("--launch-timeout", type=float, help="seconds a server may take to become ready (overrides "
                    "the configuration's launch_timeout_s; a first start on a busy machine compiles slowly)")
-    p.add_argument("--knobs", choices=["config", "stock"], default="config", help="stock: launch each configuration "
-                   "with every R9K_* knob at its stock value (r9k loaded, dispatching nothing): the stock side of an "
-                   "r9k-against-stock pair on one configuration")
+    p.add_argument("--knobs", type=_knob_set, default="config", metavar="{config,stock,SET}", help="config: each "
+                   "configuration's env; stock: every R9K_* knob at its stock value (r9k loaded, dispatching nothing): "
+                   "the stock side of an r9k-against-stock pair on one configuration; SET: a knob set of the "
+                   "configuration (its knob_sets; `configs` lists them): those knobs at the configuration's values, "
+                   "every other knob stock")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -722,6 +768,18 @@ def parser() -> argparse.ArgumentParser:
                            "made (named as such) instead of exiting 2")
         _common(p, run=False)
         p.set_defaults(fn=fn)
+    p = sub.add_parser("attribution", help="what each knob set's release moves against a baseline: BetterBench's "
+                       "gated figures, the probe's and the soak's, with the performance gate's marks")
+    p.add_argument("--config", required=True, help="the configuration the releases ran (e.g. h200-next)")
+    p.add_argument("--baseline", required=True, help="the baseline release (e.g. the --knobs stock run)")
+    p.add_argument("--releases", nargs="+", required=True, help="the candidate releases, one a knob set (e.g. gdn "
+                   "moe r9k)")
+    p.add_argument("--against-config", help="the baseline's configuration, when it differs (the memory pair: "
+                   "h200-next-offload)")
+    p.add_argument("--baseline-reports", help="folder holding the baseline's records (default: --reports)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the table as Markdown")
+    _common(p, run=False)
+    p.set_defaults(fn=cmd_attribution)
     for name, fn, hlp in (("configs", cmd_configs, "list serving configurations"),
                           ("suites", cmd_suites, "list suites and the checklist"),
                           ("knobs", cmd_knobs, "list the R9K_* knobs")):

@@ -209,6 +209,10 @@ class ServeConfig(_Strict):
         None, ge=0, le=100, description="the run-to-run drift of BetterBench medians between runs of one tree on this "
         "configuration's hardware, percent (measured: python -m benchmarks.serving.perf_gate_fp); the performance "
         "gate never flags a move smaller than it, whatever the suite's threshold")
+    knob_sets: dict[str, list[str]] = Field(
+        default_factory=dict, description="named subsets of env's R9K_* knobs: under `--knobs NAME` the server runs "
+        "with these knobs at the configuration's values and every other knob at its stock value (with_knob_set), "
+        "the r9k side of a pair that attributes a move to one dispatch")
 
     @field_validator("think_end")
     @classmethod
@@ -225,10 +229,10 @@ class ServeConfig(_Strict):
 
     def digest(self) -> str:
         """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup.
-        The description and the launch timeout change nothing that is measured and are left out; so is the
+        The description, the launch timeout and the knob sets (the env as run holds a set's effect) change nothing that is measured and are left out; so is the
         end-of-thinking marker at its default and an unset perf_noise_pct or slo, so that a configuration keeps its hash
         from before those fields."""
-        d = self.model_dump(mode="json", exclude={"description", "launch_timeout_s"})
+        d = self.model_dump(mode="json", exclude={"description", "launch_timeout_s", "knob_sets"})
         if d["think_end"] == DEFAULT_THINK_END:
             del d["think_end"]
         for k in ("perf_noise_pct", "slo"):
@@ -249,8 +253,9 @@ def load_config(path: Path) -> ServeConfig:
         InputError: the file is missing, malformed, has unknown keys or wrong types, its ``name`` differs
             from the file name, or ``env`` sets an ``R9K_*`` variable that is not a registered knob (nothing
             would read it) or gives a knob a value its type rejects, or asks for r9k's fp8 dispatch on NVIDIA
-            hardware without ``--linear-backend triton`` (it would dispatch nothing); every such key is named with
-            its line and, for an unknown one, the closest registered name.
+            hardware without ``--linear-backend triton`` (it would dispatch nothing), or a knob set is malformed
+            (:func:`knob_set_problems`); every such key is named with its line and, for an unknown one, the closest
+            registered name.
     """
     from r9k.knobs import check_env
 
@@ -288,6 +293,12 @@ def load_config(path: Path) -> ServeConfig:
             line = line_of(data, ("env", key))
             lines.append(f"{path}{f':{line}' if line else ''}: env.{key}: {why}")
         raise InputError("\n".join(lines))
+    lines = []
+    for name, why in knob_set_problems(cfg).items():
+        line = line_of(data, ("knob_sets", name))
+        lines.append(f"{path}{f':{line}' if line else ''}: knob_sets.{name}: {why}")
+    if lines:
+        raise InputError("\n".join(lines))
     return cfg
 
 
@@ -309,6 +320,69 @@ def with_stock_knobs(cfg: ServeConfig) -> ServeConfig:
     env = {k: v for k, v in cfg.env.items() if k not in KNOBS}
     env.update({name: _knob_text(knob.stock) for name, knob in KNOBS.items()})
     return cfg.model_copy(update={"env": dict(sorted(env.items()))})
+
+
+#: ``--knobs`` values that are not knob sets: every knob stock, or the configuration's own env.
+KNOB_CHOICES = ("stock", "config")
+
+
+def knob_set_problems(cfg: ServeConfig) -> dict[str, str]:
+    """Problems with ``cfg.knob_sets``: {set name: why}. A set is named like a release folder (not ``stock`` or
+    ``config``, the other ``--knobs`` values), lists at least one knob, each once, each a registered ``R9K_*`` knob
+    that ``cfg.env`` sets (a set takes the configuration's values, so it cannot disagree with ``env``), and not only
+    knobs whose value there is their stock value (such a set would be the stock run)."""
+    from r9k.knobs import KNOBS, closest
+
+    out = {}
+    for name, members in cfg.knob_sets.items():
+        try:
+            check_name("knob set", name, "gdn")
+        except InputError as e:
+            out[name] = str(e)
+            continue
+        if name in KNOB_CHOICES:
+            out[name] = f"{name!r} is a --knobs value of its own ({', '.join(KNOB_CHOICES)}): name the set otherwise"
+            continue
+        if not members:
+            out[name] = "lists no knob (it would be the stock run)"
+            continue
+        why = []
+        dup = sorted({k for k in members if members.count(k) > 1})
+        if dup:
+            why.append(f"{', '.join(dup)} listed twice")
+        for k in dict.fromkeys(members):
+            if k not in KNOBS:
+                near = closest(k)
+                why.append(f"{k}: not a registered R9K_* knob" + (f" (did you mean {near}?)" if near else ""))
+            elif k not in cfg.env:
+                why.append(f"{k}: not set in env (a set runs the configuration's values of its knobs: set it in env)")
+        if not why and all(KNOBS[k].parse(cfg.env[k]) == KNOBS[k].stock for k in members):
+            why.append("every knob of it is at its stock value in env (the set would be the stock run)")
+        if why:
+            out[name] = "; ".join(why)
+    return out
+
+
+def with_knob_set(cfg: ServeConfig, knob_set: str) -> ServeConfig:
+    """``cfg`` as ``--knobs knob_set`` launches it: ``config``: as it stands; ``stock``: :func:`with_stock_knobs`;
+    the name of one of ``cfg.knob_sets``: every registered knob at its stock value but the set's, which keep
+    ``cfg.env``'s values (the other variables of ``env`` stay).
+
+    Raises:
+        InputError: ``knob_set`` is neither ``stock``, ``config`` nor a set of ``cfg``, naming the sets it has.
+    """
+    if knob_set == "config":
+        return cfg
+    stock = with_stock_knobs(cfg)
+    if knob_set == "stock":
+        return stock
+    if knob_set not in cfg.knob_sets:
+        have = ", ".join(list(KNOB_CHOICES) + sorted(cfg.knob_sets))
+        raise InputError(f"--knobs {knob_set}: configuration {cfg.name} has no knob set of that name (serve/"
+                         f"{cfg.name}.yaml knob_sets; it takes {have})")
+    env = dict(stock.env)
+    env.update({k: cfg.env[k] for k in cfg.knob_sets[knob_set]})
+    return stock.model_copy(update={"env": env})
 
 
 def _knob_text(v) -> str:

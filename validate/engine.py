@@ -23,7 +23,7 @@ from rich.markup import escape as esc
 
 from validate import server as srvmod
 from validate.client import OpenAIClient
-from validate.config import ServeConfig, find_config, with_stock_knobs
+from validate.config import ServeConfig, find_config, with_knob_set
 from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError, WrongTreeError,
                              combine_exit)
 from validate.models import resolve_model
@@ -60,7 +60,9 @@ class RunOptions:
     launch_timeout_s: float | None = None  # overrides every configuration's launch_timeout_s
     external_config: ServeConfig | None = None  # the configuration of a --url server that serve/ does not hold
     baseline: str | None = None  # release --baseline as given: suites that take a hint from the baseline read it
-    stock_knobs: bool = False  # --knobs stock: every configuration launched with each R9K_* knob at its stock value
+    # --knobs: "config" (each configuration's env), "stock" (every R9K_* knob at its stock value) or the name of a
+    # knob set every configuration run holds (validate.config.with_knob_set)
+    knobs: str = "config"
 
     def tree_root(self) -> Path:
         if self.tree is not None:
@@ -208,12 +210,12 @@ class Engine:
 
     def config(self, name: str) -> ServeConfig:
         """The configuration ``name``: the external server's (``--url`` without ``--config``) or serve/<name>.yaml
-        (with every knob at its stock value under ``--knobs stock``)."""
+        with the knobs of ``--knobs`` (validate.config.with_knob_set). Raises InputError for a knob set the
+        configuration lacks."""
         ext = self.o.external_config
         if ext is not None and ext.name == name:
             return ext
-        cfg = find_config(self.o.root, name)
-        return with_stock_knobs(cfg) if self.o.stock_knobs else cfg
+        return with_knob_set(find_config(self.o.root, name), self.o.knobs)
 
     # ---- one configuration ------------------------------------------------------------------------------
     def split_done(self, release: str, config_name: str, suite_names: list[str], outcome: Outcome) -> list[str]:
@@ -520,7 +522,7 @@ class Engine:
             params=s.params_dict, params_hash=s.params_hash(), suite_hash=s.spec_hash(), profile=s.profile, started_at=started, ended_at=now_iso(),
             wall_s=round(wall_s, 2), budget_s=s.budget_s, tree=self.tree, server=info, versions=versions(server),
             config_snapshot=cfg.model_dump(mode="json"),
-            knobs=knobs.in_force(cfg.env), env=cfg.env, hardware=cfg.hardware.model_dump(),
+            knobs=knobs.in_force(cfg.env), knob_set=self.o.knobs, env=cfg.env, hardware=cfg.hardware.model_dump(),
             model=cfg.model.source_name(),
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
             server_metrics=result.server_metrics, moe_cache=result.moe_cache, r9k_calls=result.r9k_calls,

@@ -94,11 +94,12 @@ def match_records(cand: list[Record], base: list[Record], base_config: str | Non
 #: What a record's configuration snapshot MAY differ in between two records compared (dotted keys; a key names
 #: everything under it): its name and words, how long the engine waits for a launch, the measured run-to-run
 #: drift (validate.perfgate.noise_floor takes the smaller), the SLO (the share gate compares SLOs itself), the
-#: port, the name clients send, and Ray's placement resources. Everything else in it (server settings, extra
+#: port, the name clients send, Ray's placement resources, and the named knob sets (the env as run holds a set's
+#: effect). Everything else in it (server settings, extra
 #: args, memory utilisation, entrypoint, env, model and its dtype, hardware, warm restart, ...) can move the
 #: figures and must be the same.
 SNAPSHOT_MAY_DIFFER = ("name", "description", "launch_timeout_s", "perf_noise_pct", "slo", "server.port",
-                       "model.served_name", "hardware.resources")
+                       "model.served_name", "hardware.resources", "knob_sets")
 #: Suite parameters that cannot change a score or an answer (how many sandboxes run at once); every other one must
 #: match for two evals to be paired (validate.compare) or their answers compared (validate.identity).
 NON_SCORING_PARAMS = frozenset({"workers"})
@@ -148,7 +149,7 @@ def _diff(what: str, b: object, c: object, may: tuple[str, ...]) -> str | None:
 
 
 def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machine: bool = True,
-          configuration: bool = True, formula: bool = True) -> list[str]:
+          configuration: bool = True, formula: bool = True, may_differ: tuple[str, ...] = ()) -> list[str]:
     """Why record ``b`` (baseline) and ``c`` (candidate) cannot be compared, or [] when everything that can move
     their figures is the same: both completed, the same suite kind, the suite parameters ``params``, the metrics
     formula version (unless ``formula`` is False: the greedy answers' table compares outputs, not figures), the
@@ -156,7 +157,9 @@ def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machin
 
     - ``configuration``: the configuration snapshot as run, but for :data:`SNAPSHOT_MAY_DIFFER` (server
       settings, extra args, env, memory utilisation, model and dtype, hardware, ...); False where two
-      configurations are compared on purpose (``--against-config``);
+      configurations are compared on purpose (``--against-config`` of the paired evals); ``may_differ``: further
+      snapshot keys that may differ (the performance gate across configurations lets ``server.extra_args`` differ,
+      the flags that make the two configurations, and checks the rest);
     - ``machine``: the machine, as the records hold it: ``hardware`` (kind, GPU count, power cap; not
       :data:`HARDWARE_MAY_DIFFER`) and ``versions`` (the CPU model and core count, the GPU driver; not
       :data:`VERSIONS_MAY_DIFFER`). False for the paired evals, which judge each question's answer
@@ -185,7 +188,7 @@ def apart(b: Record, c: Record, params: tuple[str, ...] | list[str] = (), machin
             s = r.config_snapshot.get("server", {}) if isinstance(r.config_snapshot, dict) else None
             if not isinstance(s, dict):
                 bad.append(f"the {label}'s configuration snapshot holds no server settings (server = {s!r:.40})")
-        may = SNAPSHOT_MAY_DIFFER + knob_keys() + (() if machine else ("hardware",))
+        may = SNAPSHOT_MAY_DIFFER + knob_keys() + tuple(may_differ) + (() if machine else ("hardware",))
         why = _diff("the configuration's settings as run differ", b.config_snapshot, c.config_snapshot, may)
         if why:
             bad.append(why)

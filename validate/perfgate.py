@@ -340,20 +340,27 @@ class PerfComparison:
     notes: list[str] = field(default_factory=list)
 
 
-def comparable(b: Record, c: Record) -> list[str]:
+#: What may differ between the configurations of a pair across configurations (``--against-config``): the server's
+#: extra flags (vLLM's offload against r9k's expert cache), besides what validate.pairing lets differ everywhere.
+ACROSS_CONFIG_MAY_DIFFER = ("server.extra_args",)
+
+
+def comparable(b: Record, c: Record, across: bool = False) -> list[str]:
     """Why the figures of record ``b`` (baseline) and ``c`` (candidate) of one suite measure different things, or
     [] when they measure the same: the measuring parameters as run (:func:`measuring_params`; a row parameter
     compares only where both records hold the rows) and :func:`validate.pairing.apart` (completion, kind, the
-    configuration's settings as run, model and dtype, the machine, the metrics formula)."""
+    configuration's settings as run, model and dtype, the machine, the metrics formula). ``across``: the two are
+    records of different configurations compared on purpose (``--against-config``): their server's extra flags
+    may differ (:data:`ACROSS_CONFIG_MAY_DIFFER`; the gate's notes name them), every other setting may not."""
     pb, pc = measuring_params(b), measuring_params(c)
-    bad = apart(b, c)
+    bad = apart(b, c, may_differ=ACROSS_CONFIG_MAY_DIFFER if across else ())
     diff = [k for k in MEASURING_PARAMS if k in pb and k in pc and pb[k] != pc[k]]
     if diff:
         bad.insert(0, "suite parameters differ (" + ", ".join(f"{k}: {pb[k]!r} vs {pc[k]!r}" for k in diff) + ")")
     return bad
 
 
-def refusal(b: Record, c: Record) -> list[str]:
+def refusal(b: Record, c: Record, across: bool = False) -> list[str]:
     """Why the performance gate refuses to compare ``c`` with ``b``, or []: :func:`comparable`, a baseline that
     is a copy of the candidate (validate.record.same_run), a completed BetterBench record without per-pass
     values, a stored ``perf_gate`` that is not a valid one. The gate, the notes' Numbers table, their title and
@@ -361,7 +368,7 @@ def refusal(b: Record, c: Record) -> list[str]:
     if same_run(b, c):
         return ["the baseline's record is a copy of the candidate's (the same run: tree, start time and outputs): "
                 "a record is never its own baseline"]
-    bad = comparable(b, c)
+    bad = comparable(b, c, across)
     for label, r in (("baseline", b), ("candidate", c)):
         if r.suite_kind == BENCH_KIND and r.verdict.status in ("pass", "fail") and not _rows(r):
             bad.append(f"the {label} record holds no per-pass values")
@@ -461,17 +468,22 @@ def _thresholds(spec: PerfGateSpec) -> str:
 
 def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, PerfGateSpec] | None = None,
                  configs: list[str] | None = None, reports_baseline: Path | None = None,
-                 skipped: list[str] | None = None, records: list[Record] | None = None) -> PerfComparison:
+                 skipped: list[str] | None = None, records: list[Record] | None = None,
+                 base_config: str | None = None) -> PerfComparison:
     """Gate every BetterBench record of ``candidate`` against the baseline's record of the same configuration
     and suite (:func:`comparable`), with the thresholds :func:`gate_spec` picks (``specs``: the checkout's, by
     suite name). ``skipped``: see :func:`validate.record.release_records` (for the baseline's files).
-    ``records``: the candidate's records as already read (default: read from ``reports``).
+    ``records``: the candidate's records as already read (default: read from ``reports``). ``base_config``: the
+    baseline's configuration every candidate record is compared with (``--against-config``; e.g. r9k's expert
+    cache against vLLM's offload at equal device memory): the server's extra flags may then differ, and the notes
+    say how.
 
     Raises:
         InputError: the candidate has no BetterBench record; a stored perf_gate is malformed.
     """
     specs = specs or {}
-    if candidate == baseline and (reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()):
+    same_folder = reports_baseline is None or Path(reports_baseline).resolve() == Path(reports).resolve()
+    if candidate == baseline and same_folder and (base_config is None or (configs or []) == [base_config]):
         raise InputError(f"{candidate} against itself: a release is never its own baseline")
     breports = reports_baseline or reports
     from validate.pairing import match_records
@@ -482,7 +494,7 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
     out = PerfComparison(candidate, baseline)
-    matching = match_records(cand, base, configs=configs)
+    matching = match_records(cand, base, base_config=base_config, configs=configs)
     # a BetterBench record the baseline has and the candidate lacks: it blocks where the candidate ran the
     # configuration (a configuration left out of the run is limited in a release)
     for b, config_run in matching.lacking:
@@ -500,7 +512,8 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
         if b is None:
             out.limited.append(f"{where}: the baseline {baseline} has no such record")
             continue
-        bad = refusal(b, c)  # the one rule the notes' Numbers table, title and figures read too
+        across = b.config != c.config
+        bad = refusal(b, c, across)  # the one rule the notes' Numbers table, title and figures read too
         if same_run(b, c):
             out.unpaired.append(f"{where}: the baseline {baseline}'s record is a copy of the candidate's (the same "
                                 "run: tree, start time and outputs): a record is never its own baseline")
@@ -515,6 +528,10 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             else:
                 out.unpaired.append(f"{where}: cannot compare: " + "; ".join(bad))
             continue
+        if across:
+            flags = _flags_apart(b, c)
+            out.notes.append(f"{where} against {b.config}/{b.suite}: two configurations compared on purpose"
+                             + (f"; their servers' extra flags differ ({flags})" if flags else ""))
         try:
             spec = gate_spec(b, c, specs, out.notes)
         except InputError as e:
@@ -551,3 +568,16 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
             out.unpaired.append(f"{where}: no figure was judged: the thresholds ({spec.describe()}) cover none of "
                                 "the figures both records measured")
     return out
+
+
+def _flags_apart(b: Record, c: Record) -> str:
+    """The server's extra flags each record holds and the other does not ("baseline +x; candidate +y"), or ""."""
+    def flags(r: Record) -> list[str]:
+        snap = r.config_snapshot if isinstance(r.config_snapshot, dict) else {}
+        args = (snap.get("server") or {}).get("extra_args") if isinstance(snap.get("server"), dict) else None
+        return [str(a) for a in args] if isinstance(args, list) else []
+
+    fb, fc = flags(b), flags(c)
+    parts = [f"{label} {' '.join(x for x in mine if x not in other)}"
+             for label, mine, other in (("baseline", fb, fc), ("candidate", fc, fb)) if any(x not in other for x in mine)]
+    return "; ".join(parts)

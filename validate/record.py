@@ -125,6 +125,9 @@ class Record(BaseModel):
     server: ServerInfo = Field(default_factory=ServerInfo)
     versions: dict[str, str | None] = Field(default_factory=dict)
     knobs: dict[str, Any] = Field(default_factory=dict)
+    # the knobs the server ran under (`--knobs`): "config" (the configuration's env), "stock" (every knob stock) or
+    # the name of one of the configuration's knob_sets; None in records written before it was stored
+    knob_set: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
     config_snapshot: dict[str, Any] = Field(default_factory=dict)  # the serving configuration as run

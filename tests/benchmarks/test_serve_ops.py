@@ -404,7 +404,7 @@ def test_the_gpu_serving_configurations_keep_off_flashinfer():
     from validate.config import all_configs
 
     gpu = [c for c in all_configs(ROOT) if c.name.startswith("h200-")]
-    assert sorted(c.name for c in gpu) == ["h200-next", "h200-next-fp8"]
+    assert sorted(c.name for c in gpu) == ["h200-next", "h200-next-fp8", "h200-next-offload"]
     for c in gpu:
         args = c.server.extra_args
         assert args[args.index("--gdn-prefill-backend") + 1] == "triton", c.name

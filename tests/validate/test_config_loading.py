@@ -22,7 +22,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_repository_files_load():
     names = [c.name for c in all_configs(REPO)]
     assert sorted(names) == ["27b-tp2", "cpu-moe", "cpu-smol", "cpu-smol-fp32", "cpu-smol-ngram", "fn-tp2", "fn-tp4",
-                            "h200-next", "h200-next-fp8"]
+                            "h200-next", "h200-next-fp8", "h200-next-offload"]
     moe = next(c for c in all_configs(REPO) if c.name == "cpu-moe")
     assert moe.model.prepare.kind == "random-moe" and moe.env["R9K_MOE_CACHE_SLOTS"] == "4"
     assert moe.model.source_name() == "random Qwen3-MoE 2 layers x 16 experts top-4 (seed 0)"
