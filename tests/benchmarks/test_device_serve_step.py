@@ -48,3 +48,51 @@ def test_serve_steps_run_the_pair_and_the_gates(scratch, tmp_path):
     stock = json.loads(subprocess.run(["tar", "-xzOf", str(out / "reports.tgz"), "reports/stock/fake-ok/fake-sanity.json"],
                                       capture_output=True, text=True, timeout=30).stdout)
     assert stock["knobs"]["R9K_GDN_PREFILL_CONV"] == "stock" and stock["knobs"]["R9K_FP8_BLOCK_GEMM"] == "stock"
+
+
+@pytest.mark.timeout(480)
+def test_the_detached_pipeline_runs_release_steps_and_watch_brings_them_back(scratch, tmp_path):
+    """device_serve.sh start runs device_run.sh in its own session from a copy of the checkout; release:NAME:KNOBS
+    steps make the releases `stock` and `stock-again` (gated against `stock`); watch waits for the end and copies
+    the pipeline's log, its step lines and the records into OUT, at most 8 files."""
+    scratch.config("fake-ok")
+    site = tmp_path / "site"
+    (site / "placeholder").mkdir(parents=True)
+    (site / "placeholder" / "README").write_text("the GPU host's wheels would be here\n")
+    archive = tmp_path / "env.tar.xz"
+    pack(site, archive, {"vllm": "0.32.0"})
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bindir / "python3").chmod(0o755)
+    env = {**os.environ, "R9K_DEVICE_ENV": str(archive), "R9K_SITE_ROOT": str(tmp_path / "sites"),
+           "R9K_SERVE_CONFIG": "fake-ok", "R9K_SERVE_SUITES": "fake-sanity", "PATH": f"{bindir}:{os.environ['PATH']}"}
+    # start copies the checkout, which needs the archive at .device_env there: a copy of the tree with it beside
+    tree = tmp_path / "tree"
+    subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, timeout=30)
+    subprocess.run(f"tar cf - --exclude=./.git --exclude=./.venv --exclude=./.device_env --exclude=./reports . "
+                   f"| (mkdir -p {tree} && tar xf - -C {tree})", shell=True, cwd=ROOT, check=True, timeout=120)
+    (tree / ".device_env").mkdir()
+    (tree / ".device_env" / "gpu-env.tar.xz").write_bytes(archive.read_bytes())
+    work, out = tmp_path / "work", tmp_path / "back"
+    r = subprocess.run(["bash", "benchmarks/device_serve.sh", "start", str(work), "release:stock:stock",
+                        "release:stock-again:stock"], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "started" in r.stdout, r.stderr
+    again = subprocess.run(["bash", "benchmarks/device_serve.sh", "start", str(work), "env"], cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "already running" in again.stderr  # one pipeline at a time in a work folder
+    w = subprocess.run(["bash", "benchmarks/device_serve.sh", "watch", str(work), str(out), "400"], cwd=tree,
+                       env=env, capture_output=True, text=True, timeout=420)
+    assert "== pipeline ended" in w.stdout, w.stdout[-2000:]
+    steps = {s["step"]: s["rc"] for s in map(json.loads, (out / "steps.jsonl").read_text().splitlines())}
+    assert steps == {"release_stock_fake-ok": 0, "release_stock-again_fake-ok": 0}, w.stdout[-3000:]
+    assert len(list(out.iterdir())) <= 8
+    with tarfile.open(out / "reports.tgz") as t:
+        names = set(t.getnames())
+    assert {"reports/stock/fake-ok/fake-sanity.json", "reports/stock-again/fake-ok/fake-sanity.json"} <= names
+    log = (out / "pipeline.log").read_text()
+    assert "baseline: stock (named with --baseline)" in log or "stock" in log
+    again = json.loads(subprocess.run(["tar", "-xzOf", str(out / "reports.tgz"),
+                                       "reports/stock-again/fake-ok/fake-sanity.json"],
+                                      capture_output=True, text=True, timeout=30).stdout)
+    assert again["knobs"]["R9K_FP8_BLOCK_GEMM"] == "stock"
