@@ -15,7 +15,8 @@ parameter that can move an answer: the same model, configuration as run and para
 batching alone can move a greedy answer; the plugin's knobs may differ, the machine and the metrics formula too).
 
 An answer is compared with the baseline's answer to the same item (same id, prompt hash and condition, same
-generation parameters, both greedy, neither an error, some output on one side at least, its id once on each side);
+generation parameters, both greedy, neither an error, some output on one side at least, its id once on each side,
+or once in its condition where a record repeats it across conditions);
 a baseline answer the candidate has no item for is counted as left out too. Identical means the same token ids, the
 same text and the same thinking (its text or digest, and whether it ended). A row is compared by token where any of its pairs holds token ids on both sides
 (an empty list is none: a server that ignores ``return_token_ids`` returns one), and a pair of it without them is
@@ -156,6 +157,14 @@ def part_of(item: Item, record: Record | None = None) -> str:
     return "solo" if item.condition == "solo" else ""
 
 
+def _keys(*records: Record) -> Callable[[Item], object]:
+    """How items pair: by id, and by (id, condition) for an id that some record holds more than once (strict
+    sanity's records written before its long-prefill batches had ids of their own hold each such id once per
+    condition); an id repeated within one condition stays a duplicate."""
+    repeated = {i for r in records for i, k in Counter(it.id for it in r.items).items() if k > 1}
+    return lambda it: (it.id, it.condition) if it.id in repeated else it.id
+
+
 def compare_outputs(cand: Record, base: Record, part: str | None = None) -> OutputIdentity:
     """The candidate record's answers against the baseline record's, item by item (module docstring); with
     ``part`` (one of :data:`PARTS`), only the answers of that part (:func:`part_of`) on either side.
@@ -164,8 +173,9 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
     if (cand.config, cand.suite_kind) != (base.config, base.suite_kind):
         raise ValueError(f"{cand.config}/{cand.suite} and {base.config}/{base.suite} are not one configuration "
                          f"and suite kind")
-    by_id = {it.id: it for it in base.items}
-    dups = {i for r in (base, cand) for i, k in Counter(it.id for it in r.items).items() if k > 1}
+    key = _keys(cand, base)
+    by_id = {key(it): it for it in base.items}
+    dups = {i for r in (base, cand) for i, k in Counter(key(it) for it in r.items).items() if k > 1}
     out = OutputIdentity(cand.config, cand.suite, cand.suite_kind, part=part or "")
 
     def why_left(why: str) -> None:
@@ -176,15 +186,15 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
         cpart = part_of(c, cand)
         if part is not None and cpart != part:
             continue
-        b = by_id.get(c.id)
-        why = _why_not(c, b, c.id in dups, cpart, part_of(b, base) if b is not None else cpart)
+        b = by_id.get(key(c))
+        why = _why_not(c, b, key(c) in dups, cpart, part_of(b, base) if b is not None else cpart)
         if why:
             why_left(why)
         else:
             pairs.append((c, b))
-    mine = {it.id for it in cand.items if part is None or part_of(it, cand) == part}
+    mine = {key(it) for it in cand.items if part is None or part_of(it, cand) == part}
     for b in base.items:
-        if b.id not in mine and (part is None or part_of(b, base) == part):
+        if key(b) not in mine and (part is None or part_of(b, base) == part):
             why_left("only in the baseline")
     by_tokens = any(c.token_ids and b.token_ids for c, b in pairs)
     out.unit = "token" if by_tokens else "character"
