@@ -180,6 +180,21 @@ class Parting:
         ms = [m for m in self.margins if m is not None]
         return max(ms) if ms else None
 
+    def describe(self, names: tuple[str, str] = ("the candidate", "the baseline")) -> str:
+        """One line for the notes: the token, each side's top two with its margin (and bound), and the kind or
+        why it is not classified; ``names``: what the two sides are called."""
+        def side(name: str, step: list | None, m: float | None, b: float | None) -> str:
+            if not step:
+                return f"{name}: no top two"
+            pairs = ", ".join(f"{step[k]!r} {step[k + 1]:g}" if step[k + 1] is not None else f"{step[k]!r} -"
+                              for k in range(0, len(step) - 1, 2))
+            return f"{name}: {pairs}" + (f" (margin {m:g}" + (f", bound {b:g}" if b is not None else "") + ")"
+                                          if m is not None else "")
+
+        sides = "; ".join(side(n, st, m, b) for n, st, m, b in zip(names, (self.cand, self.base), self.margins,
+                                                                   self.bounds))
+        return f"token {self.index}: {sides}; " + (self.kind if self.kind else f"not classified: {self.why}")
+
 
 def _step_at(top2: Any, token_ids: Any, i: int) -> list | None:
     """An item's step at token ``i``: only where its steps are one per token id (else they cannot be placed)."""

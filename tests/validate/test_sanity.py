@@ -110,7 +110,8 @@ def test_answers_beside_a_long_prefill_have_ids_of_their_own_and_carry_their_top
     """The runner's own batches, plain and beside a long prefill, on the fake server (busy-diverge: an answer
     under load says "indeed" at token 3); the old records' ids (each long-prefill id the plain batch's again)
     still audit and still compare, by condition."""
-    from validate.identity import compare_outputs
+    from tests.validate.test_one_verdict import outputs
+    from validate.identity import compare_outputs, compare_with_solo
     from validate.margins import NEAR_TIE, classify
     from validate.record import read_record, record_path
     from validate.runners.sanity import audit
@@ -142,6 +143,12 @@ def test_answers_beside_a_long_prefill_have_ids_of_their_own_and_carry_their_top
     assert parted and {i.first_divergent_token for i in parted} == {3}
     p = classify(3, parted[0].model_dump(), solo[parted[0].id.split("/")[0]].model_dump())
     assert p.kind == NEAR_TIE and p.margins == (0.0625, 0.0625)
+    # the notes' batch-invariance row: every parting a near-tie (how many part depends on the box's timing)
+    x = compare_with_solo(rec)
+    assert (x.n, x.clear, x.near_ties, x.left_out) == (16, [], len(parted), {})
+    notes = outputs(scratch.root / "reports", "ids")["notes"]
+    assert (f"| fake-long | long-sanity | 16 | {16 - len(parted)} ({(16 - len(parted)) / 16:.1%}) | {len(parted)} | "
+            f"3 / 3.0 / 3 | {len(parted)} / 0 / 0 | 0.0625 | – |") in notes
     # the same record as written before long-prefill batches had ids of their own
     for i in load[8:]:
         i.id = i.id.replace("/long/", "/")
