@@ -21,7 +21,8 @@ client tests. Behaviour is chosen with ``FAKE_VLLM_MODE``:
 - ``busy-wrong``: like ok, but a generation that starts while another one is streaming answers the prompt's last
   number plus one (right alone, wrong under load).
 - ``busy-diverge``: like ok, but a generation that starts while another one is streaming says "The answer is
-  indeed N." (other tokens than alone, the same number: divergent, still right).
+  indeed N." (other tokens than alone, the same number: divergent, still right; " indeed" is token 99, every
+  other token ``i`` of an answer is 100 + i).
 - ``think-separate``, ``think-inline``, ``think-recite``, ``think-unclosed``: a reasoning model that thinks out
   loud, then answers right: a GSM8K question (found in ``FAKE_VLLM_GSM8K``, a test.jsonl) with ``#### <gold>``,
   a HumanEval prompt with its canonical solution in a python block, anything else with "The answer is N."
@@ -43,6 +44,12 @@ served name) and ``engine="0"``. Each finished generation adds ``drafts`` drafts
 given), ``accepted_posI`` accepted tokens at position I and their sum to the accepted tokens, before its last
 event is sent (a scrape after the stream ends sees them). The numbers are served as given, possible or not. Without
 it GET /metrics answers 404, as before.
+
+A request that asks for logprobs (chat ``logprobs: true``, completions ``logprobs: n``) gets the top two of each
+token of each chunk, in vLLM's shapes (chat ``logprobs.content[*].top_logprobs``, completions
+``logprobs.top_logprobs[*]`` as {token: value}), the token named ``token_id:<id>`` where the request says
+``return_tokens_as_token_ids``, else by its text: token ``i`` (its id) at :func:`top_value` ``(i)``, and a
+runner-up (id 7) :func:`runner_up_margin` ``(i)`` below it.
 
 With ``FAKE_VLLM_SETSID_CHILD=1`` it also starts a worker process in a session of its own (as some engines'
 workers do), which outlives the server unless the launcher finds it.
@@ -193,6 +200,17 @@ def answer_words(prompt: str, busy: bool = False) -> list[str]:
     return words[:TOKENS]
 
 
+def top_value(i: int) -> float:
+    """The value of the ``i``-th output token (a logit's scale: 20, 19.5, ...; bf16 values, exact in JSON)."""
+    return 20.0 - 0.5 * i
+
+
+def runner_up_margin(i: int) -> float:
+    """top1 - top2 at the ``i``-th output token: 0.0625 at token 3 (half a bf16 step at 18.5: inside the near-tie
+    bound, so busy-diverge's parting there is a near-tie), 1.0 elsewhere."""
+    return 0.0625 if i == 3 else 1.0
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -275,8 +293,19 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(obj)}\n\n".encode())
             self.wfile.flush()
 
-        def choice(text, ids, finish=None, field="content"):
+        def logprobs(i: int, tid: int, text: str):
+            name = (lambda t, s: f"token_id:{t}") if req.get("return_tokens_as_token_ids") else (lambda t, s: s)
+            top = [(name(tid, text), top_value(i)), (name(7, " alt"), top_value(i) - runner_up_margin(i))]
+            if chat:
+                return {"content": [{"token": top[0][0], "logprob": top[0][1],
+                                     "top_logprobs": [{"token": t, "logprob": v} for t, v in top]}]}
+            return {"tokens": [top[0][0]], "token_logprobs": [top[0][1]], "top_logprobs": [dict(top)],
+                    "text_offset": [0]}
+
+        def choice(text, ids, finish=None, field="content", i=0):
             c = {"index": 0, "finish_reason": finish, "token_ids": ids}
+            if req.get("logprobs"):
+                c["logprobs"] = logprobs(i, ids[0], text)
             if chat and field == "reasoning":  # vLLM sends both names of the field, equal
                 c["delta"] = {"reasoning": text, "reasoning_content": text}
             elif chat:
@@ -292,7 +321,7 @@ class Handler(BaseHTTPRequestHandler):
             if MODE == "cut" and i == 2:
                 self.close_connection = True
                 return
-            send(choice(w, [100 + i], field=field if chat else "content"))
+            send(choice(w, [99 if w == " indeed" else 100 + i], field=field if chat else "content", i=i))
         spec_observe()  # before the last events: a scrape once the client has [DONE] counts this generation
         # counted before [DONE] too: a client that has its answer may send the next request at once, and that
         # request must already see the death this generation brings (engine-dead-after, close-after)
@@ -301,7 +330,7 @@ class Handler(BaseHTTPRequestHandler):
             n = _count
         if MODE == "die-after" and n > DIE_AFTER:
             time.sleep(60)  # the DIE_AFTER-th generation is ending the process: no answer finishes after it
-        send(choice("", [2], finish="length" if len(words) == req.get("max_tokens") else "stop"))
+        send(choice("", [2], finish="length" if len(words) == req.get("max_tokens") else "stop", i=len(pieces)))
         send({"choices": [], "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(words),
                                        "total_tokens": len(prompt.split()) + len(words)}})
         self.wfile.write(b"data: [DONE]\n\n")

@@ -469,6 +469,10 @@ def print_verdict(verdict) -> None:
         apart = (f"; the others part at {x.unit} {x.first_apart[0]} first, {x.median_apart:g} median"
                  if x.first_apart else "")
         left = ", ".join(f"{k} {why}" for why, k in x.left_out.items())
+        if x.partings:  # near-tie: within bf16 rounding of the logits (validate.margins)
+            apart += (f"; partings {x.near_ties} near-tie, {len(x.clear)} clear, "
+                      f"{sum(x.unclassified.values())} not classified")
+            apart += "".join(f"; clear: {item} {p.describe()}" for item, p in x.clear[:3])
         what = (f"not compared: {x.refused}" if x.refused else
                 f"{x.identical} of {x.n} identical{apart}" + (f" (left out: {left})" if left else "") if x.n else
                 "no answer compared" + (f": {left}" if left else ""))

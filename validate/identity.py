@@ -15,7 +15,8 @@ parameter that can move an answer: the same model, configuration as run and para
 batching alone can move a greedy answer; the plugin's knobs may differ, the machine and the metrics formula too).
 
 An answer is compared with the baseline's answer to the same item (same id, prompt hash and condition, same
-generation parameters, both greedy, neither an error, some output on one side at least, its id once on each side);
+generation parameters, both greedy, neither an error, some output on one side at least, its id once on each side,
+or once in its condition where a record repeats it across conditions);
 a baseline answer the candidate has no item for is counted as left out too. Identical means the same token ids, the
 same text and the same thinking (its text or digest, and whether it ended). A row is compared by token where any of its pairs holds token ids on both sides
 (an empty list is none: a server that ignores ``return_token_ids`` returns one), and a pair of it without them is
@@ -26,6 +27,12 @@ Rows: answers to one prompt at a time (strict sanity's and long answers' solo an
 1) are the kernels' figure. Answers batched as the server scheduled them (sanity's overload batches, long answers
 beside decode load: "under load"; an eval's answers at a concurrency above 1: "batched") can part between two runs
 of one tree, since a batch's composition picks the kernels' tiles, so each is a row of its own.
+
+Where two answers compared by token part, each side's top two at the first token apart (the items' ``top2``,
+validate.margins) give the parting's margins, and a near-tie (within what bf16 rounding of the logits can flip) is
+told from a clear parting (validate.margins.classify states the rule and its source); a record whose values are
+logprobs, or of an unknown mode, shows the margins and classifies nothing. :func:`compare_with_solo` does the same
+within one record: each answer under load against the same prompt's solo answer (batch invariance).
 """
 from __future__ import annotations
 
@@ -34,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from validate.margins import CLEAR, NEAR_TIE, Parting, classify
 from validate.pairing import NON_SCORING_PARAMS, apart, match_records
 from validate.record import Item, Record
 
@@ -41,8 +49,35 @@ from validate.record import Item, Record
 IDENTITY_KINDS = ("strict-sanity", "long-answers", "gsm8k", "humaneval")
 
 
+class PartingCounts:
+    """The partings of a row (``self.partings``: (item id, validate.margins.Parting)) counted by kind."""
+
+    partings: list[tuple[str, Parting]]
+
+    @property
+    def near_ties(self) -> int:
+        """Partings within bf16 rounding of the logits on both sides (validate.margins)."""
+        return sum(p.kind == NEAR_TIE for _, p in self.partings)
+
+    @property
+    def clear(self) -> list[tuple[str, Parting]]:
+        """The partings wider than rounding: findings, by item id."""
+        return [(i, p) for i, p in self.partings if p.kind == CLEAR]
+
+    @property
+    def unclassified(self) -> dict[str, int]:
+        """Partings not classified, counted by why (no top two there, logprob values, an unknown mode...)."""
+        return dict(Counter(p.why for _, p in self.partings if p.kind is None))
+
+    @property
+    def largest_margin(self) -> float | None:
+        """The largest margin (top1 - top2, either side) at any parting, None where none has one."""
+        ms = [p.largest_margin for _, p in self.partings if p.largest_margin is not None]
+        return max(ms) if ms else None
+
+
 @dataclass
-class OutputIdentity:
+class OutputIdentity(PartingCounts):
     """One (configuration, suite) of a candidate against the baseline's record of it.
 
     ``n``: answers compared; ``identical``: those equal token for token (or character for character where the
@@ -62,6 +97,8 @@ class OutputIdentity:
     unit: str = "token"
     left_out: dict[str, int] = field(default_factory=dict)
     refused: str | None = None  # why the two records were not compared at all (validate.pairing.apart)
+    # (item id, its parting) for each answer compared by token that parts (validate.margins.Parting), by item
+    partings: list[tuple[str, Parting]] = field(default_factory=list)
 
     @property
     def share(self) -> float | None:
@@ -156,6 +193,14 @@ def part_of(item: Item, record: Record | None = None) -> str:
     return "solo" if item.condition == "solo" else ""
 
 
+def _keys(*records: Record) -> Callable[[Item], object]:
+    """How items pair: by id, and by (id, condition) for an id that some record holds more than once (strict
+    sanity's records written before its long-prefill batches had ids of their own hold each such id once per
+    condition); an id repeated within one condition stays a duplicate."""
+    repeated = {i for r in records for i, k in Counter(it.id for it in r.items).items() if k > 1}
+    return lambda it: (it.id, it.condition) if it.id in repeated else it.id
+
+
 def compare_outputs(cand: Record, base: Record, part: str | None = None) -> OutputIdentity:
     """The candidate record's answers against the baseline record's, item by item (module docstring); with
     ``part`` (one of :data:`PARTS`), only the answers of that part (:func:`part_of`) on either side.
@@ -164,8 +209,9 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
     if (cand.config, cand.suite_kind) != (base.config, base.suite_kind):
         raise ValueError(f"{cand.config}/{cand.suite} and {base.config}/{base.suite} are not one configuration "
                          f"and suite kind")
-    by_id = {it.id: it for it in base.items}
-    dups = {i for r in (base, cand) for i, k in Counter(it.id for it in r.items).items() if k > 1}
+    key = _keys(cand, base)
+    by_id = {key(it): it for it in base.items}
+    dups = {i for r in (base, cand) for i, k in Counter(key(it) for it in r.items).items() if k > 1}
     out = OutputIdentity(cand.config, cand.suite, cand.suite_kind, part=part or "")
 
     def why_left(why: str) -> None:
@@ -176,15 +222,15 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
         cpart = part_of(c, cand)
         if part is not None and cpart != part:
             continue
-        b = by_id.get(c.id)
-        why = _why_not(c, b, c.id in dups, cpart, part_of(b, base) if b is not None else cpart)
+        b = by_id.get(key(c))
+        why = _why_not(c, b, key(c) in dups, cpart, part_of(b, base) if b is not None else cpart)
         if why:
             why_left(why)
         else:
             pairs.append((c, b))
-    mine = {it.id for it in cand.items if part is None or part_of(it, cand) == part}
+    mine = {key(it) for it in cand.items if part is None or part_of(it, cand) == part}
     for b in base.items:
-        if b.id not in mine and (part is None or part_of(b, base) == part):
+        if key(b) not in mine and (part is None or part_of(b, base) == part):
             why_left("only in the baseline")
     by_tokens = any(c.token_ids and b.token_ids for c, b in pairs)
     out.unit = "token" if by_tokens else "character"
@@ -203,6 +249,83 @@ def compare_outputs(cand: Record, base: Record, part: str | None = None) -> Outp
             out.identical += 1
         else:
             out.first_apart.append(i)
+            if by_tokens:
+                out.partings.append((c.id, classify(i, _sides(c), _sides(b))))
+    out.first_apart.sort()
+    return out
+
+
+def _sides(it: Item) -> dict:
+    """What validate.margins.classify reads of an item."""
+    return {"top2": it.top2, "token_ids": it.token_ids, "logprobs_mode": it.logprobs_mode, "gen": it.gen}
+
+
+@dataclass
+class SoloIdentity(PartingCounts):
+    """One record's answers under load against its own solo answers to the same prompts (batch invariance).
+
+    ``n``: answers under load compared (by token ids: both sides hold them, neither an error); ``identical``:
+    those equal to their solo answer token for token and in text; ``first_apart``: sorted first tokens apart of
+    the others; ``partings``: (item id, validate.margins.Parting) of each; ``left_out``: counted by why."""
+
+    config: str
+    suite: str
+    n: int = 0
+    identical: int = 0
+    first_apart: list[int] = field(default_factory=list)
+    partings: list[tuple[str, Parting]] = field(default_factory=list)
+    left_out: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def share(self) -> float | None:
+        """Identical answers over answers compared, None when none was."""
+        return self.identical / self.n if self.n else None
+
+    @property
+    def median_apart(self) -> float | None:
+        """The median first token apart of the answers that part, None when none does."""
+        return statistics.median(self.first_apart) if self.first_apart else None
+
+
+def compare_with_solo(rec: Record) -> SoloIdentity | None:
+    """Each answer under load of ``rec`` (a condition other than "solo") against the solo answer to the same prompt
+    (the item of condition "solo" with its prompt hash), token by token, with the margins at each parting
+    (:func:`validate.margins.classify`, the solo answer as the baseline's side). None for a record without both
+    solo answers and answers under load."""
+    solo: dict[str, list[Item]] = {}
+    for it in rec.items:
+        if it.condition == "solo":
+            solo.setdefault(it.prompt_hash, []).append(it)
+    load = [it for it in rec.items if it.condition and it.condition != "solo"]
+    if not solo or not load:
+        return None
+    out = SoloIdentity(rec.config, rec.suite)
+
+    def why_left(why: str) -> None:
+        out.left_out[why] = out.left_out.get(why, 0) + 1
+
+    for it in load:
+        refs = solo.get(it.prompt_hash, [])
+        if len(refs) != 1:
+            why_left("no solo answer to its prompt" if not refs else "several solo answers to its prompt")
+            continue
+        ref = refs[0]
+        if it.error or ref.error:
+            why_left("an error on either side")
+        elif not (it.token_ids and ref.token_ids):
+            why_left("no token ids on one side")
+        elif it.gen != ref.gen:
+            why_left("other generation parameters")
+        else:
+            i = first_apart(it.token_ids, ref.token_ids)
+            if i is None and (it.output != ref.output or _thinking(it) != _thinking(ref)):
+                i = len(it.token_ids)
+            out.n += 1
+            if i is None:
+                out.identical += 1
+            else:
+                out.first_apart.append(i)
+                out.partings.append((it.id, classify(i, _sides(it), _sides(ref))))
     out.first_apart.sort()
     return out
 

@@ -12,9 +12,9 @@ import re
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError
 
 from validate.errors import InputError
 
@@ -54,8 +54,34 @@ class StoredGate(BaseModel):
     min: dict[str, float] = Field(default_factory=dict)
 
 
+def _top2_in(v: Any) -> Any:
+    """A stored ``top2`` is compact JSON text (:data:`Top2`); in memory it is the list."""
+    if isinstance(v, str):
+        try:
+            return json.loads(v)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"top2 is not the compact JSON of a list of steps: {e.msg} at character {e.pos}") from None
+    return v
+
+
+def _top2_out(v: list | None) -> str | None:
+    return None if v is None else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+
+
+#: The top two of each output token (validate.margins steps, ``[token, value, token, value]``: token id or text,
+#: value rounded): a list in memory, written as one line of compact JSON text (a list would take a line per
+#: number in an indented record: a GSM8K record of 1,319 answers holds some 400,000 tokens).
+Top2 = Annotated[list[list[int | float | str | None]] | None, BeforeValidator(_top2_in),
+                 PlainSerializer(_top2_out, when_used="json")]
+
+
 class Item(BaseModel):
-    """One question / prompt of an eval or sanity suite: what pairing and audits need."""
+    """One question / prompt of an eval or sanity suite: what pairing and audits need.
+
+    ``top2`` / ``logprobs_mode``: where the runner asked for them (greedy answers of strict sanity, long answers,
+    GSM8K and HumanEval) and the server sent them, the top two of each output token, one step per token id
+    (validate.margins), and what their values are (vLLM's ``--logprobs-mode``; None where the server was not
+    launched by this engine, so its flags are unknown). Absent where the server sent none."""
 
     model_config = ConfigDict(extra="allow")
     id: str
@@ -68,6 +94,9 @@ class Item(BaseModel):
     answer: str | None = None
     correct: bool | None = None
     error: str | None = None
+    # written only where set: the items of every other kind, and answers without them, stay as they were
+    top2: Top2 = Field(None, exclude_if=lambda v: v is None)
+    logprobs_mode: str | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class Tree(BaseModel):

@@ -118,6 +118,8 @@ class ReleaseView:
     changes_md: str = ""  # reports/<release>/changes.md, written by people
     upgrading_md: str = ""  # reports/<release>/upgrading.md, written by people
     thinking: list = field(default_factory=list)  # validate.reasoning.ThinkingRow per eval record
+    # validate.identity.SoloIdentity per record with answers under load: each against its own solo answer
+    batch_identity: list = field(default_factory=list)
 
 
 # (name in the title, figure labels in order of preference)
@@ -219,6 +221,7 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
     from validate.reasoning import thinking_rows
 
     view.thinking = thinking_rows(view.by_kind)
+    view.batch_identity = batch_identity_rows(view.by_config)
     for name in ("changes", "upgrading"):
         f = reports / release / f"{name}.md"
         if f.is_file():
@@ -347,6 +350,15 @@ def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
 
 
 SERVER_ROW_SUITES = ("probe", "betterbench", "soak")  # suite kinds, in order of preference
+
+
+def batch_identity_rows(by_config: dict[str, dict[str, Record]]) -> list:
+    """Each greedy-answer record with answers under load (validate.identity.IDENTITY_KINDS) that stands on its
+    items, its answers under load against its own solo answers (validate.identity.compare_with_solo)."""
+    from validate.identity import IDENTITY_KINDS, compare_with_solo
+
+    return [x for suites in by_config.values() for r in suites.values()
+            if r.suite_kind in IDENTITY_KINDS and not r.audit_failed and (x := compare_with_solo(r)) is not None]
 
 
 def server_row(records: dict[str, Record]) -> ServerRow:

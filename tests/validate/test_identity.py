@@ -7,7 +7,7 @@ import pytest
 from tests.validate.test_compare import eval_record, save
 from tests.validate.test_one_verdict import BASE, outputs
 from tests.validate.test_records_render import rec
-from validate.identity import compare_outputs, compare_releases_outputs, first_apart
+from validate.identity import compare_outputs, compare_releases_outputs, compare_with_solo, first_apart
 from validate.record import Item, Record
 
 GREEDY = {"max_tokens": 8, "temperature": 0.0}
@@ -87,7 +87,7 @@ def test_the_release_notes_show_the_table(tmp_path):
     [x] = out["verdict"].identity
     assert (x.config, x.suite, x.n, x.identical, x.unit) == ("cpu-smol", "gsm8k", 200, 160, "character")
     assert set(x.first_apart) == {len("So the answer is 7 ")}
-    assert "| cpu-smol | gsm8k | 200 | 160 (80.0%) | 40 | character 19 / 19.0 / 19 | – |" in out["notes"]
+    assert "| cpu-smol | gsm8k | 200 | 160 (80.0%) | 40 | character 19 / 19.0 / 19 | – | – | – |" in out["notes"]
     assert "greedy answers against v0.3.2: cpu-smol/gsm8k 160 of 200 identical" in out["console"]
     assert out["code"] == 0  # a figure, not a gate
 
@@ -124,7 +124,7 @@ def test_a_row_with_nothing_compared_shows_no_share(tmp_path):
     b, c = eval_record("v0.3.2", BASE), eval_record("v0.3.3", BASE)  # no temperature in gen: not greedy
     save(tmp_path, b, c)
     out = outputs(tmp_path, "v0.3.3")
-    assert "| cpu-smol | gsm8k | 0 | – | 0 | – | 200: not greedy |" in out["notes"]
+    assert "| cpu-smol | gsm8k | 0 | – | 0 | – | – | – | 200: not greedy |" in out["notes"]
     assert "cpu-smol/gsm8k no answer compared: 200 not greedy" in out["console"]
 
 
@@ -315,3 +315,84 @@ def test_conditions_concurrency_and_empty_records_are_attributed():
     [x] = compare_releases_outputs([_rec("b", [])], [_rec("a", [_item(0, [1, 2])])])
     assert x.refused == "the record holds no answers"
     assert compare_releases_outputs([_rec("b", [])], [_rec("a", [])]) == []
+
+
+def _steps(n, at=None, step=None):
+    """Steps for a ``n``-token answer (ids 100 + i, a clear 1.0 margin each), ``step`` at token ``at``."""
+    out = [[100 + i, 20.0, 7, 19.0] for i in range(n)]
+    if at is not None:
+        out[at] = step
+    return out
+
+
+def _greedy_gsm8k(release):
+    r = eval_record(release, BASE)
+    for it in r.items:
+        it.gen["temperature"] = 0.0
+        it.token_ids, it.top2, it.logprobs_mode = [100 + i for i in range(5)], _steps(5), "processed_logits"
+    return r
+
+
+def test_partings_are_told_near_tie_or_clear_in_the_table_and_a_clear_one_is_named(tmp_path):
+    """Three answers part at token 2: two at a near-tie (margins 0 and 0.25 at 18.5, bf16 steps of 0.125), one
+    where the baseline was sure (margin 4.5): the notes name that one, item and token."""
+    b, c = _greedy_gsm8k("v0.3.2"), _greedy_gsm8k("v0.3.3")
+    for k, (mc, mb) in enumerate([(0.0, 0.0), (0.25, 0.25), (0.0625, 4.5)]):
+        c.items[k].token_ids[2] = 99
+        c.items[k].output += " (other)"
+        c.items[k].top2[2] = [99, 18.5, 102, 18.5 - mc]
+        b.items[k].top2[2] = [102, 18.5, 99, 18.5 - mb]
+    [x] = compare_releases_outputs([c], [b])
+    assert (x.n, x.identical, x.first_apart, x.unit) == (200, 197, [2, 2, 2], "token")
+    assert x.near_ties == 2 and [i for i, _ in x.clear] == ["test-2"] and x.largest_margin == 4.5
+    save(tmp_path, b, c)
+    out = outputs(tmp_path, "v0.3.3")
+    assert ("| cpu-smol | gsm8k | 200 | 197 (98.5%) | 3 | token 2 / 2.0 / 2 | 2 / 1 / 0 | 4.5000 | – |"
+            in out["notes"])
+    assert ("- **clear parting** cpu-smol / gsm8k `test-2` token 2: the candidate: 99 18.5, 102 18.4375 (margin "
+            "0.0625, bound 0.25); the baseline: 102 18.5, 99 14 (margin 4.5, bound 0.25); clear." in out["notes"])
+    assert "partings 2 near-tie, 1 clear, 0 not classified; clear: test-2 token 2" in out["console"]
+    assert out["code"] == 0  # a figure, not a gate
+
+
+def test_logprob_values_show_margins_and_classify_nothing(tmp_path):
+    b, c = _greedy_gsm8k("v0.3.2"), _greedy_gsm8k("v0.3.3")
+    for r in (b, c):
+        for it in r.items:
+            it.logprobs_mode = "raw_logprobs"
+    c.items[0].token_ids[1] = 99
+    c.items[0].output += " (other)"
+    [x] = compare_releases_outputs([c], [b])
+    assert (x.near_ties, x.clear, x.largest_margin) == (0, [], 1.0)
+    assert x.unclassified == {"the values are logprobs: the logits' magnitude, which sets the bf16 step, is not "
+                              "kept": 1}
+    save(tmp_path, b, c)
+    notes = outputs(tmp_path, "v0.3.3")["notes"]
+    assert "| 0 / 0 / 1 | 1.0000 |" in notes
+    assert "- cpu-smol / gsm8k: not classified (1): the values are logprobs" in notes
+    # records without top two (written before the runners asked for them): margins unknown, no classification
+    for r in (b, c):
+        for it in r.items:
+            it.top2 = it.logprobs_mode = None
+    [x] = compare_releases_outputs([c], [b])
+    assert x.largest_margin is None and x.unclassified == {"no top two at that token on either side": 1}
+
+
+def test_answers_under_load_against_their_own_solo_answers():
+    solo = Item(id="q0/solo", prompt_hash="p0", condition="solo", gen=GREEDY, output="a b c d",
+                token_ids=[1, 2, 3, 4], top2=_steps(4), logprobs_mode="processed_logits")
+    solo.top2[1] = [2, 18.5, 9, 18.5]  # a tie at token 1
+
+    def load(k, ids, step):
+        return Item(id=f"q0/x2/r0/{k}", prompt_hash="p0", condition="overload x2", gen=GREEDY, output=str(ids),
+                    token_ids=ids, top2=_steps(4, 1, step), logprobs_mode="processed_logits")
+
+    r = _rec("r9k", [solo, load(0, [1, 2, 3, 4], [2, 20.0, 7, 19.0]), load(1, [1, 9, 3, 4], [9, 18.5, 2, 18.5]),
+                     load(2, [1, 9, 3, 4], [9, 18.5, 2, 10.0]),
+                     Item(id="q1/x2/r0/3", prompt_hash="p1", condition="overload x2", gen=GREEDY, token_ids=[1])])
+    r.items[1].output = solo.output
+    x = compare_with_solo(r)
+    assert (x.n, x.identical, x.first_apart) == (3, 1, [1, 1])
+    assert x.near_ties == 1 and [i for i, _ in x.clear] == ["q0/x2/r0/2"] and x.largest_margin == 8.5
+    assert x.left_out == {"no solo answer to its prompt": 1}
+    assert compare_with_solo(_rec("r9k", [solo])) is None  # nothing under load

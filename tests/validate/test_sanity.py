@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from validate.cli import main
@@ -102,3 +103,58 @@ def test_a_looping_sentence_and_a_punctuation_flood_are_garbage():
     assert garbage_reason(flood, 12) == "'!' repeated 40 times in a row"
     fine = RequestResult(text="Paris! It is the capital of France... and its largest city.", token_ids=list(range(14)))
     assert garbage_reason(fine, 12) is None
+
+
+@pytest.mark.timeout(120)
+def test_answers_beside_a_long_prefill_have_ids_of_their_own_and_carry_their_top_two(scratch):
+    """The runner's own batches, plain and beside a long prefill, on the fake server (busy-diverge: an answer
+    under load says "indeed" at token 3); the old records' ids (each long-prefill id the plain batch's again)
+    still audit and still compare, by condition."""
+    from tests.validate.test_one_verdict import outputs
+    from validate.identity import compare_outputs, compare_with_solo
+    from validate.margins import NEAR_TIE, classify
+    from validate.record import read_record, record_path
+    from validate.runners.sanity import audit
+
+    prompts = [{"id": f"n{i}", "prompt": f"Repeat the number {i * 7}", "expect": str(i * 7)} for i in range(1, 4)]
+    _suite(scratch, "long-sanity", prompts, after_long_prompt_tokens=40)
+    scratch.config("fake-long", mode="busy-diverge", FAKE_VLLM_ITL_MS=20)
+    cfg = yaml.safe_load((scratch.root / "serve" / "fake-long.yaml").read_text())
+    cfg["server"]["extra_args"] = ["--logprobs-mode", "processed_logits"]
+    (scratch.root / "serve" / "fake-long.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["suite", "long-sanity", "--config", "fake-long", "--release", "ids"]) == 0
+    path = record_path(scratch.root / "reports", "ids", "fake-long", "long-sanity")
+    rec = read_record(path)
+    load = [i for i in rec.items if i.condition != "solo"]
+    ids = [i.id for i in load]
+    # max_num_seqs 4, overload 2: 8 answers a batch, once plain and once beside the prefill
+    assert len(ids) == 16 == len(set(ids))
+    assert ids[:2] == ["n1/x2/r0/0", "n2/x2/r0/1"] and ids[8:10] == ["n1/x2/long/r0/0", "n2/x2/long/r0/1"]
+    assert all("after a 40-token prefill" in i.condition for i in load[8:])
+    assert audit(rec, path.parent) == []
+    x = compare_outputs(rec, rec, "under load")
+    assert (x.n, x.identical, x.left_out) == (16, 16, {})
+    # every answer carries a step per token id, in the configured mode
+    solo = {i.id.split("/")[0]: i for i in rec.items if i.condition == "solo"}
+    assert all(len(i.top2) == len(i.token_ids) and i.logprobs_mode == "processed_logits" for i in rec.items)
+    assert solo["n1"].top2[0] == [100, 20.0, 7, 19.0]
+    # an answer under load that parts from its solo answer: a near-tie at token 3 (the fake's margin 0.0625)
+    parted = [i for i in load if i.identical_to_solo is False]
+    assert parted and {i.first_divergent_token for i in parted} == {3}
+    p = classify(3, parted[0].model_dump(), solo[parted[0].id.split("/")[0]].model_dump())
+    assert p.kind == NEAR_TIE and p.margins == (0.0625, 0.0625)
+    # the notes' batch-invariance row: every parting a near-tie (how many part depends on the box's timing)
+    x = compare_with_solo(rec)
+    assert (x.n, x.clear, x.near_ties, x.left_out) == (16, [], len(parted), {})
+    notes = outputs(scratch.root / "reports", "ids")["notes"]
+    assert (f"| fake-long | long-sanity | 16 | {16 - len(parted)} ({(16 - len(parted)) / 16:.1%}) | {len(parted)} | "
+            f"3 / 3.0 / 3 | {len(parted)} / 0 / 0 | 0.0625 | – |") in notes
+    # the same record as written before long-prefill batches had ids of their own
+    for i in load[8:]:
+        i.id = i.id.replace("/long/", "/")
+    assert len({i.id for i in load}) == 8
+    assert audit(rec, path.parent) == []
+    x = compare_outputs(rec, rec, "under load")
+    assert (x.n, x.left_out) == (16, {})
+    load[9].id = load[8].id  # an id twice within one condition stays a duplicate
+    assert compare_outputs(rec, rec, "under load").left_out == {"a duplicate item id": 2}

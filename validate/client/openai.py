@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 from validate.client.pool import StreamPool
 from validate.client.stream import MAX_EVENT_BYTES, SSE, Events, RequestResult, closed_how, take_events
+from validate.margins import TOP
 from validate.util import within
 
 
@@ -152,15 +153,25 @@ class OpenAIClient:
 
     # ---- streaming generation --------------------------------------------------------------------------
     async def chat(self, messages: list[dict[str, str]], *, max_tokens: int, temperature: float = 0.0,
-                   seed: int | None = None, ignore_eos: bool = False, extra: dict[str, Any] | None = None) -> RequestResult:
-        """Stream one chat completion. Never raises for server or transport faults: they are in ``error``."""
+                   seed: int | None = None, ignore_eos: bool = False, extra: dict[str, Any] | None = None,
+                   top2: bool = False) -> RequestResult:
+        """Stream one chat completion. Never raises for server or transport faults: they are in ``error``.
+
+        ``top2``: ask for the top two of each output token (``logprobs: true, top_logprobs: 2`` and
+        ``return_tokens_as_token_ids``), parsed into ``RequestResult.top2`` (validate.margins)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if top2:
+            body.update({"logprobs": True, "top_logprobs": TOP, "return_tokens_as_token_ids": True})
         return await self._stream("/v1/chat/completions", body, max_tokens, temperature, seed, ignore_eos, extra)
 
     async def completion(self, prompt: str | list[int], *, max_tokens: int, temperature: float = 0.0,
-                         seed: int | None = None, ignore_eos: bool = False, extra: dict[str, Any] | None = None) -> RequestResult:
-        """Stream one text completion (prompt as text or token ids). Faults are in ``error``."""
+                         seed: int | None = None, ignore_eos: bool = False, extra: dict[str, Any] | None = None,
+                         top2: bool = False) -> RequestResult:
+        """Stream one text completion (prompt as text or token ids). Faults are in ``error``. ``top2``: as
+        :meth:`chat` (``logprobs: 2``)."""
         body: dict[str, Any] = {"model": self.model, "prompt": prompt}
+        if top2:
+            body.update({"logprobs": TOP, "return_tokens_as_token_ids": True})
         return await self._stream("/v1/completions", body, max_tokens, temperature, seed, ignore_eos, extra)
 
     async def _stream(self, path: str, body: dict[str, Any], max_tokens: int, temperature: float,

@@ -10,6 +10,10 @@ A chunk is *token-bearing* when its delta carries non-empty ``content`` or ``rea
 ``reasoning`` (reasoning counts as generated content and is kept apart), or when its choice carries non-empty
 ``token_ids`` (``return_token_ids``), even with empty text: a token whose text is empty (a special token, the
 single token of a prefill request) is still a token. A role-only or empty chunk is not (:func:`take_chunk`).
+
+A chunk's ``logprobs`` (asked for with ``top2``: validate.margins) become one step per token of the chunk: as many
+as its ``token_ids`` where it carries ids (a missing step is an empty one, an extra one dropped), so that step
+``i`` stays token ``i``'s.
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from validate.margins import chat_steps, completion_steps
 
 @dataclass
 class RequestResult:
@@ -43,6 +49,10 @@ class RequestResult:
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
     chunk_chars: list[int] = field(default_factory=list)  # characters of ``text`` each token-bearing chunk added
+    # the top two of each output token where they were asked for and the server sent them (validate.margins
+    # steps: [token, value, token, value]), one per token id where the server sends ids; None where none came
+    top2: list[list] | None = None
+    top2_error: str | None = None  # why the top two sent were dropped (malformed): the answer stands without them
 
     @property
     def ttft_s(self) -> float | None:
@@ -351,6 +361,19 @@ def take_chunk(res: RequestResult, chunk: dict[str, Any], t: float) -> None:
         ids = choice.get("token_ids")
         if ids:
             res.token_ids.extend(ids)
+        lp = choice.get("logprobs")
+        if lp is not None and res.top2_error is None:
+            try:
+                steps = chat_steps(lp) if delta is not None else completion_steps(lp)
+            except (ValueError, AttributeError, TypeError) as e:
+                # the answer stands without them; its top two are dropped whole (a gap would shift the rest)
+                res.top2, res.top2_error = None, f"malformed logprobs: {e}"
+            else:
+                if ids:  # one step per token id, so that step i is token i's
+                    steps = (steps + [[]] * len(ids))[: len(ids)]
+                if res.top2 is None:
+                    res.top2 = []
+                res.top2.extend(steps)
         if content or reasoning or ids:  # token ids with empty text are tokens too
             n = len(ids) if ids else 1
             res.chunk_times.append(t - res.t_sent)

@@ -7,6 +7,7 @@ from typing import Any, Awaitable, Callable
 
 from validate.client import OpenAIClient
 from validate.config import ServeConfig
+from validate.margins import mode_of
 from validate.record import Dataset, Item
 
 
@@ -41,6 +42,21 @@ class RunContext:
         from validate.reasoning import DEFAULT_THINK_END
 
         return self.config.think_end if self.config is not None else DEFAULT_THINK_END
+
+    @property
+    def logprobs_mode(self) -> str | None:
+        """What the server's logprobs values are (vLLM's ``--logprobs-mode``, validate.margins.mode_of): from the
+        configuration's extra_args for a server this engine launched, None for one it did not (``--url``)."""
+        if self.config is None:
+            return None
+        return mode_of(self.config.server.extra_args, launched=self.server_pid is not None)
+
+    def top2_fields(self, r) -> dict[str, Any]:
+        """An item's ``top2`` and ``logprobs_mode`` from a RequestResult ``r`` (validate.record.Item): only where
+        the server sent a step per token id (else the steps could not be placed at their tokens); {} otherwise."""
+        if not r.top2 or not r.token_ids or len(r.top2) != len(r.token_ids):
+            return {}
+        return {"top2": r.top2, "logprobs_mode": self.logprobs_mode}
 
     def __post_init__(self):
         if self.server_gone is None:

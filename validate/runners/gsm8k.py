@@ -167,13 +167,13 @@ async def run(ctx: RunContext, p: GSM8KParams) -> SuiteResult:
     gen = {"max_tokens": p.max_tokens, "temperature": 0.0, "fewshot": p.fewshot, "fewshot_seed": p.fewshot_seed}
     msgs = [g.build_messages(q, exemplars) for q in chosen]
     results = await gather_limited(
-        [ctx.client.chat(m, max_tokens=p.max_tokens) for m in msgs], limit=p.concurrency, on_done=lambda: ctx.progress(1))
+        [ctx.client.chat(m, max_tokens=p.max_tokens, top2=True) for m in msgs], limit=p.concurrency, on_done=lambda: ctx.progress(1))
     out = SuiteResult()
     right = {"strict": 0, "flexible": 0}
     errors = 0
     for q, m, r in zip(chosen, msgs, results):
         item = Item(id=q.id, prompt_hash=sha256_text(json.dumps(m, sort_keys=True)), gen=gen, output=r.text,
-                    token_ids=r.token_ids, expected=q.gold)
+                    token_ids=r.token_ids, expected=q.gold, **ctx.top2_fields(r))
         if not r.ok:
             item.error = r.error
             errors += 1

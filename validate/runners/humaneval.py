@@ -159,10 +159,11 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     gen = {"endpoint": p.endpoint, "max_tokens": p.max_tokens, "temperature": 0.0}
     if p.endpoint == "chat":
         prompts = [CHAT_TEMPLATE.format(prompt=q.prompt) for q in chosen]
-        coros = [ctx.client.chat([{"role": "user", "content": t}], max_tokens=p.max_tokens) for t in prompts]
+        coros = [ctx.client.chat([{"role": "user", "content": t}], max_tokens=p.max_tokens, top2=True)
+                 for t in prompts]
     else:
         prompts = [q.prompt for q in chosen]
-        coros = [ctx.client.completion(t, max_tokens=p.max_tokens) for t in prompts]
+        coros = [ctx.client.completion(t, max_tokens=p.max_tokens, top2=True) for t in prompts]
     replies = await gather_limited(coros, limit=p.concurrency, on_done=lambda: ctx.progress(1))
     # the code is read from the answer after the thinking; thinking that never ended holds no program to run
     split = [split_reply(r.text, r.reasoning, ctx.think_end) if r.ok else None for r in replies]
@@ -175,7 +176,8 @@ async def run(ctx: RunContext, p: HumanEvalParams) -> SuiteResult:
     out = SuiteResult()
     counts = {"passed": 0, "failed": 0, "timeout": 0, "error": 0, "infra": 0, "request_errors": 0}
     for q, t, r, reply in zip(chosen, prompts, replies, split):
-        item = Item(id=q.task_id, prompt_hash=sha256_text(t), gen=gen, output=r.text, token_ids=r.token_ids)
+        item = Item(id=q.task_id, prompt_hash=sha256_text(t), gen=gen, output=r.text, token_ids=r.token_ids,
+                    **ctx.top2_fields(r))
         if not r.ok:
             item.error = f"request: {r.error}"
             counts["request_errors"] += 1

@@ -320,7 +320,8 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
         extra: dict = {"presence_penalty": p.presence_penalty} if p.presence_penalty else {}
         if p.cache_salt:  # a salt of its own: no block of an earlier send (the solo one) is reused
             extra["cache_salt"] = f"long-answers-{uuid.uuid4().hex}"
-        return ctx.client.chat([{"role": "user", "content": q.text}], max_tokens=p.max_tokens, extra=extra or None)
+        return ctx.client.chat([{"role": "user", "content": q.text}], max_tokens=p.max_tokens, extra=extra or None,
+                               top2=True)
 
     def said(r: RequestResult) -> Reply:
         return split_reply(r.text, r.reasoning, think_end)
@@ -332,7 +333,7 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
     def item(q: LongPrompt, r: RequestResult, ident: str, condition: str) -> Item:
         it = Item(id=ident, prompt_hash=sha256_text(q.text), condition=condition, gen=gen, output=r.text,
                   token_ids=r.token_ids, expected=q.code, prompt_tokens=r.prompt_tokens or None,
-                  output_tokens=r.output_tokens)
+                  output_tokens=r.output_tokens, **ctx.top2_fields(r))
         if not r.ok:
             it.error = r.error
             return it

@@ -205,21 +205,32 @@ def _modes(p: SanityParams, max_model_len: int) -> list[int]:
     return [0] + ([long_n] if long_n > 0 else [])
 
 
-def planned_ids(p: SanityParams, prompt_ids: list[str], server: dict, said_max_num_seqs=None) -> list[str] | None:
+def planned_ids(p: SanityParams, prompt_ids: list[str], server: dict, said_max_num_seqs=None,
+                legacy: bool = False) -> list[str] | None:
     """The ids of the answers under load the runner writes for these prompts (in order; the prompts cycled within a
-    batch), or None where neither the recorded server settings nor the metrics give ``max_num_seqs`` (the ids do not
-    depend on ``max_model_len`` beyond whether a long prefill fits at all)."""
+    batch; :func:`load_id`), or None where neither the recorded server settings nor the metrics give
+    ``max_num_seqs`` (the ids do not depend on ``max_model_len`` beyond whether a long prefill fits at all).
+    ``legacy``: the ids of records written before a long-prefill batch's ids said so (the plain batch's ids)."""
     mns = server.get("max_num_seqs", said_max_num_seqs)
     mml = server.get("max_model_len") if isinstance(server.get("max_model_len"), int) else 1 << 30
     if not isinstance(mns, int) or isinstance(mns, bool) or mns < 1 or not prompt_ids:
         return None
     if len(_modes(p, mml)) * p.rounds * sum(math.ceil(m * mns) for m in p.overload) > 10_000_000:
         return ["(more than 10,000,000 answers)"]  # no record holds that many: never built (a forged max_num_seqs)
-    return [f"{prompt_ids[k % len(prompt_ids)]}/x{m:g}/r{rnd}/{k}" for m, rnd, n, _ in batches(p, mns, mml)
+    ident = load_id if not legacy else lambda q, m, rnd, k, _: f"{q}/x{m:g}/r{rnd}/{k}"
+    return [ident(prompt_ids[k % len(prompt_ids)], m, rnd, k, L) for m, rnd, n, L in batches(p, mns, mml)
             for k in range(n)]
 
 
-_LOAD_ID = re.compile(r"^(.*)/x[^/]+/r\d+/\d+$")
+def load_id(prompt_id: str, m: float, rnd: int, k: int, long_len: int) -> str:
+    """The id of an answer under load: ``<prompt>/x<factor>/r<round>/<k>`` (k its place in the batch), with
+    ``/long`` after the factor for a batch beside a long prefill (``long_len`` > 0; the condition says its
+    tokens), so that each condition's answers have ids of their own (records written before it had each such id
+    twice: the plain batch's and the long-prefill batch's)."""
+    return f"{prompt_id}/x{m:g}" + ("/long" if long_len else "") + f"/r{rnd}/{k}"
+
+
+_LOAD_ID = re.compile(r"^(.*)/x[^/]+(?:/long)?/r\d+/\d+$")
 
 
 def audit(rec, folder) -> list[str]:
@@ -296,10 +307,11 @@ def audit(rec, folder) -> list[str]:
         bad += why is not None
         check(i, ok, why)
     out = misjudged(wrong, len(rec.items))
-    plan = planned_ids(p, list(solo), snap.get("server") if isinstance(snap.get("server"), dict) else {},
-                       m.get("max_num_seqs"))
-    if plan is not None and plan != [i.id for i in load]:
-        first = next((a for a, b in zip(plan, [i.id for i in load]) if a != b), None)
+    server = snap.get("server") if isinstance(snap.get("server"), dict) else {}
+    plan = planned_ids(p, list(solo), server, m.get("max_num_seqs"))
+    have = [i.id for i in load]
+    if plan is not None and have not in (plan, planned_ids(p, list(solo), server, m.get("max_num_seqs"), legacy=True)):
+        first = next((a for a, b in zip(plan, have) if a != b), None)
         out.append(f"its answers under load are not the runner's batches: {len(plan)} planned for {len(solo)} prompts "
                    f"at these params, it holds {len(load)}" + (f" (first apart: {first})" if first else ""))
     right = sum(solo_right.values())
@@ -332,7 +344,7 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
     gen = {"max_tokens": p.max_tokens, "temperature": 0.0}
 
     def ask(prompt: str):
-        return ctx.client.chat([{"role": "user", "content": prompt}], max_tokens=p.max_tokens)
+        return ctx.client.chat([{"role": "user", "content": prompt}], max_tokens=p.max_tokens, top2=True)
 
     solo: dict[str, RequestResult] = {}
     for q in prompts:  # concurrency 1: the reference
@@ -358,7 +370,7 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         r = solo[q["id"]]
         item = Item(id=f"{q['id']}/solo", prompt_hash=sha256_text(q["prompt"]), condition="solo", gen=gen,
                     output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), correct=solo_right[q["id"]],
-                    **item_fields(r, said(r)))
+                    **item_fields(r, said(r)), **ctx.top2_fields(r))
         why = garbage_reason(r, p.garbage_repeat, said(r))
         if why:
             item.bad = why
@@ -395,9 +407,9 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         c = per_cond.setdefault(cond, {"n": 0, "bad": 0, "divergent": 0, "errors": 0})
         for k, (q, r) in enumerate(zip(chosen, results)):
             ref = solo[q["id"]]
-            item = Item(id=f"{q['id']}/x{m:g}/r{rnd}/{k}", prompt_hash=sha256_text(q["prompt"]), condition=cond, gen=gen,
-                        output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), batch=batch_no,
-                        batch_wall_s=round(time.perf_counter() - t0, 3))
+            item = Item(id=load_id(q["id"], m, rnd, k, long_len), prompt_hash=sha256_text(q["prompt"]), condition=cond,
+                        gen=gen, output=r.text, token_ids=r.token_ids, expected=str(q["expect"]), batch=batch_no,
+                        batch_wall_s=round(time.perf_counter() - t0, 3), **ctx.top2_fields(r))
             c["n"] += 1
             n_load += 1
             if not r.ok:
