@@ -436,7 +436,8 @@ def _eligible(reports: Path, release: str) -> list:
 
 
 def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tuple[str, str]]]:
-    """(whether ``folder`` holds a gated record, or a file that may be one; the pairs of ``want`` it holds)."""
+    """(whether ``folder`` holds a gated record (of ``want`` where given), or a file that may be one; the pairs of
+    ``want`` it holds)."""
     from validate.loadgate import ARRIVALS_KIND
     from validate.perfgate import BENCH_KIND
     from validate.suite import paired_eval_kinds
@@ -449,7 +450,8 @@ def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tu
             eligible = True
             continue
         kind, cfg = named
-        if kind in gated and (want is None or (cfg, kind) in want):
+        # ``want`` names gated kinds, and a random-weight configuration's answers under load (validate.loadgate)
+        if (cfg, kind) in want if want is not None else kind in gated:
             eligible = True
             pairs.add((cfg, kind))
     return eligible, pairs

@@ -650,8 +650,11 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         tree = newest_tree(records)
     from validate.loadgate import ARRIVALS_KIND, compare_shares
 
+    from validate.loadgate import floor_gated
+
     gated = paired_eval_kinds() | {BENCH_KIND, ARRIVALS_KIND}
-    want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated}
+    # random weights: the answers under load are gated against the baseline's noise floor, so a baseline holds them
+    want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated or floor_gated(r)}
     base, why = choose_baseline(reports, release, baseline, want)
     cmp = perf = shares = None
     identity: list = []
