@@ -648,9 +648,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     audit_records(records, reports)
     if tree is None:
         tree = newest_tree(records)
-    from validate.loadgate import ARRIVALS_KIND, compare_shares
-
-    from validate.loadgate import floor_gated
+    from validate.loadgate import ARRIVALS_KIND, compare_shares, floor_gated
 
     gated = paired_eval_kinds() | {BENCH_KIND, ARRIVALS_KIND}
     # random weights: the answers under load are gated against the baseline's noise floor, so a baseline holds them

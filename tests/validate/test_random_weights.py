@@ -300,3 +300,30 @@ def test_cpu_smol_edited_to_say_random_does_not_escape_the_garbage_check(tmp_pat
             "its configuration snapshot serves random weights, the checkout's serve/cpu-smol.yaml of this engine "
             "serves trained ones")
     assert "cpu-smol / sanity: pass" not in out["notes"]
+
+
+def test_long_answers_of_random_weights_judge_no_garbage_and_stand_on_read(scratch):
+    """The fake server answers garbage to every long prompt, alone and under load: of random weights the suite
+    passes with nothing bad and its audit stands; the record edited to say trained weights is judged by the
+    trained rule and does not stand."""
+    from tests.validate.test_long_answers import PARAMS
+    from tests.validate.test_soak_betterbench import add_suite, record
+    from validate.record import read_record
+    from validate.runners.long_answers import audit
+
+    add_suite(scratch, "la", "long-answers", PARAMS, gate={"max": {"bad": 0}})
+    scratch.config("fake-la", mode="garbage", FAKE_VLLM_ITL_MS=20, FAKE_VLLM_TOKENS=40)
+    path = scratch.root / "serve" / "fake-la.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    cfg["model"]["weights"] = "random"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["suite", "la", "--config", "fake-la", "--release", "la1"]) == 0
+    r = record(scratch, "la1", "fake-la", "la")
+    m = r["metrics"]
+    assert (m["bad"], m["solo_garbage"], m["solo_right"], m["n"], m["errors"]) == (0, 3, 0, 6, 0)
+    assert {i["garbage"] for i in r["items"]} == {GARBAGE} and not any("bad" in i for i in r["items"])
+    p = record_path(scratch.root / "reports", "la1", "fake-la", "la")
+    rec_ = read_record(p)
+    assert audit(rec_, p.parent) == []
+    rec_.config_snapshot["model"].pop("weights")  # the same record of a trained-weight configuration
+    assert audit(rec_, p.parent)[0].startswith("item long0/solo is not bad, its answers say bad")
