@@ -306,7 +306,8 @@ def floor_figure(config: str, suite: str, what: str, part: str, cand: tuple[int,
     f.regression = t.drop_pts > spec.divergence_rise_pts and t.p_one_sided < spec.alpha
     f.message = (f"{'a regression: ' if f.regression else ''}{xc}/{nc} {said} ({100 * xc / nc:.1f}%), against the "
                  f"noise floor of the baseline {baseline}: {xb}/{nb} of its answers under load apart from its solo "
-                 f"answers ({100 * xb / nb:.1f}%); a rise of {t.drop_pts:.1f} points (threshold "
+                 f"answers ({100 * xb / nb:.1f}%); {'a rise' if t.drop_pts >= 0 else 'a fall'} of {abs(t.drop_pts):.1f} "
+                 f"points (threshold "
                  f"{spec.divergence_rise_pts:g}), one-sided p = {t.p_one_sided:.3g} (alpha {spec.alpha:g})")
     return f
 
