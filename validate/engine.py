@@ -523,7 +523,7 @@ class Engine:
             wall_s=round(wall_s, 2), budget_s=s.budget_s, tree=self.tree, server=info, versions=versions(server),
             config_snapshot=cfg.model_dump(mode="json"),
             knobs=knobs.in_force(cfg.env), knob_set=self.o.knobs, env=cfg.env, hardware=cfg.hardware.model_dump(),
-            model=cfg.model.source_name(),
+            model=cfg.model.source_name(), weights=cfg.model.weights_kind,
             verdict=verdict, metrics=result.metrics, dataset=result.dataset, items=result.items,
             server_metrics=result.server_metrics, moe_cache=result.moe_cache, r9k_calls=result.r9k_calls,
             client=result.client_tally,

@@ -8,10 +8,27 @@ take, judged as shares of counted events against the baseline's.
 - **Speculative-decoding acceptance** (any record whose server speculated): accepted over drafted tokens over
   the suite, from vLLM's counters (``server_metrics.delta.spec_decode``), against the baseline's record of the
   same configuration and suite.
+- **Random weights against the noise floor** (a configuration of random weights, validate.config.record_weights:
+  its answers are noise, so right answers and garbage are not judged): what such a configuration is judged on
+  instead, each against the share of its answers under load that the *baseline's own* record of the same suite
+  shows apart from that record's solo answers (the stack's noise floor: greedy answers part under load because a
+  batch's composition picks the kernels' tiles and summation order, :func:`divergence_counts`), never against
+  zero:
+
+  - *batch invariance* (strict-sanity and long-answers records): the candidate's share of answers under load
+    apart from its own solo answers, token by token;
+  - *identity with the baseline* (every row of validate.identity for the configuration): the candidate's share
+    of answers apart from the baseline's answers to the same items.
+
+  Without a baseline record of the suite there is no noise floor: the share is recorded and the gate is not
+  checked (limited).
 
 A figure regresses when its share is lower by more than its threshold (percentage points, the suite file's
 ``share_gate`` stored in the record; the stricter of the baseline's stored one and the checkout's) and a
-one-sided two-proportion z-test gives p < alpha (validate.stats.two_proportion_drop). The test counts requests
+one-sided two-proportion z-test gives p < alpha (validate.stats.two_proportion_drop); for the noise-floor figures
+the share tested is that of answers identical (to solo, or to the baseline's), so a drop is a rise of the share
+apart over the floor, by more than ``divergence_rise_pts``.
+The test counts requests
 (SLO) or tokens (acceptance) as independent trials; they are not quite (requests of one probe share the server's
 queue, tokens of one answer its text), which makes the test readier to call a drop than its alpha says; the
 threshold is what keeps identical trees from failing it (the false-positive rate on identical trees is
@@ -25,6 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from validate.config import record_weights
 from validate.pairing import apart
 from validate.record import Record
 from validate.stats import two_proportion_drop
@@ -40,13 +58,19 @@ class ShareGateSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     slo_share_drop_pts: float = Field(5.0, ge=0, le=100)
     acceptance_drop_pts: float = Field(5.0, ge=0, le=100)
+    divergence_rise_pts: float = Field(5.0, ge=0, le=100, description="random weights: the rise over the baseline's "
+                                       "noise floor of the share of answers apart (under load from solo, or from "
+                                       "the baseline's) past which it may regress")
     alpha: float = Field(0.05, gt=0, lt=1)
 
 
 @dataclass
 class ShareFigure:
-    """One share of one configuration and suite, candidate against baseline. ``what``: "slo" or "acceptance".
-    ``regression``: both conditions of the module docstring hold. ``message``: one line saying why."""
+    """One share of one configuration and suite, candidate against baseline. ``what``: "slo", "acceptance",
+    "divergence" or "identity" (``part``: the validate.identity row). ``x_*`` / ``n_*``: successes (requests meeting
+    the SLO, tokens accepted; for the noise-floor figures, answers apart) of trials; ``drop_pts``: how much worse
+    the candidate is, percentage points. ``regression``: both conditions of the module docstring hold.
+    ``message``: one line saying why."""
 
     config: str
     suite: str
@@ -62,6 +86,7 @@ class ShareFigure:
     rate_per_s: float | None = None
     regression: bool = False
     message: str = ""
+    part: str = ""
 
 
 @dataclass
@@ -90,6 +115,7 @@ def rule(b: Record, checkout: ShareGateSpec | None) -> ShareGateSpec:
     specs = [s for s in (spec_of(b), checkout) if s is not None] or [ShareGateSpec()]
     return ShareGateSpec(slo_share_drop_pts=min(s.slo_share_drop_pts for s in specs),
                          acceptance_drop_pts=min(s.acceptance_drop_pts for s in specs),
+                         divergence_rise_pts=min(s.divergence_rise_pts for s in specs),
                          alpha=max(s.alpha for s in specs))
 
 
@@ -212,11 +238,132 @@ def judge_acceptance(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -
     return f, None
 
 
+#: Suite kinds whose records hold answers under load beside the same prompts' solo answers (the noise floor).
+DIVERGENCE_KINDS = ("strict-sanity", "long-answers")
+#: The words of a figure not checked for want of a noise floor (the verdict lists it as limited).
+NO_FLOOR = "not checked (no noise floor)"
+
+
+def random_weights(rec: Record) -> bool:
+    """The record's configuration serves random weights, as its configuration snapshot gives it
+    (validate.config.record_weights; a claim the snapshot does not give is not believed)."""
+    return record_weights(rec)[0] == "random"
+
+
+def divergence_counts(rec: Record) -> tuple[int, int] | None:
+    """(answers under load apart from their prompt's solo answer, answers under load compared) of a record of
+    :data:`DIVERGENCE_KINDS`, from its items (never from its flags or metrics): each answer under load (condition
+    not "solo") without an error is compared with the solo answer of the same prompt (same ``prompt_hash``, no
+    error) by token ids, text and kept thinking. None where no answer could be compared."""
+    if rec.suite_kind not in DIVERGENCE_KINDS:
+        return None
+    solo = {i.prompt_hash: i for i in rec.items if i.condition == "solo" and i.error is None}
+    apart_n = n = 0
+    for i in rec.items:
+        ref = solo.get(i.prompt_hash)
+        if i.condition == "solo" or i.error is not None or ref is None:
+            continue
+        n += 1
+        apart_n += (i.token_ids, i.output, getattr(i, "reasoning", None) or "") != (
+            ref.token_ids, ref.output, getattr(ref, "reasoning", None) or "")
+    return (apart_n, n) if n else None
+
+
+def floor_gated(r: Record) -> bool:
+    """The record's divergent share under load is judged against a noise floor (random weights, a kind of
+    :data:`DIVERGENCE_KINDS`)."""
+    return r.suite_kind in DIVERGENCE_KINDS and random_weights(r)
+
+
+def _apart_text(k: tuple[int, int] | None, against: str) -> str:
+    return f"{k[0]} of {k[1]} answers{against}" if k else f"no answers{against}"
+
+
+def judge_divergence(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple[ShareFigure | None, str | None]:
+    """Batch invariance of random weights (module docstring): the candidate's answers under load apart from its
+    solo answers against the baseline's own share. (figure, None), or (None, why not judged)."""
+    where = f"{c.config}/{c.suite}"
+    kb, kc = divergence_counts(b), divergence_counts(c)
+    if kc is None:
+        return None, f"{where}: the candidate's record holds no answer under load beside its solo answer"
+    if kb is None:
+        return None, (f"{where}: the divergent share under load is {NO_FLOOR}: the baseline {baseline}'s record holds "
+                      f"no answer under load beside its solo answer; {_apart_text(kc, ' under load apart from solo')}")
+    return floor_figure(c.config, c.suite, "divergence", "", kc, kb, spec, baseline,
+                        "answers under load apart from their solo answers"), None
+
+
+def floor_figure(config: str, suite: str, what: str, part: str, cand: tuple[int, int], floor: tuple[int, int],
+                 spec: ShareGateSpec, baseline: str, said: str) -> ShareFigure:
+    """The figure of ``cand`` (answers apart, answers compared) against the noise floor ``floor`` (the baseline's
+    answers under load apart from its solo answers, compared): a regression when the share apart rises over the
+    floor's by more than ``spec.divergence_rise_pts`` and the one-sided two-proportion test of the identical shares
+    gives p < ``spec.alpha`` (validate.stats.two_proportion_drop)."""
+    (xc, nc), (xb, nb) = cand, floor
+    t = two_proportion_drop(nb - xb, nb, nc - xc, nc)
+    f = ShareFigure(config, suite, what, spec.divergence_rise_pts, spec.alpha, xb, nb, xc, nc, t.drop_pts,
+                    t.p_one_sided, part=part)
+    f.regression = t.drop_pts > spec.divergence_rise_pts and t.p_one_sided < spec.alpha
+    f.message = (f"{'a regression: ' if f.regression else ''}{xc}/{nc} {said} ({100 * xc / nc:.1f}%), against the "
+                 f"noise floor of the baseline {baseline}: {xb}/{nb} of its answers under load apart from its solo "
+                 f"answers ({100 * xb / nb:.1f}%); {'a rise' if t.drop_pts >= 0 else 'a fall'} of {abs(t.drop_pts):.1f} "
+                 f"points (threshold "
+                 f"{spec.divergence_rise_pts:g}), one-sided p = {t.p_one_sided:.3g} (alpha {spec.alpha:g})")
+    return f
+
+
+def unfloored(records: list[Record]) -> list[str]:
+    """For a release with no baseline: one line per record whose divergent share is judged against a noise floor
+    (:func:`floor_gated`), saying its share and that the gate is :data:`NO_FLOOR`."""
+    return [f"{r.config}/{r.suite}: the divergent share under load is {NO_FLOOR}: "
+            f"{_apart_text(divergence_counts(r), ' under load apart from solo')}, and no baseline record gives the "
+            "stack's own share" for r in records if floor_gated(r)]
+
+
+def judge_identity(rows: list, cand: list[Record], base: list[Record], baseline: str,
+                   checkout: dict[str, ShareGateSpec] | None = None) -> tuple[list[ShareFigure], list[str]]:
+    """Identity with the baseline of random weights (module docstring): each row of ``rows``
+    (validate.identity.OutputIdentity) of a candidate record of random weights, its answers apart from the
+    baseline's against the noise floor of the baseline's record of the same suite (:func:`divergence_counts`).
+    Returns (figures, limited): a row not compared, or whose baseline record gives no noise floor (a suite of no
+    answers under load: GSM8K, HumanEval), is a limited line saying why. Never raises for a malformed record."""
+    from validate.pairing import match_records
+
+    pairs = {(m.cand.config, m.cand.suite): m.base for m in match_records(cand, base).pairs}
+    by = {(r.config, r.suite): r for r in cand}
+    figures, limited = [], []
+    for row in rows:
+        c = by.get((row.config, row.suite))
+        if c is None or not random_weights(c):
+            continue
+        where = f"{row.config}/{row.suite}" + (f" ({row.part})" if row.part else "")
+        b = pairs.get((row.config, row.suite))
+        if row.refused or not row.n or b is None:
+            limited.append(f"{where}: identity with the baseline {baseline} is not checked: "
+                           + (row.refused or "no answer was compared"))
+            continue
+        try:
+            floor = divergence_counts(b)
+            if floor is None:
+                limited.append(f"{where}: identity with the baseline {baseline} is {NO_FLOOR}: {row.n - row.identical} "
+                               f"of {row.n} answers apart from the baseline's, and its record of {b.suite} holds no "
+                               "answers under load beside solo ones")
+                continue
+            spec = rule(b, (checkout or {}).get(c.suite))
+            figures.append(floor_figure(row.config, row.suite, "identity", row.part, (row.n - row.identical, row.n),
+                                        floor, spec, baseline, "answers apart from the baseline's"))
+        except Exception as e:  # a record edited by hand: said, never a crash or a pass
+            limited.append(f"{where}: identity with the baseline cannot be judged: {type(e).__name__}: {e}")
+    return figures, limited
+
+
 def gated_shares(r: Record) -> list[str]:
     """The shares a record holds that the share gates judge: "the SLO share" (an arrivals record), "the draft
-    acceptance" (a server that speculated)."""
+    acceptance" (a server that speculated), "the divergent share under load" (random weights:
+    :func:`floor_gated`)."""
     return ((["the SLO share"] if r.suite_kind == ARRIVALS_KIND else [])
-            + (["the draft acceptance"] if spec_counts(r) is not None else []))
+            + (["the draft acceptance"] if spec_counts(r) is not None else [])
+            + (["the divergent share under load"] if floor_gated(r) else []))
 
 
 def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list[Record],
@@ -246,6 +393,10 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
         if b is None:
             if c.suite_kind == ARRIVALS_KIND:
                 out.limited.append(f"{where}: the baseline {baseline} has no such record")
+            if floor_gated(c):
+                out.limited.append(f"{where}: the divergent share under load is {NO_FLOOR}: the baseline {baseline} "
+                                   f"has no such record; "
+                                   f"{_apart_text(divergence_counts(c), ' under load apart from solo')}")
             continue
         shared = gated_shares(c) or gated_shares(b)  # a record with no gated share is the other gates' business
         if c.audit_failed:  # a candidate that does not stand on what it holds is judged on nothing
@@ -261,11 +412,12 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
         params = ARRIVALS_MEASURING if c.suite_kind == ARRIVALS_KIND else tuple(
             sorted(set(b.params) | set(c.params)))
         bad = apart(b, c, params)
-        jobs = ([judge_slo] if c.suite_kind == ARRIVALS_KIND else []) + [judge_acceptance]
-        for job in jobs:
+        jobs = (([(judge_slo, "the SLO share")] if c.suite_kind == ARRIVALS_KIND else [])
+                + ([(judge_divergence, "the divergent share under load")] if floor_gated(c) else [])
+                + [(judge_acceptance, "the draft acceptance")])
+        for job, what in jobs:
             if bad:
-                if job is judge_slo or spec_counts(b) is not None or spec_counts(c) is not None:
-                    what = "the SLO share" if job is judge_slo else "the draft acceptance"
+                if job is not judge_acceptance or spec_counts(b) is not None or spec_counts(c) is not None:
                     (out.limited if c.profile != b.profile else out.unpaired).append(
                         f"{where}: {what} cannot be compared: " + "; ".join(bad))
                 continue
@@ -276,5 +428,5 @@ def compare_shares(candidate: str, cand: list[Record], baseline: str, base: list
             if fig is not None:
                 out.figures.append(fig)
             elif why:
-                (out.limited if "met the SLO at no rate" in why else out.unpaired).append(why)
+                (out.limited if "met the SLO at no rate" in why or NO_FLOOR in why else out.unpaired).append(why)
     return out

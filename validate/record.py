@@ -161,6 +161,10 @@ class Record(BaseModel):
     hardware: dict[str, Any] = Field(default_factory=dict)
     config_snapshot: dict[str, Any] = Field(default_factory=dict)  # the serving configuration as run
     model: str | None = None
+    # the weights the model serves (validate.config.ModelSpec.weights_kind): "random" weights' answers are noise, so
+    # right answers and garbage are not judged; None in records from before it. The judges read it from
+    # config_snapshot (validate.config.record_weights): a value here the snapshot does not give is refused
+    weights: Literal["random", "trained"] | None = None
     verdict: Verdict
     metrics: dict[str, Any] = Field(default_factory=dict)
     metrics_formula_version: int = METRICS_FORMULA_VERSION

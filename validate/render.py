@@ -120,6 +120,7 @@ class ReleaseView:
     thinking: list = field(default_factory=list)  # validate.reasoning.ThinkingRow per eval record
     # validate.identity.SoloIdentity per record with answers under load: each against its own solo answer
     batch_identity: list = field(default_factory=list)
+    random_weights: set[str] = field(default_factory=set)  # configurations of random weights (answers not judged)
 
 
 # (name in the title, figure labels in order of preference)
@@ -181,11 +182,15 @@ def build_view(reports: Path, release: str, checklist: Checklist | None, verdict
     by_config = dict(sorted(by_config.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
     view = ReleaseView(release, records, by_config, verdict=verdict,
                        tree_hash=hashes.most_common(1)[0][0] if hashes else None)
+    from validate.loadgate import random_weights
+
     for cfg, suites in by_config.items():
         for r in suites.values():
             if r.audit_failed:  # figures its own data do not give are shown in no table and no title
                 continue
             view.by_kind.setdefault(cfg, {}).setdefault(r.suite_kind, r)
+            if random_weights(r):
+                view.random_weights.add(cfg)
     if records:
         view.first_started = min(r.started_at for r in records).replace("T", " ").replace("+00:00", "")
         view.last_ended = max(r.ended_at for r in records).replace("T", " ").replace("+00:00", "")

@@ -19,6 +19,12 @@ A check's ``outcome`` is one of:
 
 A suite that passed at a quick profile or on a subset is a ``pass`` whose ``limits`` say so: the notes list it
 under "Not checked" with that reason, as they list limited checks.
+
+A configuration of random weights (validate.config.record_weights, from each record's configuration snapshot) is
+judged by what random weights can show: its answers are noise, so its strict-sanity, long-answers and eval records
+pass with the limit :data:`RANDOM_LIMIT`, its paired evals are limited ("not judged: random weights"), and what is
+judged instead is batch invariance and identity with the baseline, each against the baseline's own noise floor
+(the share gates: validate.loadgate).
 """
 from __future__ import annotations
 
@@ -157,11 +163,21 @@ class ReleaseVerdict:
 
 # --- building it --------------------------------------------------------------------------------------------
 
+#: Suite kinds whose verdict judges the model's answers (right, wrong, garbage): of random weights, not judged.
+ANSWER_KINDS = ("strict-sanity", "long-answers", "gsm8k", "humaneval")
+#: The limit of a passing record of :data:`ANSWER_KINDS` of random weights.
+RANDOM_LIMIT = ("random weights: right answers and garbage not judged (they test the weights, not the stack); "
+                "judged: failed requests here, batch invariance and identity against the baseline's noise floor")
+
 
 def record_limits(rec: Record) -> str | None:
-    """Why a completed record is not a full check (its profile, a subset, an unverified external server), or
-    None when it is one."""
+    """Why a completed record is not a full check (its profile, a subset, an unverified external server, random
+    weights' answers: :data:`RANDOM_LIMIT`), or None when it is one."""
+    from validate.loadgate import random_weights
+
     reasons = []
+    if rec.suite_kind in ANSWER_KINDS and random_weights(rec):
+        reasons.append(RANDOM_LIMIT)
     if rec.profile != "full":
         reasons.append(f"{rec.profile} profile")
     if rec.dataset is not None and rec.dataset.subset:
@@ -292,6 +308,13 @@ def paired_checks(cmp, strict: bool, records: list[Record] = ()) -> list[Check]:
     out = []
     by_task = {(r.config, r.suite): r for r in records}
     for x in cmp.tasks:
+        if x.random_weights:  # noise on both sides: recorded and shown, never a gate
+            out.append(Check(x.config, paired_name(x.task, cmp.baseline, x.baseline_config, x.config), "paired",
+                             "limited", "not judged",
+                             f"{x.verdict_text} (accuracy {100 * x.acc_baseline:.1f}% -> {100 * x.acc_candidate:.1f}%, "
+                             f"{x.b} lost vs {x.c} gained, one-sided p = {x.p_one_sided:.3g})", _paired_lines(x, cmp),
+                             record=by_task.get((x.config, x.task))))
+            continue
         props = {"baseline": cmp.baseline, "baseline_config": x.baseline_config, "n": x.n, "b": x.b, "c": x.c,
                  "p_one_sided": f"{x.p_one_sided:.6g}", "p_holm": f"{x.p_holm:.6g}",
                  "p_two_sided": f"{x.p_two_sided:.6g}", "alpha": cmp.alpha}
@@ -323,11 +346,14 @@ def not_compared(gate: str, unpaired: list[str], limited: list[str], strict: boo
     """A gate's lines for what it did not compare: each ``unpaired`` reason (should have been compared) is
     not-checked, each ``limited`` one (the run's own reach) limited, or not-checked with ``strict``; named
     ``<gate> <suite>`` after the configuration and suite the reason starts with."""
+    from validate.loadgate import NO_FLOOR
+
     out = []
     for reason, outcome in [(r, "not-checked") for r in unpaired] + [(r, "not-checked" if strict else "limited")
                                                                       for r in limited]:
         cfg, suite = _task_of(reason)
-        out.append(Check(cfg, f"{gate} {suite}", "perf", outcome, "not compared", reason, [reason]))
+        out.append(Check(cfg, f"{gate} {suite}", "perf", outcome, "no noise floor" if NO_FLOOR in reason else
+                         "not compared", reason, [reason]))
     return out
 
 
@@ -379,7 +405,7 @@ def share_checks(shares, strict: bool) -> list[Check]:
     out = []
     for f in shares.figures:
         name = (f"slo {f.suite}" + (f" at {f.rate_per_s:.3g} req/s" if f.rate_per_s else "") if f.what == "slo"
-                else f"acceptance {f.suite}")
+                else f"{f.what} {f.suite}" + (f" ({f.part})" if f.part else ""))
         props = {"baseline": shares.baseline, "x_base": f.x_base, "n_base": f.n_base, "x_cand": f.x_cand,
                  "n_cand": f.n_cand, "drop_pts": f"{f.drop_pts:.3f}", "threshold_pts": f.threshold_pts,
                  "p_value": f"{f.p_value:.6g}", "alpha": f.alpha, "suite": f.suite}
@@ -439,16 +465,31 @@ def _gate_dict(gate) -> dict | None:
 def reapply_gates(records: list[Record], root: Path | None) -> list[Record]:
     """Judge each record by the gate of the checkout's suite file of the same name and kind as well
     (:func:`validate.record.recheck`): a schema-1 record stores none, and a stored gate that differs from the
-    suite file's is named (``Record.gate_mismatch``: for a record of this very tree it was edited). Records that
-    store their gate were also re-checked by it when read."""
+    suite file's is named (``Record.gate_mismatch``: for a record of this very tree it was edited), and so is a
+    record of this very engine whose configuration snapshot serves random weights where the checkout's
+    configuration of its name serves trained ones. Records that store their gate were also re-checked by it when
+    read."""
     if root is None:
         return records
     from r9k import provenance as prov
+    from validate.config import load_config, serve_dir
+    from validate.loadgate import random_weights
     from validate.provenance_checks import engine_hash as engine_of
     from validate.suite import find_suite
 
     engine = engine_of(root, root if (root / "r9k").is_dir() else prov.package_root())
     for r in records:
+        if r.tree.engine_hash == engine and random_weights(r):
+            # serve/ is part of the engine hash: this engine's configuration of that name says what it served
+            try:
+                mine = load_config(serve_dir(root) / f"{r.config}.yaml") if (
+                    serve_dir(root) / f"{r.config}.yaml").exists() else None
+            except InputError:
+                mine = None
+            if mine is not None and not mine.model.random_weights:
+                r.gate_mismatch = (f"its configuration snapshot serves random weights, the checkout's "
+                                   f"serve/{r.config}.yaml of this engine serves {mine.model.weights_kind} ones")
+                continue
         try:
             s = find_suite(root, r.suite, "quick" if r.profile == "quick" else "full")
         except InputError:
@@ -525,7 +566,8 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
         notes: lines to say beside the verdict.
     """
     v = ReleaseVerdict(release, baseline=baseline, baseline_why=baseline_why, comparison=comparison, perf=perf,
-                       identity=list(identity or []), notes=list(notes or []) + depth_notes(records), what=what)
+                       identity=list(identity or []),
+                       notes=list(notes or []) + depth_notes(records) + weights_notes(records), what=what)
     seen = set()
     for r in records:
         seen.add((r.config, r.suite))
@@ -548,6 +590,19 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
         v.checks += share_checks(shares, strict)
     v.checks += extra or []
     return v
+
+
+def weights_notes(records: list[Record]) -> list[str]:
+    """One note per configuration of random weights among ``records``: what it is judged on, and why."""
+    from validate.loadgate import random_weights
+
+    cfgs = sorted({r.config for r in records if random_weights(r)})
+    return [f"{c} serves random weights: its answers are noise whatever serves them, so right answers and garbage "
+            "are not judged (strict sanity and long answers ask no solo share and call no answer bad; GSM8K and "
+            "HumanEval accuracy is recorded, their paired gate reads \"not judged: random weights\"); it is judged on "
+            "batch invariance (answers under load against its own solo answers, token by token) and identity with "
+            "the baseline, each against the share of answers under load the baseline's own record shows apart from "
+            "solo (its noise floor)" for c in cfgs]
 
 
 def newest_tree(records: list[Record]) -> Tree | None:
@@ -593,10 +648,11 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
     audit_records(records, reports)
     if tree is None:
         tree = newest_tree(records)
-    from validate.loadgate import ARRIVALS_KIND, compare_shares
+    from validate.loadgate import ARRIVALS_KIND, compare_shares, floor_gated
 
     gated = paired_eval_kinds() | {BENCH_KIND, ARRIVALS_KIND}
-    want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated}
+    # random weights: the answers under load are gated against the baseline's noise floor, so a baseline holds them
+    want = {(r.config, r.suite_kind) for r in records if r.suite_kind in gated or floor_gated(r)}
     base, why = choose_baseline(reports, release, baseline, want)
     cmp = perf = shares = None
     identity: list = []
@@ -670,11 +726,20 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
             identity = compare_releases_outputs(records, base_records, stands=stands)
         except Exception as e:  # a figure, not a gate: what it could not compare is said beside the verdict
             notes.append(f"greedy answers against {base} not compared: {type(e).__name__}: {e}")
+        if shares is not None:  # random weights: identity with the baseline, against its noise floor
+            from validate.loadgate import judge_identity
+
+            figs, lim = judge_identity(identity, records, base_records, base, share_gate_specs(root) if root else None)
+            shares.figures += figs
+            shares.limited += lim
         extra += [release_check("baseline records", f"a file of the baseline {base} was not compared: {w}")
                   for w in dict.fromkeys(bskipped)]
     elif records:
+        from validate.loadgate import unfloored
+
         extra.append(Check("release", "baseline", "release", "limited", "no baseline",
                            f"no baseline: {why}; no paired eval or performance gate ran"))
+        extra += not_compared("share gate", [], unfloored(records), False)
     return assess(release, records, comparison=cmp, perf=perf, shares=shares, identity=identity, baseline=base,
                   baseline_why=why, planned=planned,
                   tree=tree, accept_other_tree=accept_other_tree, extra=extra, notes=notes)

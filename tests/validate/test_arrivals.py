@@ -271,7 +271,8 @@ def test_the_record_keeps_every_request_and_a_forged_one_is_not_checked(scratch)
     f = folder / att["file"]
     rows = [json.loads(x) for x in f.read_text().splitlines()]
     assert att["lines"] == len(rows) == m["probes"][0]["requests"] >= 8 and all(r["good"] for r in rows)
-    assert rec["share_gate"] == {"slo_share_drop_pts": 5.0, "acceptance_drop_pts": 5.0, "alpha": 0.05}
+    assert rec["share_gate"] == {"slo_share_drop_pts": 5.0, "acceptance_drop_pts": 5.0,
+                                 "divergence_rise_pts": 5.0, "alpha": 0.05}
     v = assess_release(scratch.root / "reports", "v1.0.0", root=scratch.root)
     assert [c.outcome for c in v.checks if c.area == "suite"] == ["pass"], [c.message for c in v.checks]
     # the params the audit recounts by, loosened by hand (the lag a probe may have): the record does not stand

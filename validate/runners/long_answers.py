@@ -21,6 +21,11 @@ whose tokens differ from the solo answer's but that stays right is *divergent* (
 failed request, long or load, is an error, never a pass; so is a long answer under load sent while no load
 request was in flight (nothing was checked under load).
 
+A configuration of random weights (validate.config.ModelSpec.random_weights) answers noise, as strict sanity says
+of it: no answer is bad and no solo share is asked; garbage is recorded (each item's ``garbage``, the metrics'
+``solo_garbage``) and each answer under load is compared with its solo answer token by token (``divergent``,
+judged against the baseline's own share by the share gates: validate.loadgate).
+
 Where the needle sits: SmolLM2-135M (cpu-smol) does not find a code stated at the start of a 3,600-token prompt
 (0 of 8 right at depth 0, 1 of 8 at depth 0.5, greedy, 300 tokens), and finds it at depth 0.9 (8 of 8, about
 350 tokens before the question), so ``needle_depth`` (the share of the text's problems before the needle)
@@ -197,8 +202,13 @@ def audit(rec, folder) -> list[str]:
       ``garbage`` and ``correct``); ``bad`` exactly where it is garbage, or under load right alone and wrong now;
     - ``n``, ``bad``, ``divergent``, ``errors``, ``solo_right`` and ``prompts`` are whole numbers its items give;
     - a record that says pass holds no error (its own or the decode load's), had load in flight at every send
-      under load, and as many right alone as ``min_solo_right_share`` (params) asks.
+      under load, and as many right alone as ``min_solo_right_share`` (params) asks;
+    - a record of random weights (validate.config.record_weights: read from its configuration snapshot): no item
+      is bad, and no solo share is asked.
     """
+    from validate.config import record_weights
+
+    judged = record_weights(rec)[0] == "trained"
     m = rec.metrics if isinstance(rec.metrics, dict) else {}
     params = rec.params if isinstance(rec.params, dict) else {}
     get = lambda k: params.get(k, LongAnswersParams.model_fields[k].default)  # noqa: E731
@@ -247,7 +257,7 @@ def audit(rec, folder) -> list[str]:
     for i in items:
         extra = i.model_extra or {}
         ref = solo[i.id.split("/")[0]]
-        should = i.error is None and bool(extra.get("garbage") or (
+        should = judged and i.error is None and bool(extra.get("garbage") or (
             i in load and ref.error is None and ref.correct is True and i.correct is not True))
         if bool(extra.get("bad")) != should:
             out.append(f"item {i.id} is {'bad' if extra.get('bad') else 'not bad'}, its answers say "
@@ -270,7 +280,7 @@ def audit(rec, folder) -> list[str]:
             out.append("it says pass, but not every answer under load was sent while a load request was in flight")
         share = get("min_solo_right_share")
         need = math.ceil(share * prompts - 1e-9) if isinstance(share, (int, float)) else prompts
-        if counts["solo_right"] < need:
+        if judged and counts["solo_right"] < need:
             out.append(f"it says pass with {counts['solo_right']} of {prompts} right alone, fewer than the {need} "
                        f"min_solo_right_share={share!r} asks")
     return out
@@ -288,7 +298,11 @@ def figures(records: list) -> list:
 
 
 def headline(rec) -> str | None:
+    from validate.config import record_weights
+
     m = rec.metrics
+    if record_weights(rec)[0] == "random" and {"divergent", "n"} <= set(m):
+        return f"long answers {m['divergent']} of {m['n']:,} apart from solo (random weights)"
     return f"long answers {m['bad']} bad of {m['n']:,}" if {"bad", "n"} <= set(m) else None
 
 
@@ -315,6 +329,7 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
     codes = {q.id: q.code for q in prompts}
     others = {q.id: frozenset(c for k, c in codes.items() if k != q.id) for q in prompts}
     think_end = ctx.think_end
+    judged = not ctx.config.model.random_weights  # random weights: neither right answers nor garbage judged
 
     def ask(q: LongPrompt):
         extra: dict = {"presence_penalty": p.presence_penalty} if p.presence_penalty else {}
@@ -359,12 +374,13 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
             out.errors.append(f"solo {q.id}: {r.error}")
         elif getattr(it, "garbage", None):
             solo_garbage += 1  # garbage alone is bad, as strict sanity counts it (and not right: the solo share)
-            it.bad = it.garbage
-            out.findings.append(f"bad answer {it.id} alone: {it.bad}")
+            if judged:
+                it.bad = it.garbage
+                out.findings.append(f"bad answer {it.id} alone: {it.bad}")
         out.items.append(it)
     wrong_solo = [q.id for q in prompts if not solo_right[q.id]]
     need = math.ceil(p.min_solo_right_share * len(prompts) - 1e-9)
-    if len(prompts) - len(wrong_solo) < need:
+    if judged and len(prompts) - len(wrong_solo) < need:
         out.findings.append(f"solo answers: {len(prompts) - len(wrong_solo)} of {len(prompts)} right alone, fewer "
                             f"than the {need} that min_solo_right_share={p.min_solo_right_share:g} asks; wrong solo: "
                             + ", ".join(wrong_solo))
@@ -417,7 +433,9 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
                 if getattr(it, "identical_to_solo", None) is False:
                     it.first_divergent_token = first_divergence(r.token_ids, ref.token_ids)
                     divergent += 1
-                if getattr(it, "garbage", None):
+                if not judged:
+                    pass  # random weights: garbage stays the item's garbage, nothing is bad
+                elif getattr(it, "garbage", None):
                     it.bad = it.garbage
                 elif solo_right[q.id] and not it.correct:
                     it.bad = "right solo, wrong under load"
@@ -445,7 +463,7 @@ async def run(ctx: RunContext, p: LongAnswersParams) -> SuiteResult:
                 and i.output_tokens is not None]
     ptoks = [solo[q.id].prompt_tokens if solo[q.id].ok else None for q in prompts]
     out.metrics = {
-        "n": n_load, "bad": bad + solo_garbage, "divergent": divergent, "errors": errors,
+        "n": n_load, "bad": bad + solo_garbage * judged, "divergent": divergent, "errors": errors,
         "solo_right": sum(solo_right.values()), "prompts": len(prompts), "solo_wrong": wrong_solo,
         "solo_garbage": solo_garbage, "solo_right_share": round(sum(solo_right.values()) / len(prompts), 6),
         "min_solo_right_share": p.min_solo_right_share,

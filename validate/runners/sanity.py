@@ -10,6 +10,12 @@ replacement characters, control characters, or one token repeated over ``garbage
 Answers that differ from the solo text but stay right are counted as divergent (numerics of batching), not
 bad. A failed request is an error. A reasoning model is judged on its answer after the thinking
 (validate.reasoning); a reply whose thinking never ended has no answer (bad, under load or alone).
+
+A configuration of random weights (validate.config.ModelSpec.random_weights) answers noise: its answers are never
+right and often garbage (byte-fallback tokens read as replacement characters) whatever serves them, so neither is
+judged: no solo share, and nothing is bad; a garbage answer is recorded (the item's ``garbage``, the metrics'
+``garbage``), and the answers under load are still compared with the solo answers token by token (``divergent``,
+judged against the baseline's own share by the share gates: validate.loadgate).
 """
 from __future__ import annotations
 
@@ -178,15 +184,25 @@ class SanityMetrics(BaseModel):
     after_thinking: int = 0  # of the solo answers
     unclosed_thinking: int = 0
     think_end: str | None = None
+    garbage: int | None = None  # garbage answers, alone and under load, of random weights (recorded, not judged)
 
 
 def headline(rec) -> str | None:
+    from validate.config import record_weights
+
     m = rec.metrics
+    if record_weights(rec)[0] == "random" and {"divergent", "n"} <= set(m):
+        return f"sanity {m['divergent']} of {m['n']:,} apart from solo (random weights)"
     return f"sanity {m['bad']} bad of {m['n']:,}" if {"bad", "n"} <= set(m) else None
 
 
 def summary(rec) -> str:
+    from validate.config import record_weights
+
     m = rec.metrics
+    if record_weights(rec)[0] == "random":
+        return (f"{m['divergent']} of {m['n']} apart from solo; answers not judged (random weights), "
+                f"{m.get('garbage')} garbage")
     return f"{m['bad']} bad of {m['n']}, {m['solo_right']} of {m['prompts']} right alone"
 
 
@@ -240,8 +256,11 @@ def audit(rec, folder) -> list[str]:
     load likewise and against its prompt's solo answer (bad: garbage, or right alone and wrong under load;
     divergent: other tokens or text than alone); the counts in ``metrics`` are recounted from that; and a record
     that says pass while its items give a bad answer, a failed request or fewer right alone than
-    ``min_solo_right_share`` asks is named. A record without items has nothing to recount (the runner always
+    ``min_solo_right_share`` asks is named. A record of random weights (validate.config.record_weights: read from
+    its configuration snapshot) is judged by the runner's rule for them: nothing is bad, a garbage answer is its
+    item's ``garbage``, and no solo share is asked. A record without items has nothing to recount (the runner always
     writes them). ``folder`` is not read."""
+    from validate.config import record_weights
     from validate.reasoning import DEFAULT_THINK_END
 
     if not rec.items:  # nothing to recount (the runner always writes them)
@@ -260,6 +279,7 @@ def audit(rec, folder) -> list[str]:
     if len(solo) != sum(1 for i in rec.items if i.condition == "solo"):
         return ["its solo answers are not one per prompt (an id repeated or not ending in /solo)"]
     others = distractors([{"id": k, "expect": i.expected} for k, i in solo.items()])
+    judged = record_weights(rec)[0] == "trained"  # random weights: neither right answers nor garbage judged
     wrong: list[str] = []
 
     def judge(i, qid: str) -> tuple[bool, str | None]:  # (right, why garbage) of item i, prompt qid
@@ -270,13 +290,16 @@ def audit(rec, folder) -> list[str]:
         return ok, garbage_reason(res, p.garbage_repeat, reply)
 
     def check(i, ok: bool, why: str | None) -> None:  # the item's stored flags against what its output gives
-        if bool(i.correct) != ok or bool(getattr(i, "bad", None)) != (why is not None):
+        flag = "bad" if judged else "garbage"  # random weights: garbage is recorded, never bad
+        if (bool(i.correct) != ok or bool(getattr(i, flag, None)) != (why is not None)
+                or (not judged and getattr(i, "bad", None))):
             wrong.append(f"{i.id} says {'right' if i.correct else 'wrong'}"
-                         f"{', bad' if getattr(i, 'bad', None) else ''}; its output gives "
-                         f"{'right' if ok else 'wrong'}{', bad: ' + why if why else ''}")
+                         f"{', bad' if getattr(i, 'bad', None) else ''}"
+                         f"{', garbage' if getattr(i, 'garbage', None) else ''}; its output gives "
+                         f"{'right' if ok else 'wrong'}{f', {flag}: ' + why if why else ''}")
 
     solo_right: dict[str, bool] = {}
-    solo_bad = 0
+    solo_bad = garbage = 0
     for qid, i in solo.items():
         if i.error or not isinstance(i.expected, str):
             wrong.append(f"{i.id} holds {'an error' if i.error else 'no expected answer'}")
@@ -284,7 +307,8 @@ def audit(rec, folder) -> list[str]:
             continue
         ok, why = judge(i, qid)
         solo_right[qid] = ok and why is None
-        solo_bad += why is not None
+        solo_bad += judged and why is not None
+        garbage += why is not None
         check(i, solo_right[qid], why)
     bad = solo_bad
     divergent = errors = 0
@@ -299,12 +323,13 @@ def audit(rec, folder) -> list[str]:
         qid = mt.group(1)
         ref = solo[qid]
         ok, why = judge(i, qid)
-        if why is None and solo_right[qid] and not ok:
+        garbage += why is not None
+        if judged and why is None and solo_right[qid] and not ok:
             why = "right solo, wrong under load"
         same = (i.token_ids == ref.token_ids and i.output == ref.output
                 and (getattr(i, "reasoning", None) or "") == (getattr(ref, "reasoning", None) or ""))
         divergent += not same
-        bad += why is not None
+        bad += judged and why is not None
         check(i, ok, why)
     out = misjudged(wrong, len(rec.items))
     server = snap.get("server") if isinstance(snap.get("server"), dict) else {}
@@ -317,8 +342,9 @@ def audit(rec, folder) -> list[str]:
     right = sum(solo_right.values())
     out += recount(m, {"n": len(load), "bad": bad, "divergent": divergent, "errors": errors, "solo_right": right,
                        "prompts": len(solo), "solo_bad": solo_bad, "solo_right_share": round(right / len(solo), 6),
-                       "solo_wrong": [k for k, v in solo_right.items() if not v]})
-    need = math.ceil(p.min_solo_right_share * len(solo) - 1e-9)
+                       "solo_wrong": [k for k, v in solo_right.items() if not v]}
+                   | ({} if judged else {"garbage": garbage}))
+    need = math.ceil(p.min_solo_right_share * len(solo) - 1e-9) if judged else 0
     if rec.verdict.status == "pass" and (bad or errors or right < need):
         out.append(f"the record says pass, but its items give {bad} bad answers, {errors} failed requests and "
                    f"{right} of {len(solo)} prompts right alone (min_solo_right_share {p.min_solo_right_share:g} "
@@ -356,6 +382,8 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         return out
     others = distractors(prompts)
     think_end = ctx.think_end
+    judged = not ctx.config.model.random_weights  # random weights: neither right answers nor garbage judged
+    garbage = 0
 
     def said(r: RequestResult) -> Reply:
         return split_reply(r.text, r.reasoning, think_end)
@@ -373,16 +401,20 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
                     **item_fields(r, said(r)), **ctx.top2_fields(r))
         why = garbage_reason(r, p.garbage_repeat, said(r))
         if why:
-            item.bad = why
-            bad += 1
             solo_right[q["id"]] = False  # garbage that happens to contain the answer is not a right answer
             item.correct = False
-            out.findings.append(f"bad answer {item.id} (solo): {why}")
+            garbage += 1
+            if judged:
+                item.bad = why
+                bad += 1
+                out.findings.append(f"bad answer {item.id} (solo): {why}")
+            else:
+                item.garbage = why
         out.items.append(item)
     solo_bad = bad
     wrong_solo = [q["id"] for q in prompts if not solo_right[q["id"]]]
     need = math.ceil(p.min_solo_right_share * len(prompts) - 1e-9)
-    if len(prompts) - len(wrong_solo) < need:
+    if judged and len(prompts) - len(wrong_solo) < need:
         out.findings.append(f"solo answers: {len(prompts) - len(wrong_solo)} of {len(prompts)} right alone, fewer than "
                             f"the {need} that min_solo_right_share={p.min_solo_right_share:g} asks; wrong solo: "
                             + ", ".join(wrong_solo))
@@ -428,7 +460,12 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
                 c["divergent"] += 1
                 divergent += 1
             why = garbage_reason(r, p.garbage_repeat, reply)
-            if why is None and solo_right[q["id"]] and not item.correct:
+            garbage += why is not None
+            if not judged:
+                if why:
+                    item.garbage = why
+                why = None
+            elif why is None and solo_right[q["id"]] and not item.correct:
                 why = "right solo, wrong under load"
             if why:
                 item.bad = why
@@ -446,4 +483,6 @@ async def run(ctx: RunContext, p: SanityParams) -> SuiteResult:
         "conditions": per_cond, "max_num_seqs": mns,
         **tally([i for i in out.items if i.condition == "solo"], think_end),
     }
+    if not judged:
+        out.metrics["garbage"] = garbage
     return out
