@@ -113,8 +113,11 @@ def test_the_cache_pairs_with_vllms_offload_across_configurations(tmp_path, caps
     from validate.config import find_config, with_knob_set
 
     cand, base = bench("moe", 1.0, "moe"), bench("stock", 1.0, "stock", config="h200-next-offload")
-    cand.config_snapshot = with_knob_set(find_config(REPO, "h200-next"), "moe").model_dump(mode="json")
-    base.config_snapshot = find_config(REPO, "h200-next-offload").model_dump(mode="json")
+    for rec, cfg in ((cand, with_knob_set(find_config(REPO, "h200-next"), "moe")),
+                     (base, find_config(REPO, "h200-next-offload"))):
+        # a random-weight snapshot stands only with its own hash (validate.config.record_weights)
+        rec.config_snapshot, rec.config_hash = cfg.model_dump(mode="json"), cfg.digest()
+        rec.model = cfg.model.source_name()
     save(tmp_path, cand, base)
     argv = ["gate", "--perf", "moe", "--against", "stock", "--accept-other-tree", "--reports", str(tmp_path)]
     assert main(argv + ["--config", "h200-next", "--against-config", "h200-next-offload"]) == 0
