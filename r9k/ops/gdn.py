@@ -34,6 +34,7 @@ import importlib
 import inspect
 import logging
 import threading
+import types
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
@@ -276,6 +277,34 @@ def _subset(offs: list[int], seqs: list[int], cu_dtype: torch.dtype, device: tor
                    _to_device(host, cu_dtype, device), host)
 
 
+@dataclass
+class _Plan:
+    """A split step's two subsets (``short``: gdn_seq / gdn_conv, ``long``: vLLM's), with what vLLM's op needs for
+    the long one, made once a step: kept on the step's offsets tensor for its other layers (``extra``)."""
+
+    short: _Subset
+    long: _Subset
+    extra: dict = field(default_factory=dict)
+
+
+PLAN_ATTR = "_r9k_split_plan"
+
+
+def _plan(t: torch.Tensor, offs: list[int], short: list[int], long: list[int]) -> _Plan:
+    """The plan of the split of ``offs`` (the offsets of ``t``), made once and kept on ``t`` for the step's other
+    layers: keyed by the offsets themselves, so a tensor reused with other offsets gets a new one."""
+    key = (t.device, tuple(offs), STATE.max_tokens)
+    held = getattr(t, PLAN_ATTR, None)
+    if held is not None and held[0] == key:
+        return held[1]
+    plan = _Plan(_subset(offs, short, t.dtype, t.device), _subset(offs, long, t.dtype, t.device))
+    try:
+        setattr(t, PLAN_ATTR, (key, plan))
+    except Exception:  # noqa: BLE001 - only the reuse is lost
+        pass
+    return plan
+
+
 def _fla_chunk_meta(host: list[int], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """fla's ``chunk_indices`` [chunks, 2] (sequence, chunk within it) and ``chunk_offsets`` [N+1] for the offsets
     ``host``, as vLLM's ``prepare_chunk_indices`` / ``prepare_chunk_offsets`` build them (fla/ops/index.py), made on
@@ -301,7 +330,8 @@ def _split_core(a: dict, offs: list[int], short: list[int], long: list[int], sto
     Raises gdn_seq's ValueError before anything is written."""
     q, h0, cu = a["q"], a["initial_state"], a["cu_seqlens"]
     dev = q.device
-    s, lg = _subset(offs, short, cu.dtype, dev), _subset(offs, long, cu.dtype, dev)
+    plan = _plan(cu, offs, short, long)
+    s, lg = plan.short, plan.long
 
     def pick(sub: _Subset, h: torch.Tensor) -> dict:
         out = {name: (t.index_select(1, sub.tokens) if t is not None else None)
@@ -314,7 +344,9 @@ def _split_core(a: dict, offs: list[int], short: list[int], long: list[int], sto
     kw = {n: v for n, v in a.items() if not n.startswith("_")}
     kw.update(pick(lg, h0))
     if kw.get("chunk_indices") is not None or kw.get("chunk_offsets") is not None:
-        kw["chunk_indices"], kw["chunk_offsets"] = _fla_chunk_meta(lg.host, cu.dtype, dev)
+        if "fla" not in plan.extra:
+            plan.extra["fla"] = _fla_chunk_meta(lg.host, cu.dtype, dev)
+        kw["chunk_indices"], kw["chunk_offsets"] = plan.extra["fla"]
     o_l, h_l = stock(kw)
     o = torch.empty((1, a["_t"], *o_l.shape[2:]), dtype=o_l.dtype, device=dev)
     o.index_copy_(1, s.tokens, o_s.to(o.dtype))
@@ -513,7 +545,8 @@ def _split_conv(a: dict, offs: list[int], short: list[int], long: list[int],
     dev = x.device
     if ci is None:  # the states are then the sequences' own rows: keep each sequence's
         ci = torch.arange(len(offs) - 1, dtype=torch.int32, device=dev)
-    s, lg = _subset(offs, short, qsl.dtype, dev), _subset(offs, long, qsl.dtype, dev)
+    plan = _plan(qsl, offs, short, long)
+    s, lg = plan.short, plan.long
 
     def pick(sub: _Subset) -> dict:
         # tokens gathered in x's own layout ([dim, T] as the transpose of [T, dim] in vLLM's layer)
@@ -525,13 +558,27 @@ def _split_conv(a: dict, offs: list[int], short: list[int], long: list[int],
     y_s = _run_conv(a, ps["x"], ps["query_start_loc"], ps["cache_indices"], ps["has_initial_state"])
     kw = {n: v for n, v in a.items() if not n.startswith("_")}
     kw.update(pick(lg))
-    if "metadata" in kw:
-        kw["metadata"] = None  # the step's launch grid: vLLM's conv recomputes it for the subset
+    if kw.get("metadata") is not None:  # the step's launch grid: rebuilt for the subset as vLLM's builder makes it
+        if "conv" not in plan.extra:
+            plan.extra["conv"] = _conv_meta(lg.host, dev)
+        kw["metadata"] = plan.extra["conv"]
     y_l = stock(kw)
     out = torch.empty_like(x)
     out.t().index_copy_(0, s.tokens, y_s.t().to(out.dtype))
     out.t().index_copy_(0, lg.tokens, y_l.t().to(out.dtype))
     return out
+
+
+def _conv_meta(host: list[int], device: torch.device) -> Any:
+    """vLLM's causal-conv launch metadata (``nums_dict``, ``batch_ptr``, ``token_chunk_offset_ptr``, made by its
+    ``compute_causal_conv1d_metadata`` from host offsets, as its GDN metadata builder does) for the offsets
+    ``host``; None where that function is absent (vLLM's conv then derives it, reading the offsets back)."""
+    mod = _import("vllm.v1.attention.backends.utils")
+    fn = getattr(mod, "compute_causal_conv1d_metadata", None)
+    if fn is None:
+        return None
+    nums_dict, batch_ptr, token_chunk_offset_ptr = fn(torch.tensor(host, dtype=torch.int32), device=device)
+    return types.SimpleNamespace(nums_dict=nums_dict, batch_ptr=batch_ptr, token_chunk_offset_ptr=token_chunk_offset_ptr)
 
 
 def _wrap_conv_function(original: Callable, sig: inspect.Signature) -> Callable:

