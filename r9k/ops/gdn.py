@@ -1,9 +1,19 @@
 """Dispatch of GDN prefill steps to r9k's kernels (kernels/gdn/: gdn_conv + gdn_seq), inside vLLM's own layer.
 
 Where vLLM has a Gated DeltaNet layer, a prefill step runs the chunked core (fla's ``chunk_gated_delta_rule``:
-several Triton kernels and glue per layer, whatever the prompt length) after ``causal_conv1d_fn``. For a step
-whose shape the crossover table says r9k wins (:func:`take`), the token-by-token recurrence in one launch is
-faster. The hooks (vLLM 0.32, vllm/model_executor/layers/mamba/gdn/):
+several Triton kernels and glue per layer, whatever the prompt length) after ``causal_conv1d_fn``. For short
+prefills the token-by-token recurrence in one launch is faster. Which calls r9k takes (``R9K_GDN_PREFILL_SPLIT``):
+
+* ``seq`` (the default): per sequence. Each sequence of at most R9K_GDN_PREFILL_MAX tokens runs r9k's kernels,
+  each longer one vLLM's, a step holding both split between them (:func:`_split_core`, :func:`_split_conv`: the
+  subsets' tokens and states gathered, their own offsets and per-batch metadata, the results scattered back). Both
+  sides compute a sequence independently of its batch, so a sequence's result does not depend on what it is
+  batched with; a step of only short sequences runs r9k whatever its shape (beyond :data:`CROSSOVER`: the price).
+  The lengths are read on the host from the copy vLLM's metadata builder makes (hooked to leave it on the device
+  offsets: :func:`attach_host_offsets`), else from the device.
+* ``step``: per step. A step whose shape the crossover table says r9k wins (:func:`take`) runs r9k whole.
+
+The hooks (vLLM 0.32, vllm/model_executor/layers/mamba/gdn/):
 
 * ``qwen_gdn_linear_attn.ChunkGatedDeltaRule.forward`` (the CustomOp the Qwen3-Next / Qwen3.5 GDN layer calls
   for its prefill core, whichever backend it selected) is wrapped: a call :func:`take` accepts runs ``gdn_seq``
@@ -12,6 +22,8 @@ faster. The hooks (vLLM 0.32, vllm/model_executor/layers/mamba/gdn/):
 * the module-level name ``causal_conv1d_fn`` in the same module, likewise with ``gdn_conv``
   (``R9K_GDN_PREFILL_CONV=r9k``; ``stock`` keeps vLLM's conv).
 * olmo_gdn_linear_attn's module-level ``chunk_gated_delta_rule`` and ``causal_conv1d_fn``, the same way.
+* with ``seq``, ``GDNAttentionMetadataBuilder._build_chunk_metadata`` (vllm/v1/attention/backends/gdn_attn.py),
+  which receives the prefill offsets on the host and on the device: the host copy is left on the device tensor.
 * ``QwenGatedDeltaNetAttention._warmup_prefill_kernels`` (vLLM's profile-run warm-up: a 64-token core call with
   no attention metadata, made so that fla's autotuners run before the KV cache is sized) is wrapped so that
   every core call made inside it goes to vLLM's own kernels.
@@ -63,9 +75,11 @@ CONV_PARAMS = ("x", "weight", "bias", "conv_states", "query_start_loc")
 # GPU is full (~0.33 us a token at HV = 32 whatever N: issue-bound, see the doc) and the longest sequence's length when
 # it is not (~0.37 us a token). Rows of (most sequence-heads N * HV, most tokens a sequence on average T / N): the
 # staircase T * HV <= 16384 with T / N <= 512, where gdn_seq's GPU time stays under ~190 us, at most 0.55 of fla's eager
-# time on the faster host (measured at HV = 32: r9k/stock 0.22-0.27 in every such shape). A step is routed when it lies
-# within a row and has at most R9K_GDN_PREFILL_MAX tokens (default 1024: a step's longest sequence is not known without
-# reading the offsets back, and 1024 tokens bound it to ~380 us of gdn_seq however the tokens are split).
+# time on the faster host (measured at HV = 32: r9k/stock 0.22-0.27 in every such shape). Under the per-step rule
+# (R9K_GDN_PREFILL_SPLIT=step) a step is routed when it lies within a row and has at most R9K_GDN_PREFILL_MAX tokens
+# (default 1024: a step's longest sequence is not known without reading the offsets back, and 1024 tokens bound it to
+# ~380 us of gdn_seq however the tokens are split). The per-sequence rule (seq) does not read this table: a step of
+# only short sequences runs gdn_seq beyond it (up to 1.8x fla's eager time at 4096 tokens x 32 heads).
 CROSSOVER: tuple[tuple[int, int], ...] = ((32, 512), (64, 256), (128, 128), (256, 64), (512, 32), (1024, 16))
 
 
@@ -578,7 +592,8 @@ def _conv_meta(host: list[int], device: torch.device) -> Any:
     if fn is None:
         return None
     nums_dict, batch_ptr, token_chunk_offset_ptr = fn(torch.tensor(host, dtype=torch.int32), device=device)
-    return types.SimpleNamespace(nums_dict=nums_dict, batch_ptr=batch_ptr, token_chunk_offset_ptr=token_chunk_offset_ptr)
+    return types.SimpleNamespace(nums_dict=nums_dict, batch_ptr=batch_ptr,
+                                 token_chunk_offset_ptr=token_chunk_offset_ptr)
 
 
 def _wrap_conv_function(original: Callable, sig: inspect.Signature) -> Callable:

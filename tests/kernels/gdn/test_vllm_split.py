@@ -309,7 +309,8 @@ def gpu_one(batch: dict, i: int) -> dict:
     cu1 = torch.tensor([0, b - a], dtype=torch.int32)
     return dict(batch, **{n: batch[n][:, a:b].clone() for n in ("q", "k", "v", "g", "beta")},
                 initial_state=batch["initial_state"][i:i + 1].clone(), cu_seqlens=cu1.cuda(),
-                chunk_indices=prepare_chunk_indices(cu1, 64).cuda(), chunk_offsets=prepare_chunk_offsets(cu1, 64).cuda())
+                chunk_indices=prepare_chunk_indices(cu1, 64).cuda(),
+                chunk_offsets=prepare_chunk_offsets(cu1, 64).cuda())
 
 
 def _per_sequence_identical(call, batch, lens) -> list[str]:
