@@ -178,6 +178,18 @@ def test_step_rule_makes_short_sequences_depend_on_the_batch(fake, monkeypatch):
     assert differ == 3
 
 
+def test_seq_on_a_backend_without_a_split_goes_to_vllm_whole(fake, monkeypatch):
+    """CuteDSL's core carries chunk metadata in its own format: a step needing a split there goes to vLLM whole."""
+    mod, log, counted = fake
+    _install(mod, monkeypatch, "seq")
+    op = mod.ChunkGatedDeltaRule()
+    op.gdn_prefill_backend = "cutedsl"
+    batch = core_batch(LENS)
+    _run(op, batch)
+    assert log == [("core", batch["cu_seqlens"].tolist())] and counted == [("gdn_seq", "vllm")]
+    assert dispatch.STATE.routed["unsplit_seq"] == 1 and dispatch.STATE.routed["split_seq"] == 0
+
+
 def test_seq_step_of_short_sequences_runs_r9k_whole(fake, monkeypatch):
     """Short sequences only, more than R9K_GDN_PREFILL_MAX tokens together and outside the crossover table: r9k takes
     the whole step (the per-step rule would not)."""
