@@ -196,6 +196,16 @@ GDN_PREFILL_CONV = _k(
     "stock (vLLM's causal_conv1d_fn)",
     choices=("r9k", "stock"), dispatch="gdn_conv",
 )
+GDN_PREFILL_SPLIT = _k(
+    "R9K_GDN_PREFILL_SPLIT", str, "seq", "step",
+    "how the GDN prefill dispatch chooses its kernel: seq = per sequence (a sequence of at most "
+    "R9K_GDN_PREFILL_MAX tokens runs r9k's gdn_seq / gdn_conv, a longer one vLLM's core / conv, a step holding both "
+    "kinds split between them), so a sequence's result does not depend on what it is batched with, at the price "
+    "of running r9k on steps of many short sequences beyond the crossover (T x HV > 16384 tokens-heads: up to "
+    "1.8x fla's eager time at 4096 tokens x 32 heads); step = per step (the whole step to r9k when it has at most "
+    "R9K_GDN_PREFILL_MAX tokens and lies within r9k/ops/gdn.py CROSSOVER, else to vLLM); docs/kernels/gdn.md",
+    choices=("seq", "step"),
+)
 FP8_BLOCK_GEMM = _k(
     "R9K_FP8_BLOCK_GEMM", str, "r9k", "stock",
     "vLLM's block-scaled fp8 linear op (TritonFp8BlockScaledMMKernel.apply_weights: 128x128 weight blocks, "

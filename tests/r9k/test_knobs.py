@@ -9,6 +9,7 @@ from r9k.knobs import KNOBS, Knob, get, in_force, register_knob
 EXPECTED = {  # name: (type, default, stock)
     "R9K_GDN_PREFILL_MAX": (int, 1024, 0),
     "R9K_GDN_PREFILL_CONV": (str, "r9k", "stock"),
+    "R9K_GDN_PREFILL_SPLIT": (str, "seq", "step"),
     "R9K_FP8_BLOCK_GEMM": (str, "r9k", "stock"),
     "R9K_PROVENANCE": (bool, True, True),
     "R9K_TRITON_FAST_LAUNCH": (bool, True, True),
@@ -32,7 +33,7 @@ def test_registry_holds_exactly_the_documented_knobs():
 @pytest.mark.parametrize("name,raw,value", [
     ("R9K_GDN_PREFILL_MAX", "0", 0), ("R9K_GDN_PREFILL_MAX", "1024", 1024),
     ("R9K_PROVENANCE", "off", False), ("R9K_PROVENANCE", "YES", True), ("R9K_TRITON_FAST_LAUNCH", "0", False),
-    ("R9K_GDN_PREFILL_CONV", "stock", "stock"),
+    ("R9K_GDN_PREFILL_CONV", "stock", "stock"), ("R9K_GDN_PREFILL_SPLIT", "step", "step"),
 ])
 def test_get_parses_the_environment(name, raw, value):
     assert get(name, {name: raw}) == value
@@ -40,7 +41,8 @@ def test_get_parses_the_environment(name, raw, value):
 
 
 @pytest.mark.parametrize("name,raw", [("R9K_GDN_PREFILL_MAX", "12.5"), ("R9K_PROVENANCE", "maybe"),
-                                      ("R9K_TRITON_FAST_LAUNCH", "high"), ("R9K_GDN_PREFILL_CONV", "fla")])
+                                      ("R9K_TRITON_FAST_LAUNCH", "high"), ("R9K_GDN_PREFILL_CONV", "fla"),
+                                      ("R9K_GDN_PREFILL_SPLIT", "token")])
 def test_bad_values_name_the_variable(name, raw):
     with pytest.raises(ValueError, match=name):
         get(name, {name: raw})
@@ -98,6 +100,7 @@ def test_every_knob_is_read_by_the_plugin():
     text = "".join(p.read_text() for pkg in ("r9k", "kernels") for p in (REPO / pkg).rglob("*.py")
                    if p.name != "knobs.py" and "bench" not in p.parts)
     attrs = {"R9K_GDN_PREFILL_MAX": "GDN_PREFILL_MAX()", "R9K_GDN_PREFILL_CONV": "GDN_PREFILL_CONV()",
+             "R9K_GDN_PREFILL_SPLIT": "GDN_PREFILL_SPLIT()",
              "R9K_PROVENANCE": "PROVENANCE_LOG()", "R9K_TRITON_FAST_LAUNCH": '"R9K_TRITON_FAST_LAUNCH"',
              "R9K_FP8_BLOCK_GEMM": "FP8_BLOCK_GEMM()", "R9K_MOE_CACHE_SLOTS": "MOE_CACHE_SLOTS()",
              "R9K_MOE_CACHE_STAGING": "MOE_CACHE_STAGING()", "R9K_MOE_CACHE_READ": "MOE_CACHE_READ()",

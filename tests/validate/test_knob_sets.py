@@ -66,7 +66,7 @@ def test_a_set_launches_with_exactly_its_knobs_and_every_other_stock():
 
     cfg = find_config(REPO, "h200-next-fp8")
     stock = with_stock_knobs(cfg).env
-    want = {"gdn": {"R9K_GDN_PREFILL_MAX": "256", "R9K_GDN_PREFILL_CONV": "r9k"},
+    want = {"gdn": {"R9K_GDN_PREFILL_MAX": "256", "R9K_GDN_PREFILL_CONV": "r9k", "R9K_GDN_PREFILL_SPLIT": "seq"},
             "moe": {"R9K_MOE_CACHE_SLOTS": "270", "R9K_MOE_CACHE_THRESH": "0.99"},
             "fp8": {"R9K_FP8_BLOCK_GEMM": "r9k"}}
     for name, own in want.items():

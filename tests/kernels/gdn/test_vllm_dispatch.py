@@ -129,8 +129,10 @@ def test_zero_is_stock(fake, monkeypatch, caplog):
 
 
 def test_short_prefill_routed_long_to_stock(fake, monkeypatch, gen):
+    """The per-step rule: a step of more than R9K_GDN_PREFILL_MAX tokens goes to vLLM whole."""
     mod, calls = fake
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "8")
+    monkeypatch.setenv("R9K_GDN_PREFILL_SPLIT", "step")
     names = dispatch.install({"qwen": mod})
     assert len(names) == 2 and "ChunkGatedDeltaRule.forward" in names[0] and "causal_conv1d_fn" in names[1]
     op = mod.ChunkGatedDeltaRule()
@@ -184,6 +186,7 @@ def test_olmo_module_function(monkeypatch, gen):
     mod.chunk_gated_delta_rule = _with_signature(lambda *a, **k: seen.append(1) or ("stock", None),
                                                  real.chunk_gated_delta_rule)
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "4")
+    monkeypatch.setenv("R9K_GDN_PREFILL_SPLIT", "step")
     try:
         assert len(dispatch.install({"olmo": mod})) == 1
         a = core_args(gen, T=4)
