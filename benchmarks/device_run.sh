@@ -27,6 +27,8 @@
 #              then the decode step under CUDA-graph replay at 1, 8, 32 requests and 270 / 135 of 512 slots against
 #              all-resident, UVA offload and the staging cache, with decode traffic, and with the fresh draw
 #              against all-resident and UVA (each step capped: 200 + 220 + 110 s)
+#   split      the GDN dispatch's per-sequence split against vLLM's real fla core: a sequence batched equals
+#              itself alone (tests/kernels/gdn/test_vllm_split.py -m gpu, ~1 min)
 #   allreduce  the one-shot all-reduce against NCCL (2+ GPUs, ~1.5 min)
 # Serving (docs/serving.md): r9k-validate launches vLLM on the GPU through its own launcher and runs the checklist's
 # suites on the quick profile; the records, server logs, RELEASE.md and figures go to OUT/reports.tgz (the device
@@ -137,6 +139,7 @@ for step in $STEPS; do
                  --shapes "decode=1,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_step.json"
                run moe_decode_fresh 110 $K --op moe_decode_step --peer resident --peer uva --mode graph \
                  --shapes "decode=0,requests=1|8|32,slots=270|135" --json "$OUT/moe_decode_fresh.json" ;;
+    split) tests split 240 -q -rfs --tb=short -m gpu -p no:cacheprovider tests/kernels/gdn/test_vllm_split.py ;;
     serve_ops) tests serve_ops 120 -q -rfs --tb=short -m gpu -p no:cacheprovider \
                  tests/benchmarks/test_serve_ops.py ;;
     serve_smoke) step check serve_smoke "${R9K_SERVE_LIMIT:-900}" python3 -m benchmarks.serve_smoke --config "$SERVE_CONFIG" \
