@@ -230,11 +230,11 @@ def audit(rec, folder) -> list[str]:
             out.append(f"memory.{name}.flat = {stored.get('flat')!r}, its samples give {flat!r}")
     errs = errs + outcome_errors(served, errors, died_at, *counts)
     derived = derived_status(findings, errs)
-    if rec.verdict.status == "pass" and derived != "pass":
-        out.append(f"the record says pass, but its memory series and counts give {derived}: "
-                   + "; ".join((findings + errs)[:3]))
-    elif rec.verdict.status == "fail" and derived == "error":  # a completed soak the runner's rules call an error
-        out.append("the record says fail, but its counts give error: " + "; ".join(errs[:3]))
+    if rec.verdict.status == "pass" and derived == "fail":
+        out.append("the record says pass, but its memory series and counts give: " + "; ".join((findings + errs)[:3]))
+    elif rec.verdict.status in ("pass", "fail") and derived == "error":  # the runner's rules make it an error
+        out.append(f"the record says {rec.verdict.status}, but its counts give an error by the runner's rule: "
+                   + "; ".join(errs[:3]))
     return out
 
 
