@@ -19,7 +19,7 @@ from validate.errors import InputError
 from validate.pairing import apart, match_records
 from validate.perfgate import (ACROSS_CONFIG_MAY_DIFFER, BENCH_KIND, PerfGateSpec, compare_perf, judge)
 from validate.record import Record, release_records
-from validate.suite import audit_records
+from validate.audit import audit_records
 
 PROBE_KIND, SOAK_KIND = "probe", "soak"
 #: The BetterBench figure whose threshold judges each probe and soak figure (the same quantity measured there):

@@ -550,7 +550,7 @@ def _gate_tree(args, kinds: set[str]):
             if r.suite_kind in kinds and (not args.config or r.config in args.config)]
     what = "performance gate" if args.perf else "paired gate"
     recs = reapply_gates(recs, _root())
-    audit_records(recs, reports)
+    audit_records(recs, reports)  # the one audit (validate.audit), after the checkout's gates as release reads them
     return tree_checks(recs, current_tree(_root()), args.accept_other_tree, what)
 
 
@@ -584,25 +584,23 @@ def _perf_gate(args) -> int:
     from validate.errors import InputError
     from validate.loadgate import ARRIVALS_KIND, compare_shares
     from validate.perfgate import BENCH_KIND, compare_perf
-    from validate.record import release_records
     from validate.suite import perf_gate_specs, share_gate_specs
-    from validate.verdict import assess, audit_records, baseline_lacks, release_check
+    from validate.verdict import assess, baseline_lacks, read_release, release_check
 
     reports = Path(args.reports) if args.reports else _root() / "reports"
     base_reports = Path(args.baseline_reports) if args.baseline_reports else reports
-    cand = [r for r in release_records(reports, args.release, skipped=[]) if not args.config or r.config in args.config]
+    # both sides read by the one audit (validate.audit): every gate below judges only records that stand
+    cand = [r for r in read_release(reports, args.release, skipped=[]) if not args.config or r.config in args.config]
+    base = read_release(base_reports, args.against, skipped=[])
     kinds = {r.suite_kind for r in cand}
     perf = None
     if BENCH_KIND in kinds or ARRIVALS_KIND not in kinds:  # neither: compare_perf says there is nothing to gate
         perf = compare_perf(reports, args.release, args.against, perf_gate_specs(_root()), configs=args.config,
                             reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None,
-                            base_config=args.against_config)
+                            base_config=args.against_config, records=cand, base_records=base)
         print_perf(perf)
     elif args.release == args.against and base_reports.resolve() == reports.resolve():
         raise InputError(f"{args.release} against itself: a release is never its own baseline")
-    base = release_records(base_reports, args.against, skipped=[])
-    audit_records(cand, reports)
-    audit_records(base, base_reports)
     shares = compare_shares(args.release, cand, args.against, base, share_gate_specs(_root()), configs=args.config)
     extra = _gate_tree(args, {BENCH_KIND, ARRIVALS_KIND})
     if perf is None:  # the candidate holds no BetterBench record: the baseline's are named, never left out

@@ -279,7 +279,7 @@ def compare_releases(reports: Path, candidate: str, baseline: str, configs: list
         raise InputError(f"no eval records for {candidate}" + (f" on {', '.join(configs)}" if configs else "") + f" under {reports}")
     if not base_list:
         raise InputError(f"no eval records for the baseline {baseline} under {reports_baseline or reports}")
-    from validate.suite import audit_records
+    from validate.audit import audit_records
 
     audit_records(cand, reports)  # each item judged again from its output, the counts recounted (Runner.audit)
     audit_records(base_list, reports_baseline or reports)

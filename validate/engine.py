@@ -22,17 +22,18 @@ from r9k import provenance as prov
 from rich.markup import escape as esc
 
 from validate import server as srvmod
+from validate.audit import audit_records
 from validate.client import OpenAIClient
 from validate.config import ServeConfig, find_config, with_knob_set
 from validate.errors import (EXIT_FAIL, EXIT_INPUT, EXIT_OK, InputError, LaunchError, ReportsError, WrongTreeError,
                              combine_exit)
 from validate.models import resolve_model
-from validate.provenance_checks import (check_dispatch, check_provenance, current_tree, dispatch_by_pid, line_pid,
+from validate.provenance_checks import (check_calls, check_dispatch, check_provenance, current_tree, dispatch_by_pid, line_pid,
                                         provenance_lines)
 from validate.record import (FINDING_STATUSES, Record, ServerInfo, Verdict, now_iso, read_record, record_path,
                              write_record)
 from validate.runners.base import RunContext, SuiteResult
-from validate.suite import LoadedSuite, audit_records, find_suite, get_runner
+from validate.suite import LoadedSuite, find_suite, get_runner
 
 
 SERVER_DIED = "server died during the suite"
@@ -157,6 +158,23 @@ def log_shares(log_path: Path | None, log_from: int) -> dict[str, dict | None]:
 def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
     """The expert cache's counters over one suite (:func:`log_shares`' ``moe_cache``)."""
     return log_shares(log_path, log_from)["moe_cache"]
+
+
+def routed(cfg: ServeConfig, server, result: SuiteResult, verdict: Verdict) -> Verdict:
+    """``verdict``, or "plugin-inactive" where a dispatch ``cfg``'s knobs ask for routed no call to r9k in the suite's
+    steps of a kind it applies to (:func:`validate.provenance_checks.check_calls` over ``result.r9k_calls``; the
+    audit applies the same rule when the record is read). Counts that cannot be read leave the verdict as it is:
+    the audit refuses such a record."""
+    if server is None or not cfg.expects_plugin or verdict.status not in ("pass", "fail"):
+        return verdict
+    try:
+        unrouted, _ = check_calls(cfg.env, result.r9k_calls)
+    except ValueError:
+        return verdict
+    if not unrouted:
+        return verdict
+    return Verdict(status="plugin-inactive", cause=unrouted[0],
+                   reasons=unrouted + ([verdict.cause] if verdict.cause else []) + verdict.reasons)
 
 
 def r9k_calls(log_path: Path | None, log_from: int) -> dict | None:
@@ -407,7 +425,7 @@ class Engine:
             if server is not None:
                 shares = log_shares(server.log_path or self.o.server_log, log_from)
                 result.moe_cache, result.r9k_calls = shares["moe_cache"], shares["r9k_calls"]
-            verdict = self._verdict(s, result, server, log_from)
+            verdict = routed(cfg, server, result, self._verdict(s, result, server, log_from))
         except InputError as e:  # e.g. data missing for this suite: attributed to it, the release goes on
             verdict = Verdict(status="error", cause=f"bad input: {e}")
         except KeyboardInterrupt:

@@ -180,14 +180,15 @@ def judge_slo(b: Record, c: Record, spec: ShareGateSpec, baseline: str) -> tuple
         why = mine[0].get("why_invalid") if mine else "it is missing from the probes"
         return None, (f"{where}: the candidate's reference probe at the baseline's SLO rate {rate:.3g} req/s is not "
                       f"valid ({why})")
-    pb, pc = _probe_at(b, rate), _probe_at(c, rate, baseline)
+    pc = mine[0]
+    at = pc.get("rate_per_s")
+    if not (isinstance(at, (int, float)) and not isinstance(at, bool) and abs(at - rate) <= 1e-6):
+        # a search probe that happens to sit at the baseline's rate is never judged in its place
+        return None, (f"{where}: the candidate's reference probe ran at {at!r} req/s, not at the baseline's SLO rate "
+                      f"{rate:.3g} req/s: it is not the sample the share is judged on")
+    pb = _probe_at(b, rate)
     if pb is None:
         return None, f"{where}: the baseline {baseline} holds no valid probe at its own SLO rate {rate:.3g} req/s"
-    if pc is None:
-        ref = c.metrics.get("reference") if isinstance(c.metrics, dict) else None
-        why = (f"its reference probe was at {ref.get('rate_per_s')} req/s of {ref.get('release')}" if isinstance(ref, dict)
-               else "it ran without the baseline's rate (run it in the release with this baseline)")
-        return None, f"{where}: the candidate holds no valid probe at the baseline's SLO rate {rate:.3g} req/s: {why}"
     try:
         t = two_proportion_drop(_count(pb["good"]), _count(pb["requests"]), _count(pc["good"]), _count(pc["requests"]))
     except (KeyError, TypeError, ValueError) as e:

@@ -361,14 +361,19 @@ def comparable(b: Record, c: Record, across: bool = False) -> list[str]:
 
 
 def refusal(b: Record, c: Record, across: bool = False) -> list[str]:
-    """Why the performance gate refuses to compare ``c`` with ``b``, or []: :func:`comparable`, a baseline that
+    """Why the performance gate refuses to compare ``c`` with ``b``, or []: a record either side whose audit
+    failed (``Record.audit_failed``, validate.audit), :func:`comparable`, a baseline that
     is a copy of the candidate (validate.record.same_run), a completed BetterBench record without per-pass
     values, a stored ``perf_gate`` that is not a valid one. The gate, the notes' Numbers table, their title and
     the figures compare and draw a pair only where this is empty: a refused baseline is compared nowhere."""
     if same_run(b, c):
         return ["the baseline's record is a copy of the candidate's (the same run: tree, start time and outputs): "
                 "a record is never its own baseline"]
-    bad = comparable(b, c, across)
+    # a record that does not stand on what it holds (validate.audit, run wherever a record is read) decides
+    # nothing, either side
+    bad = [f"the {label}'s record does not stand on what it holds: {r.audit_failed}"
+           for label, r in (("baseline", b), ("candidate", c)) if r.audit_failed]
+    bad += comparable(b, c, across)
     for label, r in (("baseline", b), ("candidate", c)):
         if r.suite_kind == BENCH_KIND and r.verdict.status in ("pass", "fail") and not _rows(r):
             bad.append(f"the {label} record holds no per-pass values")
@@ -469,14 +474,15 @@ def _thresholds(spec: PerfGateSpec) -> str:
 def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, PerfGateSpec] | None = None,
                  configs: list[str] | None = None, reports_baseline: Path | None = None,
                  skipped: list[str] | None = None, records: list[Record] | None = None,
-                 base_config: str | None = None) -> PerfComparison:
+                 base_config: str | None = None, base_records: list[Record] | None = None) -> PerfComparison:
     """Gate every BetterBench record of ``candidate`` against the baseline's record of the same configuration
     and suite (:func:`comparable`), with the thresholds :func:`gate_spec` picks (``specs``: the checkout's, by
     suite name). ``skipped``: see :func:`validate.record.release_records` (for the baseline's files).
-    ``records``: the candidate's records as already read (default: read from ``reports``). ``base_config``: the
-    baseline's configuration every candidate record is compared with (``--against-config``; e.g. r9k's expert
-    cache against vLLM's offload at equal device memory): the server's extra flags may then differ, and the notes
-    say how.
+    ``records``, ``base_records``: the candidate's and the baseline's records as already read and audited
+    (validate.audit.read_release: every command passes both; default: read from ``reports``, unaudited).
+    ``base_config``: the baseline's configuration every candidate record is compared with (``--against-config``;
+    e.g. r9k's expert cache against vLLM's offload at equal device memory): the server's extra flags may then
+    differ, and the notes say how.
 
     Raises:
         InputError: the candidate has no BetterBench record; a stored perf_gate is malformed.
@@ -490,7 +496,8 @@ def compare_perf(reports: Path, candidate: str, baseline: str, specs: dict[str, 
 
     cand = [r for r in (records if records is not None else release_records(reports, candidate))
             if r.suite_kind == BENCH_KIND and (not configs or r.config in configs)]
-    base = [r for r in release_records(breports, baseline, skipped) if r.suite_kind == BENCH_KIND]
+    base = [r for r in (base_records if base_records is not None else release_records(breports, baseline, skipped))
+            if r.suite_kind == BENCH_KIND]
     if not cand:
         raise InputError(f"no BetterBench records for {candidate} under {reports}")
     out = PerfComparison(candidate, baseline)

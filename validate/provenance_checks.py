@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
+from typing import Any
 
 from r9k import counters, knobs
 from r9k import provenance as prov
@@ -150,6 +151,59 @@ def _moe_layers_missing(knob: str, parsed: list, log_text: str) -> str | None:
         return (f"{knob} asks for the expert cache, but no MoE layer took it in " + ", ".join(
             f"pid {s.pid} (rank {s.rank}: 0 of {s.moe_layers} MoE layers)" for s in none))
     return None
+
+
+def check_calls(env: dict[str, str], share: Any) -> tuple[list[str], list[str]]:
+    """(findings, never exercised) of one suite's share of r9k's call counts (``share``: the record's ``r9k_calls``,
+    :func:`r9k.calls.delta`) for the dispatches ``env``'s knobs ask for (:func:`r9k.knobs.expected_dispatch`).
+
+    A dispatch that routed no call to r9k in the suite's steps of a kind it applies to
+    (:data:`r9k.ops.STEP_KINDS`) while such steps ran did not run there: a finding (the runner's verdict is
+    "plugin-inactive"), whatever it sent to vLLM. Where no step of that kind ran, the dispatch was never
+    exercised in one: said, never a finding. The engine judges each suite by it when it writes the record, and
+    the audit (validate.audit) the record again.
+
+    Raises:
+        ValueError: ``share`` is not a readable share of counts (None, an error, a malformed row), or a knob
+            value its knob rejects.
+    """
+    from r9k.calls import KINDS, NAME_RE, ROUTES
+    from r9k.ops import STEP_KINDS
+
+    want = knobs.expected_dispatch({k: v for k, v in env.items() if k.startswith("R9K_")})
+    if not want:
+        return [], []
+
+    def count(v: Any) -> int:
+        if type(v) is not int or v < 0:
+            raise ValueError(f"{v!r} is not a count")
+        return v
+
+    if not isinstance(share, dict) or "error" in share:
+        why = share.get("error") if isinstance(share, dict) else "no R9K-CALLS line fell in the suite"
+        raise ValueError(f"r9k's call counts cannot be read ({why})")
+    steps, rows = share.get("steps"), share.get("calls")
+    if not isinstance(steps, dict) or not isinstance(rows, list):
+        raise ValueError("r9k's call counts hold no steps or calls")
+    steps = {k: count(steps.get(k, 0)) for k in KINDS}
+    routed: dict[tuple[str, str, str], int] = {}
+    for x in rows:
+        if not (isinstance(x, dict) and x.get("route") in ROUTES and x.get("kind") in KINDS
+                and isinstance(x.get("dispatch"), str) and NAME_RE.fullmatch(x["dispatch"])):
+            raise ValueError(f"r9k's call counts hold a row the log could not have given: {x!r}")
+        key = (x["dispatch"], x["route"], x["kind"])
+        routed[key] = routed.get(key, 0) + count(x.get("calls"))
+    findings, never = [], []
+    for name, knob in want.items():
+        for kind in STEP_KINDS.get(name, ("prefill", "decode")):
+            if not steps[kind]:
+                never.append(f"{knob} asks for the {name} dispatch, and no {kind} step ran during the suite: it was "
+                             f"never exercised in one")
+            elif not routed.get((name, "r9k", kind)):
+                findings.append(f"{knob} asks for the {name} dispatch, but it routed no call to r9k in the suite's "
+                                f"{steps[kind]:,} {kind} steps ({routed.get((name, 'vllm', kind), 0):,} calls "
+                                "routed back to vLLM)")
+    return findings, never
 
 
 def dispatch_by_pid(lines: list[str]) -> dict[str, list[str]]:

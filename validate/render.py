@@ -420,13 +420,12 @@ def attach_numbers(view: ReleaseView, reports: Path) -> None:
     candidate alone and says why in ``view.numbers_notes``. Figures the performance gate judged carry its mark."""
     from validate.figures import compare_figures, setting_changes
     from validate.perfgate import refusal
-    from validate.record import record_history, release_records
-    from validate.suite import audit_records
+    from validate.record import record_history
+    from validate.audit import read_release
 
     base_by: dict[str, dict[str, Record]] = {}
     if view.baseline:
-        base_all = release_records(reports, view.baseline, skipped=[])
-        audit_records(base_all, reports)
+        base_all = read_release(reports, view.baseline, skipped=[])  # audited as the candidate's are
         for r in base_all:
             base_by.setdefault(r.config, {})[r.suite] = r
     marks = {(f.config, f.suite, f.figure): f.mark for f in (view.perf.figures if view.perf else [])}
@@ -442,8 +441,7 @@ def attach_numbers(view: ReleaseView, reports: Path) -> None:
             b = base_by.get(cfg, {}).get(s)
             if b is None:
                 continue
-            why = refusal(b, c) + ([f"the baseline's record does not stand on what it holds: {b.audit_failed}"]
-                                   if b.audit_failed else [])
+            why = refusal(b, c)  # the gate's one rule: an audit either side failed included
             if why:
                 notes.append(f"{s}: not compared with {view.baseline}'s record: {'; '.join(why)}")
             else:

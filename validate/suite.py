@@ -231,40 +231,6 @@ def config_digest(snapshot: dict) -> str:
         return "-"
 
 
-def audit_records(records: list[Record], reports: Path) -> None:
-    """Set ``Record.audit_failed`` on each record whose kind audits its attachments (``Runner.audit``) and that
-    does not stand on them; a kind that cannot be found or an audit that raises says so the same way. A record of
-    any kind whose claim of random weights its configuration snapshot does not give (validate.config.record_weights)
-    does not stand either: its kind's audit judges it as of trained weights."""
-    from validate.config import record_weights
-    from validate.record import record_path
-
-    for r in records:
-        claim = record_weights(r)[1]
-        try:
-            runner = get_runner(r.suite_kind)
-        except KeyError:
-            runner = None
-        if runner is None or runner.audit is None:
-            if claim:
-                r.audit_failed = claim
-            continue
-        try:
-            why = runner.audit(r, record_path(reports, r.release, r.config, r.suite).parent)
-        except Exception as e:
-            why = [f"what it holds could not be checked ({type(e).__name__}: {e})"]
-        if claim:
-            why = [claim] + list(why)
-        if not runner.audit_hashes:
-            pass
-        elif params_digest(r.params) != r.params_hash:  # the audits read their params: an edit there moves them
-            why = [f"its params do not match the params_hash {r.params_hash!r} it holds (edited)"] + list(why)
-        if runner.audit_hashes and r.config_snapshot and config_digest(r.config_snapshot) != r.config_hash:
-            why = [f"its config_snapshot does not match the config_hash {r.config_hash!r} it holds (edited)"] + list(why)
-        if why:
-            r.audit_failed = "; ".join(why)
-
-
 @dataclass
 class LoadedSuite:
     """A validated suite with its params for one profile."""

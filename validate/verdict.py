@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 from validate.errors import EXIT_FAIL, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, InputError, combine_exit
 from validate.record import FINDING_STATUSES, Record, Tree, recheck
-from validate.suite import audit_records, config_digest  # noqa: F401 - the verdict's, kept here for its callers
+from validate.audit import audit_records, read_release  # noqa: F401 - the verdict's, kept here for its callers
+from validate.suite import config_digest  # noqa: F401 - kept here for its callers
 
 Outcome = Literal["pass", "finding", "not-checked", "limited"]
 Area = Literal["suite", "paired", "perf", "release"]
@@ -217,6 +218,15 @@ def depth_notes(records: list[Record]) -> list[str]:
             out.append(f"{r.config}/{r.suite}: {d}: the configuration cannot host them, so no run of it measures "
                        "them (sized to it)")
     return list(dict.fromkeys(out))
+
+
+def exercise_notes(records: list[Record]) -> list[str]:
+    """One note per dispatch a record's configuration asks for that no step of a kind it applies to exercised
+    during the suite (validate.audit.never_exercised): said beside the verdict, never a finding (no such step
+    ran, so nothing was routed either way)."""
+    from validate.audit import never_exercised
+
+    return list(dict.fromkeys(x for r in records for x in never_exercised(r)))
 
 
 def other_tree(rec: Record, tree: Tree | None) -> str | None:
@@ -523,20 +533,20 @@ def server_faults(rec: Record) -> tuple[str | None, str | None, str | None]:
     record's own tree while its verdict says pass (a finding); counters that went backwards during the suite (the
     server restarted: the suite's measurements straddle two servers, so the check was not made); impossible values
     (the server's counters are not to be believed: a limit)."""
-    from r9k import provenance as prov
+    from validate.audit import other_sources, restarts  # the audit's rules: one source for both sides
 
     finding = None
     if rec.verdict.status == "pass" and rec.server.provenance_ok is False:
         finding = "the record says pass, but its server's provenance did not match the tree under validation"
-    elif rec.verdict.status == "pass" and rec.server.provenance and rec.tree.source_hash:
+    elif rec.verdict.status == "pass":
         # whoever launched the server: a provenance line of another plugin source is another tree's server
-        wrong = sorted({p.source_hash for p in prov.parse("\n".join(rec.server.provenance))} - {rec.tree.source_hash})
+        wrong = other_sources(rec)
         if wrong:
             finding = (f"the record says pass, but its server printed plugin source {', '.join(wrong)}, not the "
                        f"record's {rec.tree.source_hash}")
     sm = rec.server_metrics if isinstance(rec.server_metrics, dict) else {}
     d = sm.get("delta") if isinstance(sm.get("delta"), dict) else {}
-    resets = d.get("resets") if isinstance(d.get("resets"), list) else []
+    resets = restarts(rec)
     impossible = d.get("impossible") if isinstance(d.get("impossible"), list) else []
     restart = (f"the server's counters went backwards during the suite ({', '.join(map(str, resets))}): it "
                "restarted" if resets else None)
@@ -567,7 +577,8 @@ def assess(release: str, records: list[Record], *, comparison=None, perf=None, s
     """
     v = ReleaseVerdict(release, baseline=baseline, baseline_why=baseline_why, comparison=comparison, perf=perf,
                        identity=list(identity or []),
-                       notes=list(notes or []) + depth_notes(records) + weights_notes(records), what=what)
+                       notes=list(notes or []) + depth_notes(records) + weights_notes(records)
+                       + exercise_notes(records), what=what)
     seen = set()
     for r in records:
         seen.add((r.config, r.suite))
@@ -703,7 +714,7 @@ def assess_release(reports: Path, release: str, *, root: Path | None = None, bas
         if any(r.suite_kind == BENCH_KIND for r in records):
             try:
                 perf = compare_perf(reports, release, base, perf_gate_specs(root) if root else None, configs=configs,
-                                    skipped=[], records=records)
+                                    skipped=[], records=records, base_records=base_records)
             except InputError as e:
                 extra.append(release_check("performance gate", f"the performance gate compared nothing: {e}"))
             except Exception as e:

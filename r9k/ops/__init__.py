@@ -21,6 +21,11 @@ log = logging.getLogger("r9k")
 FAMILIES = {"gdn": ("gdn_seq", "gdn_conv"), "fp8": ("fp8_block_gemm",), "moe": ("moe_cache",)}
 #: families whose kernels run without Triton on a GPU (installed whatever kernels_can_run says)
 HOST_FAMILIES = ("moe",)
+#: The step kinds (:data:`r9k.calls.KINDS`) in which vLLM calls each dispatch's op: a dispatch the configuration asks
+#: for that routes no call to r9k in a step of these kinds did not run there (the GDN dispatch wraps the prefill
+#: core and conv; a decode step runs vLLM's recurrent update, which r9k leaves alone).
+STEP_KINDS = {"gdn_seq": ("prefill",), "gdn_conv": ("prefill",), "fp8_block_gemm": ("prefill", "decode"),
+              "moe_cache": ("prefill", "decode")}
 
 
 @dataclass

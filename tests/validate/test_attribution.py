@@ -118,6 +118,13 @@ def test_the_cache_pairs_with_vllms_offload_across_configurations(tmp_path, caps
         # a random-weight snapshot stands only with its own hash (validate.config.record_weights)
         rec.config_snapshot, rec.config_hash = cfg.model_dump(mode="json"), cfg.digest()
         rec.model = cfg.model.source_name()
+    # the moe set's server installed the cache in both its processes and routed calls to it (validate.audit)
+    cand.server.provenance = [f"R9K-PROVENANCE version=0.1.0 source_hash={cand.tree.source_hash} files=5 pid={p} "
+                              "dispatch=moe_cache failed=-" for p in (41, 42)]
+    cand.r9k_calls = {"steps": {"prefill": 60, "decode": 800, "other": 3},
+                      "calls": [{"dispatch": "moe_cache", "route": "r9k", "kind": k, "calls": n}
+                                for k, n in (("prefill", 240), ("decode", 3200))],
+                      "per_step": {}, "processes": 2, "malformed": 0}
     save(tmp_path, cand, base)
     argv = ["gate", "--perf", "moe", "--against", "stock", "--accept-other-tree", "--reports", str(tmp_path)]
     assert main(argv + ["--config", "h200-next", "--against-config", "h200-next-offload"]) == 0

@@ -121,10 +121,15 @@ def test_a_pass_value_that_is_no_finite_number_is_exit_2_naming_the_pass(tmp_pat
     out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
                                                   "--perf", "--reports", str(tmp_path)])
     blocked(out, 2)
-    assert f"decode_step_ms: cannot judge: pass 0 of the candidate holds {value!r}, not a positive finite number" \
-        in out["console"].replace("\n", "")
-    assert "cpu-smol / perf betterbench: cpu-smol/betterbench: decode_step_ms: cannot judge: pass 0 of the candidate" \
-        in out["summary"].replace("\\", "")
+    # the audit finds the record's summary is not its passes' first: the pair is refused, naming it
+    refused = "cpu-smol/betterbench: cannot compare: the candidate's record does not stand on what it holds: "
+    assert refused in out["console"].replace("\n", "")
+    assert "cpu-smol / perf betterbench: " + refused in out["summary"].replace("\\", "")
+    from validate.perfgate import compare_perf
+
+    # and the gate on its own, over such passes, judges none of the figure's passes left
+    [why] = [u for u in compare_perf(tmp_path, "v0.2.0", "v0.1.0").unpaired if "decode_step_ms" in u]
+    assert f"decode_step_ms: cannot judge: pass 0 of the candidate holds {value!r}, not a positive finite number" in why
     n = notes_of(tmp_path, monkeypatch, capsys, "v0.2.0", "v0.1.0")
     notes_blocked(n, 2)
     assert "cpu-smol / perf betterbench" in n["opening"]
@@ -141,8 +146,12 @@ def test_a_figure_missing_from_some_passes_is_not_judged_on_the_rest(tmp_path, m
     out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "--accept-other-tree", "v0.2.0", "--against", "v0.1.0",
                                                   "--perf", "--reports", str(tmp_path)])
     blocked(out, 2)
-    assert "the candidate measured it in 8 of 20 passes (missing from pass 0, 1, 2, 3, 4 ...)" in \
-        out["console"].replace("\n", "")
+    assert "cannot compare: the candidate's record does not stand on what it holds: its summary is not its passes'" \
+        in out["console"].replace("\n", "")
+    from validate.perfgate import compare_perf
+
+    [why] = [u for u in compare_perf(tmp_path, "v0.2.0", "v0.1.0").unpaired if "decode_step_ms" in u]
+    assert "the candidate measured it in 8 of 20 passes (missing from pass 0, 1, 2, 3, 4 ...)" in why
 
 
 def _steps(r, steps: list[float]):
@@ -670,7 +679,8 @@ def test_gsm8k_sides_judged_by_other_answers_never_pair():
 
 def test_a_betterbench_summary_that_is_not_its_passes_is_shown_nowhere(tmp_path):
     """The candidate's passes 40 % slower, its summary a copy of the baseline's: the gate found the regression, the
-    Numbers table and the title showed the baseline's figure for both."""
+    Numbers table and the title showed the baseline's figure for both. A record that does not stand is refused
+    by every gate (exit 2, naming why) and drawn nowhere."""
     from validate.runners.betterbench import audit
 
     b, c = bench("v0.1.0", 38.0, 1), bench("v0.2.0", 38.0 * 1.4, 2)
@@ -682,7 +692,10 @@ def test_a_betterbench_summary_that_is_not_its_passes_is_shown_nowhere(tmp_path)
     save(tmp_path, b, c)
     out = outputs(tmp_path, "v0.2.0")
     agree(out)
-    assert out["code"] == 1  # the regression is found on the passes
+    assert out["code"] == 2  # refused, never paired: the one audit decides for every reader
+    perf = next(c for c in out["verdict"].checks if c.name == "perf betterbench")
+    assert perf.outcome == "not-checked" and "the candidate's record does not stand on what it holds: its summary " \
+        "is not its passes'" in perf.message
     assert "| decode step p50 (BetterBench) |" not in out["notes"]  # and the forged summary drawn nowhere
 
 

@@ -382,6 +382,10 @@ def test_a_large_move_the_passes_do_not_separate_is_never_a_pass(tmp_path):
         row["decode_step_ms"] = v
     for row, v in zip(c.metrics["per_pass"], [39.0, 55.0, 56.0, 58.0]):
         row["decode_step_ms"] = v
+    from validate.metrics import band
+
+    for r in (b, c):  # the summary as the runner writes it from these passes (the audit recomputes it)
+        r.metrics["summary"] = {"decode_step_ms": band([row["decode_step_ms"] for row in r.metrics["per_pass"]])}
     save(tmp_path, b, c)
     out = outputs(tmp_path, "v0.2.0")
     agree(out)

@@ -45,7 +45,8 @@ def test_server_dying_mid_soak_fails_with_cause_and_keeps_samples(scratch):
     assert main(["suite", "mini-soak", "--config", "fake-soak-die", "--release", "s2"]) == 2
     rec = record(scratch, "s2", "fake-soak-die", "mini-soak")
     assert rec["verdict"]["status"] == "error"
-    assert rec["verdict"]["cause"].startswith("server died during the suite: the server process exited with status 9, ")
+    assert rec["verdict"]["cause"].startswith("server died during the suite: the server process exited with status 9: the "
+                                              "server died ")
     m = rec["metrics"]
     assert m["served"] == 24 and m["duration_s"] < 60  # stopped early, not after 90 s
     # what failed because the server died is cut by the death, not the server's failures

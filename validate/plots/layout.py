@@ -51,7 +51,8 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
     configuration and suite drawn beside the candidate's where it exists); per configuration with a soak record
     holding memory samples: ``<config>/<suite>-memory.png``; and ``history.png`` when at least two releases up to
     ``release`` hold a decode step, combined decode or GSM8K figure. Records that did not run the tree under
-    validation (wrong-tree, plugin-inactive) or were skipped are not drawn; an error record is drawn with
+    validation (wrong-tree, plugin-inactive), were skipped, or do not stand on what they hold (validate.audit, either
+    side) are not drawn; an error record is drawn with
     what it measured; the history takes suites that ran to the end (pass or fail). A figure whose data is
     missing is not written, and a PNG of these kinds left in ``figures/`` by an earlier call that this call
     did not write is removed. Files are written atomically, mode 0644, ``SIZE_PX`` (history
@@ -83,8 +84,15 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
         check_release_name(baseline)
     rel_dir = reports / release
     out_dir = rel_dir / FIGURES
+    from validate.audit import audit_records
+
     cand = release_records(reports, release)
     base = release_records(reports, baseline, skipped=[]) if baseline else []
+    audit_records(cand + base, reports)  # the one audit, both sides: what does not stand is drawn nowhere
+    for r in cand:
+        if r.audit_failed and notes is not None:
+            notes.append(f"{r.config}/{r.suite}: not drawn: the record does not stand on what it holds")
+    cand = [r for r in cand if not r.audit_failed]
     base_by = {(r.config, r.suite): r for r in base if r.verdict.status in DRAWN}
     written: list[PlotFile] = []
 
@@ -165,6 +173,10 @@ def render_figures(reports: Path, release: str, baseline: str | None = None,
     names = history_releases(reports, release)
     by_release = {rel: (cand if rel == release else base if rel == baseline else readable_records(reports, rel))
                   for rel in names}
+    for rel, recs in by_release.items():  # the history draws only records that stand on what they hold
+        if rel not in (release, baseline):
+            audit_records(recs, reports)
+        by_release[rel] = [r for r in recs if not r.audit_failed]
     try:
         panels = history_panels(by_release)
     except (TypeError, ValueError, OverflowError, KeyError, AttributeError) as e:

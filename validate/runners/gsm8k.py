@@ -99,7 +99,8 @@ def answers(reply) -> tuple[str | None, str | None]:
 
 def audit(rec, folder) -> list[str]:
     """Why a GSM8K record does not stand on its items (empty when it does): each item is judged again from its
-    output against its expected answer (:func:`answers` after the record's end-of-thinking marker: the answer the
+    output against its expected answer (:func:`answers` after the end-of-thinking marker of its configuration as
+    run, which its metrics only repeat: the answer the
     server sent apart from its thinking does not move it), so an item flagged right whose output gives another
     answer is named; and the counts in ``metrics`` (n, errors, correct, correct_strict, correct_flexible and the
     accuracies) are recounted from the items. A record without items has nothing to recount (the paired gate
@@ -116,9 +117,14 @@ def audit(rec, folder) -> list[str]:
         return [f"its primary extraction {primary!r} is neither strict nor flexible"]
     if m.get("primary", primary) != primary:
         return [f"its metrics say the primary extraction is {m.get('primary')!r}, its params {primary!r}"]
-    think_end = m.get("think_end") or snap.get("think_end") or DEFAULT_THINK_END
+    # the configuration as run decides the marker (the runner reads it from there: RunContext.think_end); the
+    # metrics only repeat it
+    think_end = snap.get("think_end") or DEFAULT_THINK_END
     if not isinstance(think_end, str):
         return [f"its end-of-thinking marker {think_end!r} is not text"]
+    if m.get("think_end") not in (None, think_end):
+        return [f"its metrics say the end-of-thinking marker is {m.get('think_end')!r}, its configuration "
+                f"{think_end!r}"]
     right = {"strict": 0, "flexible": 0}
     errors, wrong = 0, []
     for i in rec.items:

@@ -159,6 +159,27 @@ def derived_findings(samples: list, life_n: int, max_slope: float, skip: float, 
     return findings, errs, slopes
 
 
+def outcome_errors(served: int, errors: int, died_at_s: float | None, cut_by_death: int, cut_at_deadline: int,
+                   duration_s: float) -> list[str]:
+    """The runner's error rules over a soak's request counts (the runner and :func:`audit` both call it): a server
+    that died during the soak makes the run an error (what it measured before is kept, and a finding beside it
+    still outranks it: validate.engine); a soak where no request finished and none failed is an error too ("zero
+    errors" was never checked). ``died_at_s``: seconds into the soak, None while the server lived. [] when
+    neither holds."""
+    if died_at_s is not None:
+        return [f"the server died {died_at_s:g} s into the soak; before it {served} requests were served and {errors} "
+                f"failed, {cut_by_death} were cut by the death"]
+    if not served and not errors:
+        return [f"no request finished within the soak's {duration_s:g} s ({cut_at_deadline} cut at the deadline)"]
+    return []
+
+
+def derived_status(findings: list[str], errs: list[str]) -> str:
+    """The verdict the runner's rules give (validate.engine: a finding outranks an error): "fail", "error" or
+    "pass"."""
+    return "fail" if findings else "error" if errs else "pass"
+
+
 def audit(rec, folder) -> list[str]:
     """Why a soak record does not stand on its memory series (empty when it does): its verdict re-derived from its
     samples by the runner's rule (:func:`derived_findings`, at the params' bound, the kind's default where they
@@ -174,6 +195,11 @@ def audit(rec, folder) -> list[str]:
         memory = m.get("memory") or {}
         totals = {k: v.get("total") for k, v in memory.items() if isinstance(v, dict)}
         errors = int(m.get("errors") or 0)
+        served = int(m["served"])
+        died_at = m.get("server_died_at_s")
+        died_at = None if died_at is None else float(died_at)
+        counts = (int(m.get("cut_by_death") or 0), int(m.get("cut_at_deadline") or 0),
+                  float(params.get("duration_s", m.get("duration_s"))))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return [f"its memory series cannot be read back ({type(e).__name__}: {e})"]
     out = []
@@ -202,8 +228,13 @@ def audit(rec, folder) -> list[str]:
         flat = None if slope is None else slope <= bound
         if stored.get("flat") != flat:
             out.append(f"memory.{name}.flat = {stored.get('flat')!r}, its samples give {flat!r}")
-    if rec.verdict.status == "pass" and (findings or errs):
+    errs = errs + outcome_errors(served, errors, died_at, *counts)
+    derived = derived_status(findings, errs)
+    if rec.verdict.status == "pass" and derived == "fail":
         out.append("the record says pass, but its memory series and counts give: " + "; ".join((findings + errs)[:3]))
+    elif rec.verdict.status in ("pass", "fail") and derived == "error":  # the runner's rules make it an error
+        out.append(f"the record says {rec.verdict.status}, but its counts give an error by the runner's rule: "
+                   + "; ".join(errs[:3]))
     return out
 
 
@@ -301,12 +332,11 @@ async def run(ctx: RunContext, p: SoakParams) -> SuiteResult:
         "cut_by_death": cut, "cut_at_deadline": cut_at_deadline, "memory_samples_in_life": len(life),
         "prompt_tokens_cap": cap,
     }
+    rule = outcome_errors(served, errors, out.metrics["server_died_at_s"], cut, cut_at_deadline, p.duration_s)
     if death:
-        out.server_died = (f"{death['cause']}, {death['at'] - t0:.1f} s into the soak; before it {served} requests were "
-                           f"served and {errors} failed, {cut} were cut by the death")
-    if not served and not errors and not death:  # nothing finished: "zero errors" was never checked
-        out.errors.append(f"no request finished within the soak's {p.duration_s:g} s ({cut_at_deadline} cut at the "
-                          f"deadline): prompts of up to {hi} tokens with {p.max_tokens}-token answers at "
+        out.server_died = f"{death['cause']}: {rule[0]}"
+    elif rule:  # nothing finished: "zero errors" was never checked
+        out.errors.append(f"{rule[0]}: prompts of up to {hi} tokens with {p.max_tokens}-token answers at "
                           f"{p.clients} clients are too long for the duration on this configuration")
     if errors:  # requests the living server failed under load are what a soak exists to find: a finding
         out.findings.append(f"{errors} of {served + errors} requests failed while the server lived; first: "
