@@ -131,13 +131,16 @@ def test_the_release_verdict_gates_a_set_against_stock(tmp_path):
     """`release gdn --knobs gdn --baseline stock`: the verdict pairs the set's BetterBench record with stock's (no
     refusal) and a 40% slower decode step is a finding."""
     from tests.validate.test_attribution import bench
+    from tests.validate.served import with_dispatch
     from tests.validate.test_compare import save
     from validate.verdict import assess_release
 
     cfg = find_config(REPO, "h200-next")
     b, c = bench("stock", 1.0, "stock"), bench("gdn", 1.4, "gdn")
-    b.config_snapshot = with_knob_set(cfg, "stock").model_dump(mode="json")
-    c.config_snapshot = with_knob_set(cfg, "gdn").model_dump(mode="json")
+    for r, knob_set in ((b, "stock"), (c, "gdn")):  # each as the engine writes it: snapshot, hash, model, dispatch
+        run = with_knob_set(cfg, knob_set)
+        r.config_snapshot, r.config_hash, r.model = run.model_dump(mode="json"), run.digest(), run.model.source_name()
+        with_dispatch(r, run.env)
     save(tmp_path, b, c)
     v = assess_release(tmp_path, "gdn", baseline="stock", root=REPO, accept_other_tree=True)
     assert v.perf.unpaired == [] and v.perf.limited == []

@@ -17,6 +17,7 @@ from tests.validate.test_gate_attacks import notes_of
 from tests.validate.test_one_verdict import BASE, LOST_50, agree, outputs
 from tests.validate.test_records_render import rec
 from validate.cli import main
+from tests.validate.served import with_dispatch
 from validate.config import ServeConfig, find_config, load_config, record_weights
 from validate.errors import InputError
 from validate.record import Item, StoredGate, Verdict, record_path
@@ -36,7 +37,7 @@ def as_config(r, cfg: ServeConfig):
     r.config_hash = cfg.digest()
     r.model = cfg.model.source_name()
     r.weights = cfg.model.weights_kind
-    return r
+    return with_dispatch(r, cfg.env)
 
 
 def sanity(release: str, cfg: ServeConfig, parted=()):
