@@ -229,9 +229,9 @@ def _dispatch_r9k(a):
         return lambda: dispatch.run_core(core)
 
     def call():
-        res = dispatch._route_core(sig, (), kw)
-        if res is None:
-            raise RuntimeError("r9k's dispatch did not take the call (vLLM's op would have run it)")
+        res = dispatch._route_core(sig, (), kw, lambda _: None, "triton")  # one step, never split
+        if isinstance(res, str):
+            raise RuntimeError(f"r9k's dispatch did not take the call (vLLM's op would have run it: route {res})")
         return res
     return call
 
