@@ -11,6 +11,13 @@ on the call's stream: a call captured into a CUDA graph counts at every replay, 
 it. A call sent back to vLLM is counted where the dispatch decides at run time (eager code, and r9k's own ops);
 inside code torch.compile traced, that decision was taken while tracing and such calls are not counted.
 
+Routes (:data:`ROUTES`): ``r9k`` (r9k ran the call), ``rule`` (the dispatch's own rule sends it to vLLM by design:
+the GDN prefill dispatch's calls beyond ``R9K_GDN_PREFILL_MAX``, a sequence longer than it under
+``R9K_GDN_PREFILL_SPLIT=seq``, a step outside its crossover under ``step``; a split step counts one call ``r9k``
+and one ``rule``, its long sequences), ``vllm`` (a call sent to vLLM for another reason: refused by the kernel,
+vLLM's profile-run warm-up, a layout or backend r9k does not cover). ``rule`` is the GDN dispatch's alone: the fp8
+linear and the expert cache have no length rule, so their ``vllm`` is every call they did not take.
+
 Kinds: ``prefill`` (a step where some request schedules more than one token besides its speculative ones: a
 prefill or a chunk of one, with any decodes beside it; a one-token prompt or last chunk reads as a decode),
 ``decode`` (every request one token), ``other`` (outside a step: vLLM's profile and capture runs, a step that
@@ -19,9 +26,11 @@ schedules nothing). vLLM's V2 runner warms up through real steps, before any sui
 Each process that counts prints a line after a step once ``R9K_CALLS_SEC`` seconds have passed since its last,
 and at exit (cumulative since it started; the dispatches with no call left out)::
 
-    R9K-CALLS pid=4242 rank=0 steps=prefill:12,decode:840,other:3 calls=gdn_seq:r9k:prefill:36,moe_cache:r9k:decode:3360
+    R9K-CALLS pid=4242 rank=0 routes=r9k,rule,vllm steps=prefill:12,decode:840,other:3 calls=gdn_seq:r9k:prefill:36,gdn_seq:rule:prefill:4
 
-alone on its line, at most behind vLLM's ``(EngineCore pid=42) `` prefix (whose pid must then be the line's). The
+alone on its line, at most behind vLLM's ``(EngineCore pid=42) `` prefix (whose pid must then be the line's).
+``routes=`` names the routes the process counts; a line without it (a plugin from before ``rule`` was counted)
+counts ``r9k`` and ``vllm`` only, its ``vllm`` calls holding those its rule declined. The
 validation engine parses the lines (:func:`parse`) and keeps each suite's share (:func:`delta`): the steps and calls
 of up to ``R9K_CALLS_SEC`` before a suite's end can fall in the next suite's share (the calls a step are not
 moved). Costs: one small kernel per counted call and two a step, and a device-to-host read at each line.
@@ -43,7 +52,10 @@ log = logging.getLogger("r9k")
 
 PREFIX = "R9K-CALLS"
 KINDS = ("prefill", "decode", "other")
-ROUTES = ("r9k", "vllm")
+#: where a counted call went (the module docstring): r9k's kernel, vLLM's by the dispatch's own rule, vLLM's otherwise
+ROUTES = ("r9k", "rule", "vllm")
+#: the routes a line without ``routes=`` counts
+OLD_ROUTES = ("r9k", "vllm")
 #: the model runners whose ``execute_model`` marks the steps: vLLM's V2 GPU runner and the V1 one (its CPU runner
 #: inherits it)
 RUNNERS = (("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"), ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"))
@@ -110,7 +122,7 @@ def _on(device: Any) -> _Device:
 
 
 def count(dispatch: str, route: str, device: Any) -> None:
-    """One call of ``dispatch`` (an ``r9k.ops`` name) routed to ``route`` ("r9k" or "vllm") on ``device``, in the
+    """One call of ``dispatch`` (an ``r9k.ops`` name) routed to ``route`` (:data:`ROUTES`) on ``device``, in the
     kind of the step running there: a kernel on the current stream (captured into a CUDA graph, it counts at every
     replay). Never raises: a count that cannot be taken is logged once."""
     try:
@@ -192,7 +204,7 @@ def line(pid: int, rank: int, steps: dict[str, int], calls: dict[tuple[str, str,
     """The ``R9K-CALLS`` line (no newline): ``steps`` by kind, ``calls`` with a count above 0, sorted."""
     c = ",".join(f"{d}:{r}:{k}:{n}" for (d, r, k), n in sorted(calls.items()) if n > 0)
     s = ",".join(f"{k}:{int(steps.get(k, 0))}" for k in KINDS)
-    return f"{PREFIX} pid={pid} rank={rank} steps={s} calls={c or '-'}"
+    return f"{PREFIX} pid={pid} rank={rank} routes={','.join(ROUTES)} steps={s} calls={c or '-'}"
 
 
 def log_line() -> None:
@@ -314,7 +326,9 @@ def _atexit_once() -> None:
 _PROC = r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?"
 _N = r"(?:0|[1-9][0-9]{0,18})"  # ASCII digits only
 _CALL = rf"{NAME_RE.pattern}:(?:{'|'.join(ROUTES)}):(?:{'|'.join(KINDS)}):{_N}"
+_ROUTE = f"(?:{'|'.join(ROUTES)})"
 _LINE_RE = re.compile(_PROC + PREFIX + rf" pid=(?P<pid>{_N}) rank=(?P<rank>{_N})"
+                      + rf"(?: routes=(?P<routes>{_ROUTE}(?:,{_ROUTE})*))?"
                       + " steps=" + ",".join(rf"{k}:(?P<{k}>{_N})" for k in KINDS)
                       + rf" calls=(?P<calls>-|{_CALL}(?:,{_CALL})*)\s*$")
 _START_RE = re.compile(_PROC + re.escape(PREFIX) + r"\b")
@@ -322,12 +336,14 @@ _START_RE = re.compile(_PROC + re.escape(PREFIX) + r"\b")
 
 @dataclass(frozen=True)
 class Calls:
-    """A parsed ``R9K-CALLS`` line: one process's steps by kind and calls by (dispatch, route, kind)."""
+    """A parsed ``R9K-CALLS`` line: one process's steps by kind, calls by (dispatch, route, kind), and the routes
+    it counts (:data:`OLD_ROUTES` for a line without ``routes=``)."""
 
     pid: int
     rank: int
     steps: dict[str, int]
     calls: dict[tuple[str, str, str], int]
+    routes: tuple[str, ...] = OLD_ROUTES
 
 
 @dataclass
@@ -344,7 +360,9 @@ class Parsed:
 
 def parse(text: str) -> Parsed:
     """Every ``R9K-CALLS`` line of ``text`` (a server log), whole lines only; a line whose vLLM prefix names another
-    pid, that does not match in full, or that names one (dispatch, route, kind) twice counts as malformed."""
+    pid, that does not match in full, that names one (dispatch, route, kind) twice, that names a route twice in
+    ``routes=``, or that counts a call on a route its ``routes=`` (or, without it, :data:`OLD_ROUTES`) does not
+    name counts as malformed."""
     out = Parsed()
     for raw in text.replace("\r\n", "\n").split("\n"):
         if not _START_RE.match(raw):
@@ -352,15 +370,18 @@ def parse(text: str) -> Parsed:
         m = _LINE_RE.match(raw)
         calls: dict[tuple[str, str, str], int] = {}
         ok = m is not None and not (m["ppid"] and m["ppid"] != m["pid"])
+        routes = tuple(m["routes"].split(",")) if ok and m["routes"] else OLD_ROUTES
+        ok = ok and len(set(routes)) == len(routes)
         if ok and m["calls"] != "-":
             for item in m["calls"].split(","):
                 d, r, k, n = item.split(":")
-                ok = ok and (d, r, k) not in calls
+                ok = ok and (d, r, k) not in calls and r in routes
                 calls[(d, r, k)] = int(n)
         if not ok:
             out.malformed += 1
             continue
-        out.lines.append(Calls(int(m["pid"]), int(m["rank"]), {k: int(m[k]) for k in KINDS}, calls))
+        out.lines.append(Calls(int(m["pid"]), int(m["rank"]), {k: int(m[k]) for k in KINDS}, calls,
+                               tuple(x for x in ROUTES if x in routes)))
     return out
 
 
@@ -370,8 +391,9 @@ def delta(before: Parsed, during: Parsed) -> dict:
 
     Returns:
         ``{"steps": {kind: n}, "calls": [{"dispatch", "route", "kind", "calls"}] (sorted), "per_step":
-        {"<dispatch>:<route>:<kind>": calls / steps of that kind (None without such a step)}, "processes": n,
-        "malformed": n}`` (``malformed``: ``during``'s).
+        {"<dispatch>:<route>:<kind>": calls / steps of that kind (None without such a step)}, "routes": [route]
+        (those every process's latest line in ``during`` counts, in :data:`ROUTES` order: without ``rule``, a
+        ``vllm`` call may be one the rule declined), "processes": n, "malformed": n}`` (``malformed``: ``during``'s).
     """
     b = before.last()
     steps = dict.fromkeys(KINDS, 0)
@@ -389,5 +411,6 @@ def delta(before: Parsed, during: Parsed) -> dict:
     rows = [{"dispatch": d, "route": r, "kind": k, "calls": n} for (d, r, k), n in sorted(calls.items()) if n]
     per_step = {f"{x['dispatch']}:{x['route']}:{x['kind']}": (x["calls"] / steps[x["kind"]] if steps[x["kind"]] else None)
                 for x in rows}
-    return {"steps": steps, "calls": rows, "per_step": per_step, "processes": len(procs),
+    routes = [r for r in ROUTES if all(r in c.routes for c in procs.values())] if procs else []
+    return {"steps": steps, "calls": rows, "per_step": per_step, "routes": routes, "processes": len(procs),
             "malformed": during.malformed}

@@ -15,7 +15,8 @@ by the runner or the engine when the record is written and by the audit when it 
 - its dispatch (for a completed record of a server whose log was read): a dispatch the configuration's knobs ask
   for missing from its provenance lines (:func:`validate.provenance_checks.check_dispatch`, the engine's
   "plugin-inactive" rule at launch), and one that routed no call to r9k in the suite's steps where it applies
-  (:func:`validate.provenance_checks.check_calls`, the engine's rule when it writes the record); a record that
+  while sending a call it should have taken back to vLLM (:func:`validate.provenance_checks.check_calls`, the
+  engine's rule when it writes the record; calls its own rule declines are no finding); a record that
   lacks the lines or the counts these rest on is refused, never trusted.
 
 A record with a reason is not checked (``Record.audit_failed``: the reasons joined, one line): the verdict names
@@ -127,7 +128,8 @@ def _dispatch_asked(rec: Record) -> tuple[dict[str, str], dict[str, str]] | None
 def dispatch_reasons(rec: Record) -> list[str]:
     """Why a completed record whose configuration asks for an r9k dispatch does not stand: its provenance lines do
     not show the dispatch installed in every server process (:func:`check_dispatch`), its call counts show it
-    routed no call to r9k in steps where it applies (:func:`check_calls`), or it lacks the lines, the counts or a
+    routed no call to r9k in steps where it applies while sending one it should have taken to vLLM
+    (:func:`check_calls`), or it lacks the lines, the counts or a
     configuration these are judged by (refused, never trusted)."""
     try:
         asked = _dispatch_asked(rec)
@@ -164,7 +166,8 @@ def dispatch_reasons(rec: Record) -> list[str]:
 
 def never_exercised(rec: Record) -> list[str]:
     """The dispatches the record's configuration asks for that no step of a kind they apply to exercised during
-    the suite (:func:`check_calls`), one line each, naming the record; [] where the counts cannot say."""
+    the suite (no such step, every call beyond the dispatch's rule, or counts that cannot tell: :func:`check_calls`),
+    one line each, naming the record; [] where the counts cannot be read."""
     try:
         asked = _dispatch_asked(rec)
         if asked is None or not asked[1]:

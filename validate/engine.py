@@ -162,7 +162,8 @@ def moe_counters(log_path: Path | None, log_from: int) -> dict | None:
 
 def routed(cfg: ServeConfig, server, result: SuiteResult, verdict: Verdict) -> Verdict:
     """``verdict``, or "plugin-inactive" where a dispatch ``cfg``'s knobs ask for routed no call to r9k in the suite's
-    steps of a kind it applies to (:func:`validate.provenance_checks.check_calls` over ``result.r9k_calls``; the
+    steps of a kind it applies to while sending one it should have taken back to vLLM (calls its own rule declined
+    are none: :func:`validate.provenance_checks.check_calls` over ``result.r9k_calls``; the
     audit applies the same rule when the record is read). Counts that cannot be read leave the verdict as it is:
     the audit refuses such a record."""
     if server is None or not cfg.expects_plugin or verdict.status not in ("pass", "fail"):

@@ -157,18 +157,27 @@ def check_calls(env: dict[str, str], share: Any) -> tuple[list[str], list[str]]:
     """(findings, never exercised) of one suite's share of r9k's call counts (``share``: the record's ``r9k_calls``,
     :func:`r9k.calls.delta`) for the dispatches ``env``'s knobs ask for (:func:`r9k.knobs.expected_dispatch`).
 
-    A dispatch that routed no call to r9k in the suite's steps of a kind it applies to
-    (:data:`r9k.ops.STEP_KINDS`) while such steps ran did not run there: a finding (the runner's verdict is
-    "plugin-inactive"), whatever it sent to vLLM. Where no step of that kind ran, the dispatch was never
-    exercised in one: said, never a finding. The engine judges each suite by it when it writes the record, and
-    the audit (validate.audit) the record again.
+    For each dispatch and each step kind it applies to (:data:`r9k.ops.STEP_KINDS`):
+
+    * no step of that kind ran: never exercised in one (said, never a finding);
+    * some call routed to r9k: it ran;
+    * none to r9k, and some sent back to vLLM (route ``vllm``) that its rule would take (for a dispatch without a
+      rule, :data:`r9k.ops.RULES`, any call not taken): it did not run where it should have, a finding (the
+      runner's verdict is "plugin-inactive");
+    * none to r9k, every call declined by the dispatch's own rule (route ``rule``: the GDN prefill's sequences
+      beyond R9K_GDN_PREFILL_MAX), or no call at all: never exercised in a step it takes (said, never a finding);
+    * a share whose processes could not count ``rule`` (its ``routes`` lacking it, or absent, and no ``rule`` row in
+      the share) whose ruled dispatch sent every call to vLLM: the counts cannot tell a decline from a fallback, said
+      as never exercised, neither a finding nor a claim that it ran.
+
+    The engine judges each suite by it when it writes the record, and the audit (validate.audit) the record again.
 
     Raises:
-        ValueError: ``share`` is not a readable share of counts (None, an error, a malformed row), or a knob
-            value its knob rejects.
+        ValueError: ``share`` is not a readable share of counts (None, an error, a malformed row, ``routes`` not a
+            list of routes), or a knob value its knob rejects.
     """
     from r9k.calls import KINDS, NAME_RE, ROUTES
-    from r9k.ops import STEP_KINDS
+    from r9k.ops import RULES, STEP_KINDS
 
     want = knobs.expected_dispatch({k: v for k, v in env.items() if k.startswith("R9K_")})
     if not want:
@@ -182,9 +191,11 @@ def check_calls(env: dict[str, str], share: Any) -> tuple[list[str], list[str]]:
     if not isinstance(share, dict) or "error" in share:
         why = share.get("error") if isinstance(share, dict) else "no R9K-CALLS line fell in the suite"
         raise ValueError(f"r9k's call counts cannot be read ({why})")
-    steps, rows = share.get("steps"), share.get("calls")
+    steps, rows, routes = share.get("steps"), share.get("calls"), share.get("routes")
     if not isinstance(steps, dict) or not isinstance(rows, list):
         raise ValueError("r9k's call counts hold no steps or calls")
+    if routes is not None and not (isinstance(routes, list) and all(r in ROUTES for r in routes)):
+        raise ValueError(f"r9k's call counts name routes the log could not have given: {routes!r}")
     steps = {k: count(steps.get(k, 0)) for k in KINDS}
     routed: dict[tuple[str, str, str], int] = {}
     for x in rows:
@@ -193,16 +204,34 @@ def check_calls(env: dict[str, str], share: Any) -> tuple[list[str], list[str]]:
             raise ValueError(f"r9k's call counts hold a row the log could not have given: {x!r}")
         key = (x["dispatch"], x["route"], x["kind"])
         routed[key] = routed.get(key, 0) + count(x.get("calls"))
+    # processes that counted the rule's declines apart: said by the share, else shown by a row of that route
+    rule_counted = "rule" in (routes or ()) or any(r == "rule" and n for (_, r, _), n in routed.items())
     findings, never = [], []
     for name, knob in want.items():
         for kind in STEP_KINDS.get(name, ("prefill", "decode")):
+            r9k, back, rule = (routed.get((name, r, kind), 0) for r in ("r9k", "vllm", "rule"))
+            bound = RULES.get(name)
+            in_steps = f"the suite's {steps[kind]:,} {kind} steps"
             if not steps[kind]:
                 never.append(f"{knob} asks for the {name} dispatch, and no {kind} step ran during the suite: it was "
                              f"never exercised in one")
-            elif not routed.get((name, "r9k", kind)):
-                findings.append(f"{knob} asks for the {name} dispatch, but it routed no call to r9k in the suite's "
-                                f"{steps[kind]:,} {kind} steps ({routed.get((name, 'vllm', kind), 0):,} calls "
-                                "routed back to vLLM)")
+            elif r9k:
+                continue
+            elif bound and back and not rule_counted:
+                never.append(f"{knob} asks for the {name} dispatch, which routed no call to r9k in {in_steps}: "
+                             f"whether it was exercised cannot tell from the counts (every call went to vLLM: beyond "
+                             f"{bound}, or refused; {back:,} calls)")
+            elif back or not bound:
+                findings.append(f"{knob} asks for the {name} dispatch, but it routed no call to r9k in {in_steps} "
+                                f"({back:,} calls routed back to vLLM"
+                                + (f", {rule:,} beyond {bound}" if bound else "") + ")")
+            elif not rule:
+                never.append(f"{knob} asks for the {name} dispatch, and no call of it was counted in {in_steps}: it "
+                             "was never exercised in one")
+            else:
+                never.append(f"{knob} asks for the {name} dispatch, and every call of it in {in_steps} was beyond "
+                             f"{bound} ({rule:,} calls sent to vLLM by its rule): it was never exercised in a step "
+                             "it takes")
     return findings, never
 
 

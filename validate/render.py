@@ -324,9 +324,13 @@ class CallsRow:
     config: str
     suite: str
     steps: dict
-    calls: list  # (dispatch, route, {kind: (calls, per step or None)})
+    calls: list  # (dispatch, route as shown (ROUTE_LABELS), {kind: (calls, per step or None)})
     processes: int = 0
     malformed: int = 0
+
+
+#: a route of r9k.calls.ROUTES as the notes' table shows it
+ROUTE_LABELS = {"r9k": "r9k", "rule": "vllm, beyond its rule", "vllm": "vllm"}
 
 
 def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
@@ -349,7 +353,9 @@ def calls_rows(by_config: dict[str, dict[str, Record]]) -> list[CallsRow]:
                     continue  # what the log could not have said is not shown
                 n, st = x["calls"], steps[x["kind"]]
                 by.setdefault((x["dispatch"], x["route"]), {})[x["kind"]] = (n, n / st if st else None)
-            out.append(CallsRow(cfg, name, steps, [(d, rt, v) for (d, rt), v in sorted(by.items())],
+            order = {rt: i for i, rt in enumerate(ROUTES)}
+            out.append(CallsRow(cfg, name, steps, [(d, ROUTE_LABELS[rt], v) for (d, rt), v
+                                                   in sorted(by.items(), key=lambda x: (x[0][0], order[x[0][1]]))],
                                 _count(c.get("processes")) or 0, _count(c.get("malformed")) or 0))
     return out
 

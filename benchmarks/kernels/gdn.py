@@ -231,10 +231,10 @@ def _dispatch_r9k(a):
     dispatch.STATE.split = "step"  # the whole step to r9k: the crossover the table measures
 
     def call():
-        got = dispatch._route_core(sig, (), kw, stock=lambda _: None, backend="triton")
-        if got is None:
-            raise RuntimeError("r9k's dispatch did not take the call (vLLM's op would have run it)")
-        return got[0]
+        res = dispatch._route_core(sig, (), kw, lambda _: None, "triton")  # one step, never split
+        if isinstance(res, str):
+            raise RuntimeError(f"r9k's dispatch did not take the call (vLLM's op would have run it: route {res})")
+        return res[0]
     return call
 
 

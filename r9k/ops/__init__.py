@@ -22,10 +22,15 @@ FAMILIES = {"gdn": ("gdn_seq", "gdn_conv"), "fp8": ("fp8_block_gemm",), "moe": (
 #: families whose kernels run without Triton on a GPU (installed whatever kernels_can_run says)
 HOST_FAMILIES = ("moe",)
 #: The step kinds (:data:`r9k.calls.KINDS`) in which vLLM calls each dispatch's op: a dispatch the configuration asks
-#: for that routes no call to r9k in a step of these kinds did not run there (the GDN dispatch wraps the prefill
-#: core and conv; a decode step runs vLLM's recurrent update, which r9k leaves alone).
+#: for that routes no call to r9k in a step of these kinds, while it sends one there back to vLLM that it should
+#: have taken, did not run there (the GDN dispatch wraps the prefill core and conv; a decode step runs vLLM's
+#: recurrent update, which r9k leaves alone).
 STEP_KINDS = {"gdn_seq": ("prefill",), "gdn_conv": ("prefill",), "fp8_block_gemm": ("prefill", "decode"),
               "moe_cache": ("prefill", "decode")}
+#: The dispatches whose own rule sends some calls to vLLM by design (counted on the route ``rule``, r9k/calls.py),
+#: with the knob bounding what they take: the GDN prefill dispatch leaves a sequence beyond R9K_GDN_PREFILL_MAX to
+#: vLLM (r9k/ops/gdn.py). The others have no such rule: every call they send to vLLM is one they did not take.
+RULES = {"gdn_seq": "R9K_GDN_PREFILL_MAX", "gdn_conv": "R9K_GDN_PREFILL_MAX"}
 
 
 @dataclass

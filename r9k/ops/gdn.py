@@ -381,64 +381,79 @@ def _backend(op: Any) -> str:
     return str(getattr(op, "gdn_prefill_backend", "triton"))
 
 
+#: why a call goes to vLLM whole, the route it is counted under (r9k.calls.ROUTES): ``RULE``, the dispatch's rule
+#: declines it (more than R9K_GDN_PREFILL_MAX tokens, every sequence longer than it, outside the crossover under
+#: ``step``); ``FALLBACK``, the rule would take it or is never read (vLLM's warm-up, a layout or backend r9k does
+#: not cover, arguments that do not bind, the kernel's refusal)
+RULE, FALLBACK = "rule", "vllm"
+#: the routes of a split step: its short sequences r9k's, its long ones declined by the rule
+SPLIT_ROUTES = ("r9k", RULE)
+
+
 def _route_core(sig: inspect.Signature, args: tuple, kwargs: dict, stock: Callable[[dict], Any],
-                backend: str) -> tuple[Any, tuple[str, ...]] | None:
-    """The call's result and the routes that computed it (``("r9k",)`` or, a split step, ``("r9k", "vllm")``),
-    or None: the caller runs vLLM's op on the whole call. ``stock(kwargs)`` runs vLLM's op on named arguments
-    (a split step's long sequences)."""
+                backend: str) -> tuple[Any, tuple[str, ...]] | str:
+    """The call's result and the routes that computed it (``("r9k",)`` or, a split step, :data:`SPLIT_ROUTES`),
+    or the route of a call the caller runs through vLLM's op whole: :data:`RULE` or :data:`FALLBACK`.
+    ``stock(kwargs)`` runs vLLM's op on named arguments (a split step's long sequences)."""
     if _in_warmup():
         STATE.routed["warmup"] += 1
-        return None
+        return FALLBACK
     a = _core_call(sig, args, kwargs)
     if a is None:
-        return None
+        return FALLBACK
     if STATE.split == "step" or a["_t"] <= STATE.max_tokens:
         if STATE.split == "step" and not take(a["_n"], a["_t"], a["_hv"]):
-            return None
+            return RULE
         if not 0 < a["_t"] <= STATE.max_tokens:
-            return None
+            return RULE
         return _run_routed(lambda: run_core(a), "seq")
     # per sequence, a step of more than R9K_GDN_PREFILL_MAX tokens: which of its sequences are short
     cu = a.get("cu_seqlens")
     if cu is None:
-        return None  # one sequence of more than R9K_GDN_PREFILL_MAX tokens
+        return RULE  # one sequence of more than R9K_GDN_PREFILL_MAX tokens
     offs = _host_offsets(cu)
     parts = _parts(offs, a["_t"])
     if parts is None:
-        return None
+        return FALLBACK
     short, long = parts
     if not short:
-        return None
+        return RULE
     if not long:
         return _run_routed(lambda: run_core(a), "seq")
     if backend not in SPLIT_BACKENDS or a.get("aiter_prefill_metadata") is not None:
         STATE.routed["unsplit_seq"] += 1  # a backend whose per-batch metadata r9k cannot rebuild for a subset
-        return None
+        return FALLBACK
     got = _run_routed(lambda: _split_core(a, offs, short, long, stock), "seq")
-    if got is None:
-        return None
+    if isinstance(got, str):
+        return got
     STATE.routed["stock_seq"] += 1
     STATE.routed["split_seq"] += 1
-    return got[0], ("r9k", "vllm")
+    return got[0], SPLIT_ROUTES
 
 
-def _run_routed(fn: Callable[[], Any], kind: str) -> tuple[Any, tuple[str, ...]] | None:
+def _run_routed(fn: Callable[[], Any], kind: str) -> tuple[Any, tuple[str, ...]] | str:
+    """``(fn(), ("r9k",))``, or :data:`FALLBACK` where the kernel refused the call (its ValueError, logged once)."""
     try:
         res = fn()
     except ValueError as e:  # checked before any launch: the state is untouched, vLLM's op runs the call
         _refused(kind, e)
-        return None
+        return FALLBACK
     STATE.routed[kind] += 1
     return res, ("r9k",)
+
+
+def _routes(got: tuple[Any, tuple[str, ...]] | str) -> tuple[str, ...]:
+    """The routes to count for a routing function's answer (one call each)."""
+    return (got,) if isinstance(got, str) else got[1]
 
 
 def _wrap_core_method(original: Callable, sig: inspect.Signature) -> Callable:
     @functools.wraps(original)
     def forward(self, *args, **kwargs):
         got = _route_core(sig, args, kwargs, lambda kw: original(self, **kw), _backend(self))
-        for route in (("vllm",) if got is None else got[1]):
+        for route in _routes(got):
             calls.count_args("gdn_seq", route, args, kwargs)
-        if got is not None:
+        if not isinstance(got, str):
             return got[0]
         STATE.routed["stock_seq"] += 1
         return original(self, *args, **kwargs)
@@ -451,9 +466,9 @@ def _wrap_core_function(original: Callable, sig: inspect.Signature) -> Callable:
     @functools.wraps(original)
     def chunk_gated_delta_rule(*args, **kwargs):
         got = _route_core(sig, args, kwargs, lambda kw: original(**kw), "triton")
-        for route in (("vllm",) if got is None else got[1]):
+        for route in _routes(got):
             calls.count_args("gdn_seq", route, args, kwargs)
-        if got is not None:
+        if not isinstance(got, str):
             return got[0]
         STATE.routed["stock_seq"] += 1
         return original(*args, **kwargs)
@@ -510,43 +525,46 @@ def _run_conv(a: dict, x: torch.Tensor, qsl: torch.Tensor, ci: torch.Tensor | No
 
 
 def _route_conv(sig: inspect.Signature, args: tuple, kwargs: dict,
-                stock: Callable[[dict], Any]) -> tuple[torch.Tensor, tuple[str, ...]] | None:
-    """The conv's output and the routes that computed it, or None (the caller runs vLLM's conv on the call)."""
+                stock: Callable[[dict], Any]) -> tuple[torch.Tensor, tuple[str, ...]] | str:
+    """The conv's output and the routes that computed it (as :func:`_route_core`'s), or the route of a call the
+    caller runs through vLLM's conv whole: :data:`RULE` or :data:`FALLBACK`."""
     a = _bind(sig, args, kwargs)
     if a is None:
-        return None
+        return FALLBACK
     x, cs, qsl = a["x"], a["conv_states"], a["query_start_loc"]
     if any(a.get(n) is not None for n in CONV_BLOCK_PARAMS[:2]):
-        return None  # prefix caching writes intermediate conv blocks: vLLM's
+        return FALLBACK  # prefix caching writes intermediate conv blocks: vLLM's
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or cs is None or qsl is None or not _routable(x):
-        return None
+        return FALLBACK
     ci, his = a.get("cache_indices"), a.get("has_initial_state")
     if ci is not None and ci.dim() != 1:
-        return None
+        return FALLBACK
     if a.get("activation", "silu") not in ("silu", "swish", True, None, False):
-        return None
+        return FALLBACK
     T = x.shape[1]
     if T <= 0:
-        return None
+        return RULE
     if STATE.split == "step" or T <= STATE.max_tokens:
         if T > STATE.max_tokens:
-            return None
+            return RULE
         return _run_routed(lambda: _run_conv(a, x, qsl, ci, his), "conv")
     if any(a.get(n) is not None for n in CONV_BLOCK_PARAMS):
-        return None
+        return FALLBACK
     offs = _conv_host_offsets(qsl, a.get("metadata"))
     parts = _parts(offs, T)
-    if parts is None or not parts[0]:
-        return None
+    if parts is None:
+        return FALLBACK
     short, long = parts
+    if not short:
+        return RULE
     if not long:
         return _run_routed(lambda: _run_conv(a, x, qsl, ci, his), "conv")
     got = _run_routed(lambda: _split_conv(a, offs, short, long, stock), "conv")
-    if got is None:
-        return None
+    if isinstance(got, str):
+        return got
     STATE.routed["stock_conv"] += 1
     STATE.routed["split_conv"] += 1
-    return got[0], ("r9k", "vllm")
+    return got[0], SPLIT_ROUTES
 
 
 def _split_conv(a: dict, offs: list[int], short: list[int], long: list[int],
@@ -600,9 +618,9 @@ def _wrap_conv_function(original: Callable, sig: inspect.Signature) -> Callable:
     @functools.wraps(original)
     def causal_conv1d_fn(*args, **kwargs):
         got = _route_conv(sig, args, kwargs, lambda kw: original(**kw))
-        for route in (("vllm",) if got is None else got[1]):
+        for route in _routes(got):
             calls.count_args("gdn_conv", route, args, kwargs)
-        if got is not None:
+        if not isinstance(got, str):
             return got[0]
         STATE.routed["stock_conv"] += 1
         return original(*args, **kwargs)

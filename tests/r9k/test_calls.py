@@ -99,9 +99,11 @@ def test_the_step_marks_wrap_the_runner_and_print_the_line(fresh, monkeypatch):
 def test_the_line_parses_back_and_malformed_lines_are_counted():
     text = calls.line(42, 1, {"prefill": 3, "decode": 10}, {("gdn_seq", "r9k", "prefill"): 36,
                                                             ("fp8_block_gemm", "vllm", "decode"): 0})
-    assert text == "R9K-CALLS pid=42 rank=1 steps=prefill:3,decode:10,other:0 calls=gdn_seq:r9k:prefill:36"
+    assert text == ("R9K-CALLS pid=42 rank=1 routes=r9k,rule,vllm steps=prefill:3,decode:10,other:0 "
+                    "calls=gdn_seq:r9k:prefill:36")
     (c,) = calls.parse(f"noise\n(EngineCore pid=42) {text}\n").lines
     assert (c.pid, c.rank, c.steps["decode"], c.calls) == (42, 1, 10, {("gdn_seq", "r9k", "prefill"): 36})
+    assert c.routes == ("r9k", "rule", "vllm")
     assert calls.parse(calls.line(1, 0, {}, {})).lines[0].calls == {}
     for bad in (text.replace("r9k:prefill", "r9k:warmup"), text + ",gdn_seq:r9k:prefill:1",
                 text.replace("pid=42", "pid=042"), "(EngineCore pid=7) " + text, text + " x=1",
@@ -109,6 +111,27 @@ def test_the_line_parses_back_and_malformed_lines_are_counted():
         p = calls.parse(bad)
         assert (p.lines, p.malformed) == ([], 1), bad
     assert calls.parse(f"INFO prompt='{text}'\n").malformed == 0  # text inside a logged line is no line
+
+
+def test_old_lines_parse_and_the_rule_route_is_only_where_the_line_counts_it():
+    """A line without ``routes=`` (a plugin that counted r9k and vllm only) parses, counting those two; a ``rule``
+    call on it, a route named twice, or an unknown route is malformed. The share says which routes every process
+    counted."""
+    old = "R9K-CALLS pid=7 rank=0 steps=prefill:3,decode:0,other:1 calls=gdn_seq:vllm:prefill:12"
+    (c,) = calls.parse(old).lines
+    assert c.routes == ("r9k", "vllm") and c.calls == {("gdn_seq", "vllm", "prefill"): 12}
+    new = calls.line(8, 1, {"prefill": 3}, {("gdn_seq", "rule", "prefill"): 12, ("gdn_seq", "r9k", "prefill"): 2})
+    assert calls.parse(new).lines[0].calls == {("gdn_seq", "r9k", "prefill"): 2, ("gdn_seq", "rule", "prefill"): 12}
+    for bad in (old.replace("vllm:prefill", "rule:prefill"),
+                new.replace("routes=r9k,rule,vllm", "routes=r9k,vllm"),
+                new.replace("routes=r9k,rule,vllm", "routes=r9k,rule,rule,vllm"),
+                new.replace("routes=r9k,rule,vllm", "routes=r9k,rule,vllm,gpu"),
+                new.replace("routes=r9k,rule,vllm", "routes=")):
+        p = calls.parse(bad)
+        assert (p.lines, p.malformed) == ([], 1), bad
+    assert calls.delta(calls.Parsed(), calls.parse(new))["routes"] == ["r9k", "rule", "vllm"]
+    assert calls.delta(calls.Parsed(), calls.parse(old))["routes"] == ["r9k", "vllm"]
+    assert calls.delta(calls.Parsed(), calls.parse(f"{old}\n{new}"))["routes"] == ["r9k", "vllm"]  # one old process
 
 
 def test_the_suites_share_is_the_latest_less_the_one_before():
@@ -145,6 +168,7 @@ def test_the_notes_show_the_calls_a_step(tmp_path):
 
     lines = calls.line(1, 0, {"prefill": 4, "decode": 100}, {("fp8_block_gemm", "r9k", "decode"): 1200,
                                                              ("gdn_seq", "r9k", "prefill"): 12,
+                                                             ("gdn_seq", "rule", "prefill"): 2,
                                                              ("gdn_seq", "r9k", "other"): 3})
     r = rec("h200-next", "probe", metrics=PROBE)
     r.r9k_calls = calls.delta(calls.Parsed(), calls.parse(lines))
@@ -156,6 +180,7 @@ def test_the_notes_show_the_calls_a_step(tmp_path):
     section = md.split("## r9k's dispatches in the steps", 1)[1].split("\n## ", 1)[0]
     assert "| h200-next | probe | 4 / 100 | fp8_block_gemm | r9k | – | 1,200 (12.0) |" in section
     assert "| h200-next | probe | 4 / 100 | gdn_seq | r9k | 12 (3.0) | – |" in section
+    assert "| h200-next | probe | 4 / 100 | gdn_seq | vllm, beyond its rule | 2 (0.5) | – |" in section
     assert "| h200-next | sanity | 2 / 0 | – | – | – | – |" in section  # steps and no dispatched call: said
 
 

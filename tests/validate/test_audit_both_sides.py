@@ -244,6 +244,115 @@ def test_a_dispatch_that_ran_passes_and_one_never_exercised_is_said(tmp_path, mo
             "suite: it was never exercised in one") in out["notes"].replace("\\_", "_")
 
 
+GDN_KNOB = "R9K_GDN_PREFILL_MAX=256"
+#: each case's gdn_seq and gdn_conv rows in the suite's 60 prefill steps (route: calls), and whether the share says
+#: its processes counted the rule's declines apart (``routes``; absent: a record from before the rule was counted)
+GDN_CASES = {
+    "beyond its rule": ({"rule": 1440}, True),     # every prompt longer than the bound, as GSM8K's at 256
+    "refused": ({"vllm": 1440}, True),             # calls the rule takes, every one sent back to vLLM
+    "refused and beyond": ({"vllm": 40, "rule": 1400}, True),
+    "old format": ({"vllm": 1440}, False),         # declines and fallbacks counted alike
+    "ran": ({"r9k": 40, "rule": 1400}, True),
+}
+
+
+def _gdn(case: str):
+    """The soak of cpu-smol (prompts of 200 to 4,000 tokens) with the GDN prefill dispatch asked for
+    (R9K_GDN_PREFILL_MAX=256: gdn_seq, and gdn_conv at its default), both processes installing it, and the suite's
+    GDN calls as :data:`GDN_CASES` says."""
+    from validate.config import find_config
+
+    rows, counted = GDN_CASES[case]
+    r = _soak("ran")
+    cfg = find_config(REPO, "cpu-smol")
+    cfg = cfg.model_copy(update={"env": {**cfg.env, "R9K_GDN_PREFILL_MAX": "256"}})
+    r.config_snapshot, r.env = cfg.model_dump(mode="json"), dict(cfg.env)
+    r.server.provenance = [f"R9K-PROVENANCE version=0.1.0 source_hash={r.tree.source_hash} files=5 pid={p} "
+                           f"dispatch=gdn_seq,gdn_conv failed=-" for p in (41, 42)]
+    r.r9k_calls = {"steps": {"prefill": 60, "decode": 800, "other": 3},
+                   "calls": [{"dispatch": d, "route": route, "kind": "prefill", "calls": n}
+                             for d in ("gdn_conv", "gdn_seq") for route, n in rows.items()],
+                   "per_step": {}, "processes": 2, "malformed": 0}
+    if counted:
+        r.r9k_calls["routes"] = ["r9k", "rule", "vllm"]
+    return r
+
+
+def test_a_gdn_dispatch_whose_every_call_was_beyond_its_rule_is_not_inactive(tmp_path, monkeypatch, capsys):
+    """Long prompts only: the GDN dispatch's rule sent every prefill call to vLLM by design. The release passes, and
+    its notes say the dispatch was never exercised in a step it takes and show the calls beyond its rule."""
+    from validate.audit import dispatch_reasons
+
+    r = _gdn("beyond its rule")
+    assert dispatch_reasons(r) == []
+    save(tmp_path, r)
+    out, n = _release(tmp_path, monkeypatch, capsys)
+    assert out["code"] == 0 and "cpu-smol / soak: pass" in _checked(out["notes"])
+    notes = out["notes"].replace("\\_", "_")
+    for d, knob in (("gdn_seq", GDN_KNOB), ("gdn_conv", "R9K_GDN_PREFILL_CONV=r9k (its default)")):
+        assert (f"cpu-smol/soak: {knob} asks for the {d} dispatch, and every call of it in the suite's 60 prefill "
+                "steps was beyond R9K_GDN_PREFILL_MAX (1,440 calls sent to vLLM by its rule): it was never exercised "
+                "in a step it takes") in notes
+        assert f"| cpu-smol | soak | 60 / 800 | {d} | vllm, beyond its rule | 1,440 (24.0) | – |" in notes
+
+
+@pytest.mark.parametrize("case, back, rule", [("refused", 1440, 0), ("refused and beyond", 40, 1400)])
+def test_a_gdn_dispatch_that_sent_calls_its_rule_takes_to_vllm_is_inactive(tmp_path, monkeypatch, capsys, case,
+                                                                           back, rule):
+    """The attack beside the control above: no call to r9k, and calls its rule would take sent back to vLLM (the
+    kernel refused them, a layout it does not cover): plugin-inactive, however many were beyond the rule."""
+    from validate.audit import dispatch_reasons
+
+    why = (f"the record says pass, but its call counts give plugin-inactive: {GDN_KNOB} asks for the gdn_seq "
+           f"dispatch, but it routed no call to r9k in the suite's 60 prefill steps ({back:,} calls routed back to "
+           f"vLLM, {rule:,} beyond R9K_GDN_PREFILL_MAX)")
+    [got] = dispatch_reasons(_gdn(case))
+    assert got.startswith(why + "; R9K_GDN_PREFILL_CONV=r9k (its default) asks for the gdn_conv dispatch, but")
+    save(tmp_path, _gdn(case))
+    out, _ = _release(tmp_path, monkeypatch, capsys)
+    blocked(out, 2)
+    assert out["last"].startswith("exit status 2: 1 check(s) could not be made: cpu-smol/soak audit-failed")
+    assert why in out["summary"].replace("\\", "")
+
+
+def test_an_old_gdn_record_says_the_counts_cannot_tell(tmp_path, monkeypatch, capsys):
+    """Counts from a plugin that did not count the rule apart: every GDN call under ``vllm``, none under ``rule``.
+    Neither a finding nor a claim that the dispatch ran: the notes say the counts cannot tell. A ``rule`` row
+    anywhere in such a share shows its processes counted the rule: its ``vllm`` calls are fallbacks again."""
+    from validate.audit import dispatch_reasons
+    from validate.provenance_checks import check_calls
+
+    r = _gdn("old format")
+    assert dispatch_reasons(r) == []
+    save(tmp_path, r)
+    out, _ = _release(tmp_path, monkeypatch, capsys)
+    assert out["code"] == 0
+    assert (f"cpu-smol/soak: {GDN_KNOB} asks for the gdn_seq dispatch, which routed no call to r9k in the suite's 60 "
+            "prefill steps: whether it was exercised cannot tell from the counts (every call went to vLLM: beyond "
+            "R9K_GDN_PREFILL_MAX, or refused; 1,440 calls)") in out["notes"].replace("\\_", "_")
+    env = {"R9K_GDN_PREFILL_MAX": "256"}
+    share = dict(r.r9k_calls, calls=[{"dispatch": "gdn_seq", "route": "vllm", "kind": "prefill", "calls": 1440},
+                                     {"dispatch": "gdn_conv", "route": "rule", "kind": "prefill", "calls": 1440}])
+    findings, never = check_calls(env, share)
+    assert [f.split(" asks")[0] for f in findings] == [GDN_KNOB] and len(never) == 1
+    with pytest.raises(ValueError, match="routes the log could not have given"):
+        check_calls(env, dict(r.r9k_calls, routes=["r9k", "gpu"]))
+
+
+def test_the_engine_judges_gdn_calls_by_the_same_rule():
+    from validate.config import find_config
+    from validate.engine import routed
+    from validate.record import Verdict
+    from validate.runners.base import SuiteResult
+
+    cfg = find_config(REPO, "cpu-smol")
+    cfg = cfg.model_copy(update={"env": {**cfg.env, "R9K_GDN_PREFILL_MAX": "256"}})
+    status = {case: routed(cfg, object(), SuiteResult(r9k_calls=_gdn(case).r9k_calls), Verdict(status="pass")).status
+              for case in GDN_CASES}
+    assert status == {"beyond its rule": "pass", "refused": "plugin-inactive", "refused and beyond": "plugin-inactive",
+                      "old format": "pass", "ran": "pass"}
+
+
 def test_a_record_without_the_counts_its_dispatch_rests_on_is_refused():
     from validate.audit import dispatch_reasons
 

@@ -95,6 +95,14 @@ def fake(monkeypatch):
     dispatch.uninstall()
 
 
+@pytest.fixture
+def counted(monkeypatch) -> list:
+    """The (dispatch, route) of each call the dispatch counts (r9k.calls.count_args), in order."""
+    out: list = []
+    monkeypatch.setattr(dispatch.calls, "count_args", lambda d, r, a, k: out.append((d, r)))
+    return out
+
+
 def core_args(gen, T, N=2, H=2, HV=4, K=16, V=16, device="cpu"):
     lens = [T // 2, T - T // 2][:N]
     q = torch.nn.functional.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(device)
@@ -128,8 +136,9 @@ def test_zero_is_stock(fake, monkeypatch, caplog):
     assert "left as is" in caplog.text
 
 
-def test_short_prefill_routed_long_to_stock(fake, monkeypatch, gen):
-    """The per-step rule: a step of more than R9K_GDN_PREFILL_MAX tokens goes to vLLM whole."""
+def test_short_prefill_routed_long_to_stock(fake, counted, monkeypatch, gen):
+    """The per-step rule: a step of more than R9K_GDN_PREFILL_MAX tokens goes to vLLM whole, counted ``rule``; a
+    prefix-caching conv call goes to vLLM whatever its length, counted ``vllm``."""
     mod, calls = fake
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "8")
     monkeypatch.setenv("R9K_GDN_PREFILL_SPLIT", "step")
@@ -154,6 +163,8 @@ def test_short_prefill_routed_long_to_stock(fake, monkeypatch, gen):
     c = conv_args(gen, T=6)
     c["block_idx_last_scheduled_token"] = torch.zeros(2, dtype=torch.int32)
     assert mod.causal_conv1d_fn(**c) == "stock-conv" and calls["conv"] == 2
+    assert counted == [("gdn_seq", "r9k"), ("gdn_seq", "rule"), ("gdn_conv", "r9k"), ("gdn_conv", "rule"),
+                       ("gdn_conv", "vllm")]
 
 
 def test_conv_stock_knob_and_reinstall_zero_restores(fake, monkeypatch):
@@ -216,8 +227,9 @@ def test_real_vllm_module_patch_and_restore(monkeypatch):
     assert mod.causal_conv1d_fn is orig_conv and "forward" not in vars(mod.ChunkGatedDeltaRule)
 
 
-def test_warmup_calls_pass_through(fake, monkeypatch, gen):
-    """vLLM's profile-run warm-up (``_warmup_prefill_kernels``) reaches vLLM's own core, whatever its size."""
+def test_warmup_calls_pass_through(fake, counted, monkeypatch, gen):
+    """vLLM's profile-run warm-up (``_warmup_prefill_kernels``) reaches vLLM's own core, whatever its size: a call
+    the rule would take, counted ``vllm``."""
     mod, calls = fake
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
     dispatch.install({"qwen": mod})
@@ -226,12 +238,13 @@ def test_warmup_calls_pass_through(fake, monkeypatch, gen):
     assert calls == {"core": 1, "conv": 0, "warm": 1} and not dispatch._in_warmup()
     o, ht = layer.chunk_gated_delta_rule(**core_args(gen, T=8))  # outside the warm-up: r9k
     assert calls["core"] == 1 and isinstance(o, torch.Tensor)
+    assert counted == [("gdn_seq", "vllm"), ("gdn_seq", "r9k")]
     dispatch.uninstall()
     assert "_warmup_prefill_kernels" in vars(mod.QwenGatedDeltaNetAttention)
     assert not hasattr(mod.QwenGatedDeltaNetAttention._warmup_prefill_kernels, "__r9k_original__")
 
 
-def test_a_kernel_value_error_goes_to_stock_and_is_logged_once(fake, monkeypatch, gen, caplog):
+def test_a_kernel_value_error_goes_to_stock_and_is_logged_once(fake, counted, monkeypatch, gen, caplog):
     mod, calls = fake
     monkeypatch.setenv("R9K_GDN_PREFILL_MAX", "256")
     dispatch.install({"qwen": mod})
@@ -249,6 +262,7 @@ def test_a_kernel_value_error_goes_to_stock_and_is_logged_once(fake, monkeypatch
             assert op(**core_args(gen, T=6)) == ("stock-core", None)
             assert mod.causal_conv1d_fn(**conv_args(gen, T=6)) == "stock-conv"
     assert calls["core"] == 3 and calls["conv"] == 3
+    assert counted == [("gdn_seq", "vllm"), ("gdn_conv", "vllm")] * 3  # refused: never the rule's
     assert caplog.text.count("gdn_seq refused a call") == 1 and caplog.text.count("gdn_conv refused a call") == 1
 
 

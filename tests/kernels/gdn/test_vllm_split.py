@@ -145,7 +145,7 @@ def test_seq_each_sequence_equals_itself_alone(fake, monkeypatch):
     o, ht = _run(op, batch)
     # the split step: one gdn_seq call on the short ones, vLLM's core on the long one with its own chunk metadata
     assert log == [("core", [0, 11])]
-    assert counted == [("gdn_seq", "r9k"), ("gdn_seq", "vllm")]
+    assert counted == [("gdn_seq", "r9k"), ("gdn_seq", "rule")]  # the long one: declined by the rule
     assert dispatch.STATE.routed["split_seq"] == 1 and dispatch.STATE.routed["host_read"] == 1
     cu = batch["cu_seqlens"].tolist()
     for i, n in enumerate(LENS):
@@ -167,7 +167,7 @@ def test_step_rule_makes_short_sequences_depend_on_the_batch(fake, monkeypatch):
     op = mod.ChunkGatedDeltaRule()
     batch = core_batch(LENS)
     o, ht = _run(op, batch)
-    assert log == [("core", batch["cu_seqlens"].tolist())] and counted == [("gdn_seq", "vllm")]
+    assert log == [("core", batch["cu_seqlens"].tolist())] and counted == [("gdn_seq", "rule")]
     cu = batch["cu_seqlens"].tolist()
     differ = 0
     for i, n in enumerate(LENS):
@@ -260,7 +260,7 @@ def test_seq_conv_each_sequence_equals_itself_alone(fake, monkeypatch):
     c = conv_batch(lens)
     states = c["conv_states"].clone()
     y = mod.causal_conv1d_fn(**dict(c, conv_states=states))
-    assert log == [("conv", [0, 11])] and counted == [("gdn_conv", "r9k"), ("gdn_conv", "vllm")]
+    assert log == [("conv", [0, 11])] and counted == [("gdn_conv", "r9k"), ("gdn_conv", "rule")]
     assert dispatch.STATE.routed["split_conv"] == 1
     cu = c["query_start_loc"].tolist()
     for i, n in enumerate(lens):
@@ -283,7 +283,78 @@ def test_step_conv_sends_the_whole_step_to_vllm(fake, monkeypatch):
     _install(mod, monkeypatch, "step")
     c = conv_batch(LENS)
     mod.causal_conv1d_fn(**c)
-    assert log == [("conv", c["query_start_loc"].tolist())] and counted == [("gdn_conv", "vllm")]
+    assert log == [("conv", c["query_start_loc"].tolist())] and counted == [("gdn_conv", "rule")]
+
+
+@pytest.mark.parametrize("split, lens, crossover, want", [
+    ("seq", [3, 5], None, ["r9k"]),                    # a short step: r9k's
+    ("seq", [11, 9], None, ["rule"]),                  # every sequence longer than R9K_GDN_PREFILL_MAX: the rule's
+    ("seq", [3, 11], None, ["r9k", "rule"]),           # a split step: its short part r9k's, its long one the rule's
+    ("step", [3, 5], None, ["r9k"]),
+    ("step", [5, 6], None, ["rule"]),                  # 11 tokens > 8: outside the per-step rule
+    ("step", [3, 5], ((1, 1),), ["rule"]),             # within the bound, outside the crossover table
+])
+def test_each_core_call_is_counted_on_its_route(fake, monkeypatch, split, lens, crossover, want):
+    """One count a call, ``rule`` only where the dispatch's own rule declined the call (or a split step's long
+    part); vLLM's core runs exactly the calls and sequences counted off r9k."""
+    mod, log, counted = fake
+    if crossover:
+        monkeypatch.setattr(dispatch, "CROSSOVER", crossover)
+    _install(mod, monkeypatch, split)
+    batch = core_batch(lens)
+    _run(mod.ChunkGatedDeltaRule(), batch)
+    assert counted == [("gdn_seq", r) for r in want]
+    long = [n for n in lens if n > MAX]
+    assert log == {("r9k",): [], ("rule",): [("core", batch["cu_seqlens"].tolist())],
+                   ("r9k", "rule"): [("core", [0, *long])]}[tuple(want)]
+
+
+def test_a_refused_or_uncovered_call_is_counted_vllm_not_rule(fake, monkeypatch):
+    """The attack on the routes: a call the rule takes but that goes to vLLM (the kernel's ValueError, a backend
+    that cannot split, vLLM's warm-up) must never read as declined by the rule."""
+    mod, log, counted = fake
+    _install(mod, monkeypatch, "seq")
+    kg = dispatch._kernels()
+
+    def refuse(*a, **k):
+        raise ValueError("not a layout gdn_* covers")
+
+    with monkeypatch.context() as m:
+        m.setattr(kg, "gdn_seq", refuse)
+        m.setattr(kg, "gdn_conv", refuse)
+        _run(mod.ChunkGatedDeltaRule(), core_batch([3, 5]))  # short: the rule takes it, the kernel refuses it
+        _run(mod.ChunkGatedDeltaRule(), core_batch([3, 11]))  # a split step whose short part is refused
+        mod.causal_conv1d_fn(**conv_batch([3, 5]))
+    assert counted == [("gdn_seq", "vllm"), ("gdn_seq", "vllm"), ("gdn_conv", "vllm")]
+    assert dispatch.STATE.routed["refused_seq"] == 2 and dispatch.STATE.routed["refused_conv"] == 1
+    counted.clear()
+    op = mod.ChunkGatedDeltaRule()
+    op.gdn_prefill_backend = "cutedsl"
+    _run(op, core_batch([3, 11]))
+    c = conv_batch([3, 5])
+    c["block_idx_last_scheduled_token"] = torch.zeros(2, dtype=torch.int32)  # prefix caching: vLLM's conv
+    mod.causal_conv1d_fn(**c)
+    dispatch._WARMUP.depth = 1
+    try:
+        _run(mod.ChunkGatedDeltaRule(), core_batch([3, 5]))
+    finally:
+        dispatch._WARMUP.depth = 0
+    assert counted == [("gdn_seq", "vllm"), ("gdn_conv", "vllm"), ("gdn_seq", "vllm")]
+    assert dispatch.STATE.routed["warmup"] == 1 and dispatch.STATE.routed["unsplit_seq"] == 1
+
+
+@pytest.mark.parametrize("split, lens, want", [
+    ("seq", [11, 9], ["rule"]),
+    ("step", [5, 6], ["rule"]),
+    ("step", [3, 5], ["r9k"]),
+])
+def test_each_conv_call_is_counted_on_its_route(fake, monkeypatch, split, lens, want):
+    mod, log, counted = fake
+    _install(mod, monkeypatch, split)
+    c = conv_batch(lens)
+    mod.causal_conv1d_fn(**c)
+    assert counted == [("gdn_conv", r) for r in want]
+    assert log == ([] if want == ["r9k"] else [("conv", c["query_start_loc"].tolist())])
 
 
 # ---- on a GPU: vLLM's real fla chunked core -----------------------------------------------------------------
