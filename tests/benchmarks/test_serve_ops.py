@@ -312,6 +312,50 @@ def test_fused_norm_and_activation_quants_equal_their_parts():
     assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
+def test_rms_norm_per_block_quant_is_the_norm_then_a_group_quant():
+    """The fusion pass's op for a block-fp8 layer's input: (residual added first) rms_norm, then per 128-column
+    group a scale max(amax, 1 / 512) / 448 (vLLM's kernels' least scale 1 / (448 * 512)) and x / scale rounded to
+    fp8; scales row-major, or a transposed view. Checked against the parts by hand, a zero group included."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 256, generator=g, dtype=torch.bfloat16)
+    r = torch.randn(5, 256, generator=g, dtype=torch.bfloat16)
+    x[2, 128:], r[2, 128:] = 0, 0  # a group of zeros: the least scale, every quantised value 0
+    w = torch.rand(256, generator=g).to(torch.bfloat16) + 0.5
+    y = torch.empty_like(x)
+    ops.rms_norm(y, x + r, w, 1e-6)
+    grp = y.float().reshape(5, 2, 128)
+    s_ref = grp.abs().amax(-1).clamp_min(1 / 512) / 448
+    q_ref = (grp / s_ref[..., None]).clamp(-448, 448).to(FP8).reshape(5, 256)
+    res, q, sc = r.clone(), torch.empty(5, 256, dtype=FP8), torch.empty(5, 2)
+    ops.rms_norm_per_block_quant(q, x, w, sc, 1e-6, None, res, 128, False)
+    assert torch.equal(res, x + r) and torch.equal(sc, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    assert sc[2, 1].item() == pytest.approx(1 / (448 * 512)) and not q[2, 128:].float().any()
+    qt, st = torch.empty(5, 256, dtype=FP8), torch.empty(2, 5).t()  # the transposed scales' layout
+    ops.rms_norm_per_block_quant(qt, x + r, w, st, 1e-6, None, None, 128, True)
+    assert torch.equal(st, s_ref) and torch.equal(qt.view(torch.uint8), q_ref.view(torch.uint8))
+    with pytest.raises(NotImplementedError):
+        ops.rms_norm_per_block_quant(q, x, w, sc, 1e-6, torch.ones(1), None, 128, False)
+
+
+def test_every_fused_op_the_norm_quant_patterns_assert_has_a_stand_in():
+    """rms_quant_fusion.py adds its group-quant entries to FUSED_OPS only where ``hasattr(torch.ops._C, name)``,
+    but on CUDA registers the group-quant patterns anyway, each asserting its key is in FUSED_OPS: an op named
+    under such a guard and not stood in stops the engine at its first compile of a block-fp8 model (an H100
+    serve of h200-next-fp8 stopped at "unsupported fused rmsnorm+quant op for FusedQuantKey(... GroupShape(row=1,
+    col=128) ...), with residual"). Read from the installed vLLM 0.32.0 Python: every guarded name is stood in."""
+    import ast
+    import vllm
+    src = (Path(vllm.__file__).parent / "compilation" / "passes" / "fusion" / "rms_quant_fusion.py").read_text()
+    guarded = {node.args[1].value for node in ast.walk(ast.parse(src))
+               if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "hasattr" and len(node.args) == 2
+               and ast.unparse(node.args[0]) == "torch.ops._C" and isinstance(node.args[1], ast.Constant)}
+    assert "rms_norm_per_block_quant" in guarded
+    # scaled_fp4_quant: an NVFP4 quant, only in QUANT_OPS; its patterns are registered on capability 10.0 with
+    # FlashInfer's fused op alone (neither the H100/H200 nor the archive has them)
+    assert guarded - {n for ns, n in ops.OPS if ns == "_C"} == {"scaled_fp4_quant"}
+
+
 def test_fused_qk_norm_rope_is_a_per_head_norm_then_rope(vllm_c):
     """q and k heads of a packed qkv row normed per head (vLLM's rms_norm kernel as the reference) then rotated
     (vLLM's rotary_embedding); v untouched."""

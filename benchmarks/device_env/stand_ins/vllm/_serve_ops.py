@@ -31,6 +31,7 @@ op                                        who calls it
 ``_C.rms_norm_static_fp8_quant``,         arithmetic is vLLM's ``QuantFP8.forward_native`` (``x * (1 / scale)``,
 ``_C.fused_add_rms_norm_static_fp8_quant``, saturated to the fp8 range; dynamic scales at least ``1 / (448 * 512)``)
 ``_C.rms_norm_dynamic_per_token_quant``,
+``_C.rms_norm_per_block_quant``,
 ``_C.fused_qk_norm_rope``
 ========================================  ==========================================================================
 
@@ -308,6 +309,34 @@ def rms_norm_dynamic_per_token_quant(result: torch.Tensor, input: torch.Tensor, 
     dynamic_per_token_scaled_fp8_quant(result, y, scale, scale_ub)
 
 
+def rms_norm_per_block_quant(result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                             epsilon: float, scale_ub: torch.Tensor | None, residual: torch.Tensor | None,
+                             group_size: int, is_scale_transposed: bool) -> None:
+    """(``residual += input`` and the norm of the sum, when a residual is given) RMS norm then dynamic fp8 group
+    quantisation along the hidden dimension: ``result [.., H]`` fp8, ``scale [rows, H / group_size]`` fp32 (a
+    transposed view when ``is_scale_transposed``), each group's scale at least ``1 / (fp8_max * 512)``: the op
+    vLLM's RMS-norm/quant fusion pass writes in for a block-fp8 layer's input (``FUSED_OPS[kFp8Dynamic128Sym]``,
+    registered only where this name exists). In place.
+
+    Raises:
+        NotImplementedError: ``scale_ub``.
+    """
+    if scale_ub is not None:
+        raise NotImplementedError("stand-in rms_norm_per_block_quant: no scale upper bound")
+    x = input
+    if residual is not None:
+        residual.add_(input)
+        x = residual
+    y = torch.empty_like(x)
+    rms_norm(y, x, weight, epsilon)
+    H = y.shape[-1]
+    fi = torch.finfo(result.dtype)
+    q, s = _group_quant(y.float().reshape(-1, H), group_size, _min_scale(result.dtype) * float(fi.max),
+                        float(fi.min), float(fi.max), False, result.dtype)
+    result.copy_(q.reshape(result.shape))
+    scale.copy_(s.reshape(scale.shape) if not is_scale_transposed else s)
+
+
 def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, num_heads_v: int, head_dim: int,
                        eps: float, q_weight: torch.Tensor, k_weight: torch.Tensor, cos_sin_cache: torch.Tensor,
                        is_neox: bool, position_ids: torch.Tensor, forced_token_heads_per_warp: int = -1) -> None:
@@ -424,6 +453,10 @@ OPS = {
                                                  "Tensor input, Tensor weight, Tensor(b!) scale, float epsilon, "
                                                  "Tensor? scale_ub, Tensor(c!)? residual) -> ()",
                                                  rms_norm_dynamic_per_token_quant),
+    ("_C", "rms_norm_per_block_quant"): ("rms_norm_per_block_quant(Tensor(a!) result, Tensor input, "
+                                         "Tensor weight, Tensor(b!) scale, float epsilon, Tensor? scale_ub, "
+                                         "Tensor(c!)? residual, int group_size, bool is_scale_transposed) -> ()",
+                                         rms_norm_per_block_quant),
     ("_C", "fused_qk_norm_rope"): ("fused_qk_norm_rope(Tensor(a!) qkv, int num_heads_q, int num_heads_k, "
                                    "int num_heads_v, int head_dim, float eps, Tensor q_weight, Tensor k_weight, "
                                    "Tensor cos_sin_cache, bool is_neox, Tensor position_ids, "
