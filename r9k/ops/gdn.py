@@ -12,6 +12,9 @@ faster. The hooks (vLLM 0.32, vllm/model_executor/layers/mamba/gdn/):
 * the module-level name ``causal_conv1d_fn`` in the same module, likewise with ``gdn_conv``
   (``R9K_GDN_PREFILL_CONV=r9k``; ``stock`` keeps vLLM's conv).
 * olmo_gdn_linear_attn's module-level ``chunk_gated_delta_rule`` and ``causal_conv1d_fn``, the same way.
+* where vLLM's layer has ``get_prefill_checkpoint_alignment`` (0.33), its ``__init__``: a layer built to write
+  prefix-cache checkpoints with FlashInfer's kernel (called without ``ChunkGatedDeltaRule``) takes the dispatch
+  out of the process and refuses the binding ``gdn.qwen.checkpoint`` (:func:`refuse_checkpointed`).
 * ``QwenGatedDeltaNetAttention._warmup_prefill_kernels`` (vLLM's profile-run warm-up: a 64-token core call with
   no attention metadata, made so that fla's autotuners run before the KV cache is sized) is wrapped so that
   every core call made inside it goes to vLLM's own kernels.

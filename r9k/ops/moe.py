@@ -20,7 +20,8 @@ signatures, read with ``inspect.signature`` at install time):
 
 * ``process_weights_after_loading``: after vLLM's own repack, the layer's packed ``w13_weight`` / ``w2_weight``
   become the host store of an ``ExpertCache`` (no copy: the same tensors) and the layer's parameters are replaced
-  by the cache's slot buffers ``[slots + staging, ...]``, so vLLM's forward passes the slots as ``w1`` / ``w2``.
+  by the cache's slot buffers ``[slots + staging, ...]`` (with r9k.contract.adopt_parameter, never vLLM's
+  ``replace_parameter``, which on 0.33 copies a same-shape tensor into the old storage, the host store), so vLLM's forward passes the slots as ``w1`` / ``w2``.
   Knob values the layer cannot take raise ValueError naming the knob (slots above the layer's experts or below its
   top-k, staging below its top-k). A layer the cache cannot take (expert parallelism or an expert map, expert
   biases, zentorch, a weight that is not ``[E, ...]``) keeps vLLM's experts, said once in the log.
@@ -812,6 +813,7 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
 
     Raises:
         SignatureMismatch: vLLM's apply (or a TRITON_FUNCS function) lacks a parameter the dispatch reads.
+        r9k.contract.BindingFailed: (vLLM's own classes) a binding of the ``moe`` family does not hold.
         ValueError: a knob's value its type or range rejects (naming it).
     """
     uninstall()
