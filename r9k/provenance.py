@@ -1,9 +1,16 @@
 """Which tree a server runs: the plugin's version and a hash of the plugin and kernel sources.
 
 At load the plugin prints one line per process (API server, engine core, each worker), after it has
-installed its op dispatch, naming what is installed in that process and what failed to install::
+installed its op dispatch, naming the vLLM it runs on, what is installed in that process and what failed::
 
-    R9K-PROVENANCE version=0.1.0 source_hash=3f2a... files=12 pid=4242 dispatch=gdn_seq,gdn_conv failed=-
+    R9K-PROVENANCE version=0.1.0 source_hash=3f2a... files=12 pid=4242 vllm=0.32.0 dispatch=gdn_seq,gdn_conv failed=-
+
+``failed=`` lists, comma-separated, ``family:binding:code`` for each binding of :mod:`r9k.contract` that does not
+hold against that vLLM (its family's dispatch then not installed; e.g. ``moe:moe.cpu.apply:signature``; the
+codes are r9k.contract.CODES, ``r9k.contract.describe`` puts one in words) and the bare family name (``gdn``) for
+an install that raised. A binding refused once the model is built (vLLM 0.33's checkpointed FlashInfer GDN
+prefill: ``gdn:gdn.qwen.checkpoint:bypassed``) makes the process print its line again, without that family's
+names and with the failure; a parser takes every line, so that process counts as failed.
 
 The validation engine computes :func:`source_hash` over the tree it validates and refuses (verdict
 "wrong-tree") a server whose line carries another hash, or none when the configuration expects the plugin;
@@ -26,7 +33,8 @@ PREFIX = "R9K-PROVENANCE"
 # pid must then be the line's). Text elsewhere in a line (a logged request, a prompt) never counts.
 _LINE_RE = re.compile(r"^(?:\((?P<proc>[\w:.-]+) pid=(?P<ppid>\d+)\) )?" + PREFIX
                       + r" version=(?P<version>\S+) source_hash=(?P<hash>[0-9a-f]+) files=(?P<files>\d{1,9})"
-                      r"(?: pid=(?P<pid>\d+))?(?: dispatch=(?P<dispatch>[\w,-]+))?(?: failed=(?P<failed>[\w,-]+))?\s*$")
+                      r"(?: pid=(?P<pid>\d+))?(?: vllm=(?P<vllm>[\w.+-]+))?(?: dispatch=(?P<dispatch>[\w,-]+))?"
+                      r"(?: failed=(?P<failed>[\w.:,-]+))?\s*$")
 # Packages whose sources define what the plugin does on a server.
 HASHED_PACKAGES = ("r9k", "kernels")
 HASH_HEX_CHARS = 16
@@ -76,23 +84,28 @@ def _names(names) -> str:
     return ",".join(names) if names else "-"
 
 
-def line(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[str, ...] = ()) -> str:
+def line(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[str, ...] = (),
+         vllm: str | None = None) -> str:
     """The provenance line for this process (without a trailing newline).
 
     Args:
         dispatch: names of the op dispatches installed in this process (e.g. ``gdn_seq``); ``-`` when none.
-        failed: names of the dispatches whose install raised; ``-`` when none.
+        failed: ``family:binding:code`` of each binding that does not hold, the family of each install that
+            raised; ``-`` when none.
+        vllm: the running vLLM's version (the field is left out where None).
     """
     digest, n = source_hash()
-    return (f"{PREFIX} version={__version__} source_hash={digest} files={n} pid={os.getpid()} "
+    v = f" vllm={vllm}" if vllm else ""
+    return (f"{PREFIX} version={__version__} source_hash={digest} files={n} pid={os.getpid()}{v} "
             f"dispatch={_names(dispatch)} failed={_names(failed)}")
 
 
 @dataclass(frozen=True)
 class Provenance:
-    """A parsed provenance line: plugin version, source hash, number of files hashed, and the op dispatches
-    installed in (``dispatch``) or failed in (``failed``) that process; both None when the line does not say
-    (a plugin that predates the field)."""
+    """A parsed provenance line: plugin version, source hash, number of files hashed, the op dispatches
+    installed in (``dispatch``) or failed in (``failed``: ``family:binding:code`` or a family) that process, both
+    None when the line does not say (a plugin that predates the field), and the vLLM version (None where not
+    named)."""
 
     version: str
     source_hash: str
@@ -100,6 +113,11 @@ class Provenance:
     raw: str
     dispatch: tuple[str, ...] | None = None
     failed: tuple[str, ...] | None = None
+    vllm: str | None = None
+
+    def failed_families(self) -> tuple[str, ...]:
+        """The families of ``failed``'s entries, in order, each once."""
+        return tuple(dict.fromkeys(f.split(":")[0] for f in self.failed or ()))
 
 
 def parse(text: str) -> list[Provenance]:
@@ -113,14 +131,16 @@ def parse(text: str) -> list[Provenance]:
         if m and not (m["ppid"] and m["pid"] and m["ppid"] != m["pid"]):
             names = {k: None if m[k] is None else tuple(x for x in m[k].split(",") if x and x != "-")
                      for k in ("dispatch", "failed")}
-            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[raw_line.index(PREFIX):].strip(), **names))
+            out.append(Provenance(m["version"], m["hash"], int(m["files"]), raw_line[raw_line.index(PREFIX):].strip(),
+                                  **names, vllm=m["vllm"]))
     return out
 
 
-def log_once(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[str, ...] = ()) -> str:
+def log_once(dispatch: list[str] | tuple[str, ...] = (), failed: list[str] | tuple[str, ...] = (),
+             vllm: str | None = None) -> str:
     """Print the provenance line (see :func:`line`) to stderr through logging and return it. Called by
-    :func:`r9k.register` once the op dispatch is installed."""
-    text = line(dispatch, failed)
+    :func:`r9k.register` once the op dispatch is installed (and again should a binding be refused later)."""
+    text = line(dispatch, failed, vllm)
     logger = logging.getLogger("r9k")
     if not logger.handlers:
         handler = logging.StreamHandler()

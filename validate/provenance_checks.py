@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from r9k import counters, knobs
+from r9k import contract, counters, knobs
 from r9k import provenance as prov
 
 from validate.config import ServeConfig
@@ -102,7 +102,9 @@ def parallel_sizes(cfg: ServeConfig) -> dict[str, int]:
 def check_dispatch(cfg: ServeConfig, lines: list[str], log_text: str | None = None) -> str | None:
     """Why a server whose provenance ``lines`` are these is "plugin-inactive" for ``cfg``, or None.
 
-    Inactive: a process whose dispatch install failed, or a dispatch that a knob of ``cfg.env`` asks for (a
+    Inactive: a process whose dispatch install failed (its line's ``failed=``: a binding of r9k.contract that does
+    not hold on the server's vLLM, named and put in words with the vLLM version, or an install that raised), or a
+    dispatch that a knob of ``cfg.env`` asks for (a
     non-stock value of a knob with :attr:`r9k.knobs.Knob.dispatch`) missing from some process's line. Lines
     that cannot say (no line at all) are the provenance check's business, not this one's. Where the knobs ask for
     the expert cache (``moe_cache``) and the server's log of its last launch is given (``log_text``), also: no
@@ -123,8 +125,13 @@ def check_dispatch(cfg: ServeConfig, lines: list[str], log_text: str | None = No
                 f"{shape} has at least {least}")
     failed = [p for p in parsed if p.failed]
     if failed:
-        return "op dispatch failed to install in the server: " + "; ".join(
+        why = "op dispatch failed to install in the server: " + "; ".join(
             f"{', '.join(p.failed)} ({line_pid(p.raw) if ' pid=' in p.raw else 'a process'})" for p in failed)
+        versions = sorted({p.vllm for p in failed if p.vllm})
+        bindings = [t for t in dict.fromkeys(t for p in failed for t in p.failed) if ":" in t]
+        if versions:
+            why += f" on vLLM {', '.join(versions)}"
+        return why + "".join(f"; binding {contract.describe(t)}" for t in bindings)
     problems = []
     for name, knob in knobs.expected_dispatch(cfg.env).items():
         missing = [p for p in parsed if p.dispatch is None or name not in p.dispatch]

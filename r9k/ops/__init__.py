@@ -6,8 +6,11 @@ What vLLM runs of r9k: the GDN prefill core and conv of the Qwen3-Next / Qwen3.5
 unquantized MoE layers (:mod:`r9k.ops.moe`: ``moe_cache``; on CUDA and ROCm not yet bound). The all-reduce
 (kernels/allreduce/) is library code: no serving path calls it.
 
+Each installer first checks its family's bindings of :mod:`r9k.contract` against the running vLLM (what it wraps,
+calls or reads there, and the behaviour it relies on); where one does not hold, nothing of that family is installed.
 A dispatch is named by the r9k kernel it routes to; the provenance line of every process lists the names
-installed there and the families whose install failed, so a server where the plugin is loaded but inactive cannot
+installed there and the failures (``family:binding:code`` for a binding that does not hold, the family alone for an
+install that raised), so a server where the plugin is loaded but inactive cannot
 pass for one that runs r9k's kernels. Where one is installed, :mod:`r9k.calls` counts its calls by step kind.
 """
 from __future__ import annotations
@@ -35,8 +38,9 @@ RULES = {"gdn_seq": "R9K_GDN_PREFILL_MAX", "gdn_conv": "R9K_GDN_PREFILL_MAX"}
 
 @dataclass
 class Installed:
-    """What :func:`install` did in this process: dispatch names installed, families whose install raised,
-    and families not attempted with the reason."""
+    """What :func:`install` did in this process: dispatch names installed, failures (``family:binding:code``
+    for a binding of r9k.contract that does not hold, the family's name for an install that raised), and families
+    not attempted with the reason."""
 
     names: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
@@ -86,12 +90,7 @@ def install() -> Installed:
     out = Installed()
     from r9k.ops import moe
 
-    try:
-        targets = moe.install()
-        out.names += sorted({t.split(" <- ")[0] for t in targets})
-    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so
-        log.exception("r9k: MoE expert-cache dispatch not installed")
-        out.failed.append("moe")
+    _install_family(out, "moe", moe, "MoE expert-cache")
     ok, why = kernels_can_run()
     if not ok:
         for fam in FAMILIES:
@@ -104,14 +103,28 @@ def install() -> Installed:
     from r9k.ops import fp8, gdn
 
     for fam, mod, what in (("gdn", gdn, "GDN"), ("fp8", fp8, "fp8 block-GEMM")):
-        try:
-            targets = mod.install()
-            out.names += sorted({t.split(" <- ")[0] for t in targets})
-        except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so
-            log.exception("r9k: %s dispatch not installed", what)
-            out.failed.append(fam)
+        _install_family(out, fam, mod, what)
     _count_calls(out)
     return out
+
+
+def _install_family(out: Installed, fam: str, mod, what: str) -> None:
+    """``mod.install()`` into ``out``: its dispatch names, or ``fam``'s failure. A binding of the contract that
+    does not hold (:class:`r9k.contract.BindingFailed`) is named per binding (``fam:binding:code``) and logged as a
+    warning with why; any other exception names the family and is logged with its traceback."""
+    from r9k import contract
+
+    try:
+        targets = mod.install()
+        out.names += sorted({t.split(" <- ")[0] for t in targets})
+    except contract.BindingFailed as e:  # this vLLM lacks what the dispatch relies on: stock vLLM, said per binding
+        for f in e.failures:
+            log.warning("r9k: %s dispatch not installed: binding %s does not hold on vLLM %s: %s", what, f.binding,
+                        contract.vllm_version(), f.why)
+            out.failed.append(f.token())
+    except Exception:  # a dispatch must never take the server down: log it, keep stock vLLM, say so
+        log.exception("r9k: %s dispatch not installed", what)
+        out.failed.append(fam)
 
 
 def _count_calls(out: Installed) -> None:

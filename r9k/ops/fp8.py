@@ -31,13 +31,13 @@ from typing import Any, Callable
 import torch
 
 from kernels._util import _interpreting, cdiv
-from r9k import calls, knobs
+from r9k import calls, contract, knobs
 
 log = logging.getLogger("r9k")
 
-KERNEL_MODULE = "vllm.model_executor.kernels.linear.scaled_mm.triton"
+KERNEL_MODULE = contract.FP8_KERNEL
 KERNEL_CLASS = "TritonFp8BlockScaledMMKernel"
-APPLY_PARAMS = ("layer", "x", "bias")  # what the wrapper reads of vLLM's apply_weights
+APPLY_PARAMS = contract.FP8_APPLY_PARAMS  # what the wrapper reads of vLLM's apply_weights
 DISPATCH = "fp8_block_gemm"
 _FP8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -203,17 +203,16 @@ def install(kernel_cls: type | None = None) -> list[str]:
 
     Raises:
         SignatureMismatch: vLLM's apply_weights lacks a parameter the dispatch reads.
+        r9k.contract.BindingFailed: (vLLM's own class) a binding of the ``fp8`` family does not hold, the kernel
+            class included.
     """
     uninstall()
     if knobs.FP8_BLOCK_GEMM() == "stock":
         log.info("r9k fp8: R9K_FP8_BLOCK_GEMM=stock: vLLM's block-fp8 linear op is left as is")
         return []
     if kernel_cls is None:
-        try:
-            kernel_cls = getattr(importlib.import_module(KERNEL_MODULE), KERNEL_CLASS)
-        except Exception as e:  # noqa: BLE001 - no such vLLM module on this build
-            log.info("r9k fp8: this vLLM has no %s.%s (%s); nothing installed", KERNEL_MODULE, KERNEL_CLASS, e)
-            return []
+        contract.require("fp8", "gpu")  # every binding first: a failure installs nothing (BindingFailed)
+        kernel_cls = getattr(importlib.import_module(KERNEL_MODULE), KERNEL_CLASS)
         ok, why = kernel_cls.is_supported()
         if not ok:
             log.info("r9k fp8: vLLM never selects %s on this platform (%s); nothing installed", KERNEL_CLASS, why)

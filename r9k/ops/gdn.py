@@ -24,6 +24,9 @@ The hooks (vLLM 0.32, vllm/model_executor/layers/mamba/gdn/):
 * olmo_gdn_linear_attn's module-level ``chunk_gated_delta_rule`` and ``causal_conv1d_fn``, the same way.
 * with ``seq``, ``GDNAttentionMetadataBuilder._build_chunk_metadata`` (vllm/v1/attention/backends/gdn_attn.py),
   which receives the prefill offsets on the host and on the device: the host copy is left on the device tensor.
+* where vLLM's layer has ``get_prefill_checkpoint_alignment`` (0.33), its ``__init__``: a layer built to write
+  prefix-cache checkpoints with FlashInfer's kernel (called without ``ChunkGatedDeltaRule``) takes the dispatch
+  out of the process and refuses the binding ``gdn.qwen.checkpoint`` (:func:`refuse_checkpointed`).
 * ``QwenGatedDeltaNetAttention._warmup_prefill_kernels`` (vLLM's profile-run warm-up: a 64-token core call with
   no attention metadata, made so that fla's autotuners run before the KV cache is sized) is wrapped so that
   every core call made inside it goes to vLLM's own kernels.
@@ -53,20 +56,22 @@ from typing import Any, Callable
 
 import torch
 
-from r9k import calls, knobs
+from r9k import calls, contract, knobs
 
 log = logging.getLogger("r9k")
 
-QWEN_MODULE = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
-OLMO_MODULE = "vllm.model_executor.layers.mamba.gdn.olmo_gdn_linear_attn"
+QWEN_MODULE = contract.QWEN_GDN
+OLMO_MODULE = contract.OLMO_GDN
 
 #: parameters of vLLM's core call that the dispatch needs by name (the install fails without one); the others it
 #: reads (scale, use_qk_l2norm_in_kernel, core_attn_out, gk, gv) take the function's own default when absent
-CORE_PARAMS = ("q", "k", "v", "g", "beta", "initial_state", "output_final_state", "cu_seqlens")
+CORE_PARAMS = contract.GDN_CORE_PARAMS
 #: parameters of vLLM's ``causal_conv1d_fn`` the dispatch needs by name; the others it reads (cache_indices,
 #: has_initial_state, activation, pad_slot_id, null_block_id, block_idx_last_scheduled_token, initial_state_idx)
 #: are taken from the call where given (named or through ``**kwargs``), else the function's default
-CONV_PARAMS = ("x", "weight", "bias", "conv_states", "query_start_loc")
+CONV_PARAMS = contract.GDN_CONV_PARAMS
+#: the binding a layer built to write prefix-cache checkpoints with FlashInfer's kernel (vLLM 0.33) fails
+CHECKPOINT_BINDING = "gdn.qwen.checkpoint"
 
 # The crossover (docs/kernels/gdn.md; `python -m benchmarks.kernels --op gdn_prefill`, H200, loop mode: calls back to
 # back, host included, fla's chunked core called the way vLLM calls it, chunk indices prepared ahead). fla's chunked
@@ -664,6 +669,37 @@ def _hook_builder(mod: ModuleType | None) -> str | None:
     return f"host offsets <- {mod.__name__}.GDNAttentionMetadataBuilder._build_chunk_metadata"
 
 
+# ---- the layers vLLM 0.33 serves without the op: FlashInfer's checkpointed prefill ------------------------
+def _wrap_layer_init(original: Callable) -> Callable:
+    """``QwenGatedDeltaNetAttention.__init__`` wrapped: a layer built to write prefix-cache checkpoints
+    (``get_prefill_checkpoint_alignment()`` not None: FlashInfer prefill with the ``align`` cache mode, vLLM 0.33)
+    runs those steps on FlashInfer's kernel without the op r9k wraps, so the GDN dispatch is taken out of this
+    process and the binding refused (:func:`refuse_checkpointed`), before any step runs."""
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            align = self.get_prefill_checkpoint_alignment()
+        except Exception as e:  # noqa: BLE001 - unreadable: refused, never assumed served
+            align = f"unreadable ({type(e).__name__}: {e})"
+        if align is not None and STATE.patches:
+            refuse_checkpointed(getattr(self, "gdn_prefill_backend", "?"), align)
+
+    __init__.__r9k_original__ = original
+    return __init__
+
+
+def refuse_checkpointed(backend: str, align: Any) -> None:
+    """Take the GDN dispatch out of this process (stock vLLM) and record the refused binding
+    :data:`CHECKPOINT_BINDING` with :func:`r9k.contract.refuse` (its listeners print the provenance line again)."""
+    uninstall()
+    why = (f"a GDN layer writes prefix-cache checkpoints (prefill backend {backend}, checkpoint alignment {align}): "
+           "vLLM calls FlashInfer's prefill kernel for those steps without ChunkGatedDeltaRule, the op r9k wraps; "
+           "the GDN dispatch is not installed (serve with --gdn-prefill-backend triton, or without prefix caching)")
+    log.warning("r9k gdn: %s", why)
+    contract.refuse(contract.Failure(CHECKPOINT_BINDING, "gdn", "bypassed", why))
+
+
 # ---- install / uninstall ----------------------------------------------------------------------------------
 def _original(owner: Any, attr: str) -> Callable:
     fn = getattr(owner, attr)
@@ -720,6 +756,7 @@ def install(modules: dict[str, ModuleType | None] | None = None) -> list[str]:
 
     Raises:
         SignatureMismatch: a vLLM function lacks a parameter the dispatch reads (nothing is left installed).
+        r9k.contract.BindingFailed: (vLLM's own modules) a binding of the ``gdn`` family does not hold.
     """
     uninstall()
     STATE.max_tokens = int(knobs.GDN_PREFILL_MAX())
@@ -729,6 +766,7 @@ def install(modules: dict[str, ModuleType | None] | None = None) -> list[str]:
         log.info("r9k gdn: R9K_GDN_PREFILL_MAX=0: vLLM's GDN prefill core is left as is")
         return []
     if modules is None:
+        contract.require("gdn", "gpu")  # every binding first: a failure installs nothing (BindingFailed)
         modules = {"qwen": _import(QWEN_MODULE), "olmo": _import(OLMO_MODULE), "builder": _import(BUILDER_MODULE)}
     qwen, olmo = modules.get("qwen"), modules.get("olmo")
     sigs = signatures(qwen, olmo)  # every signature first: a mismatch leaves nothing half-installed
@@ -744,6 +782,8 @@ def install(modules: dict[str, ModuleType | None] | None = None) -> list[str]:
             hooked = _hook_builder(modules.get("builder"))
             if hooked:
                 log.info("r9k gdn: %s", hooked)
+        if layer is not None and hasattr(layer, "get_prefill_checkpoint_alignment"):
+            _patch(layer, "__init__", _wrap_layer_init(_original(layer, "__init__")))
         if STATE.conv == "r9k" and "qwen.conv" in sigs:
             _patch(qwen, "causal_conv1d_fn", _wrap_conv_function(_original(qwen, "causal_conv1d_fn"),
                                                                  sigs["qwen.conv"]))

@@ -20,7 +20,8 @@ signatures, read with ``inspect.signature`` at install time):
 
 * ``process_weights_after_loading``: after vLLM's own repack, the layer's packed ``w13_weight`` / ``w2_weight``
   become the host store of an ``ExpertCache`` (no copy: the same tensors) and the layer's parameters are replaced
-  by the cache's slot buffers ``[slots + staging, ...]``, so vLLM's forward passes the slots as ``w1`` / ``w2``.
+  by the cache's slot buffers ``[slots + staging, ...]`` (with r9k.contract.adopt_parameter, never vLLM's
+  ``replace_parameter``, which on 0.33 copies a same-shape tensor into the old storage, the host store), so vLLM's forward passes the slots as ``w1`` / ``w2``.
   Knob values the layer cannot take raise ValueError naming the knob (slots above the layer's experts or below its
   top-k, staging below its top-k). A layer the cache cannot take (expert parallelism or an expert map, expert
   biases, zentorch, a weight that is not ``[E, ...]``) keeps vLLM's experts, said once in the log.
@@ -86,33 +87,27 @@ from typing import Any, Callable
 
 import torch
 
-from r9k import calls, counters, knobs
+from r9k import calls, contract, counters, knobs
 from r9k.lines import logger as _logger
 from r9k.lines import rank as _rank
 
 log = logging.getLogger("r9k")
 
-EXPERTS_MODULE = "vllm.model_executor.layers.fused_moe.experts.cpu_moe"
+EXPERTS_MODULE = contract.CPU_MOE
 EXPERTS_CLASS = "CPUUnquantizedExperts"
-LOADER_MODULE = "vllm.model_executor.model_loader.base_loader"
-TRITON_MODULE = "vllm.model_executor.layers.fused_moe.experts.triton_moe"
+LOADER_MODULE = contract.LOADER
+TRITON_MODULE = contract.TRITON_MOE
 TRITON_CLASS = "TritonExperts"
 #: module-level functions of TRITON_MODULE that ``TritonExperts.apply`` calls, wrapped so that a step on the slots
 #: makes the choices stock makes for the layer (its experts, the step's tokens), and their parameters
-TRITON_FUNCS = {"try_get_optimal_moe_config": ("w1_shape", "w2_shape", "top_k", "dtype", "M", "block_shape"),
-                "_prepare_expert_assignment": ("topk_ids", "config", "num_tokens", "top_k_num", "global_num_experts",
-                                               "expert_map")}
+TRITON_FUNCS = contract.MOE_TRITON_FUNCS
 #: vLLM's MoE GEMM launcher (vllm/model_executor/layers/fused_moe/fused_moe.py, imported into TRITON_MODULE), wrapped
 #: where present so that a read-through step runs r9k's pointer-table GEMM (kernels/moe/ptr_gemm.py) on the cache's
 #: tables instead of vLLM's kernel on the slot buffer; its leading parameters
-TRITON_GEMM = ("invoke_fused_moe_triton_kernel",
-               ("A", "B", "C", "A_scale", "B_scale", "topk_weights", "sorted_token_ids", "expert_ids",
-                "num_tokens_post_padded", "mul_routed_weight", "top_k", "config", "compute_type", "use_fp8_w8a8",
-                "use_int8_w8a8", "use_int8_w8a16", "use_int4_w4a16", "per_channel_quant", "block_shape", "B_bias"))
+TRITON_GEMM = contract.MOE_TRITON_GEMM
 DISPATCH = "moe_cache"
 #: parameters of vLLM's ``apply`` the dispatch reads or passes by name
-APPLY_PARAMS = ("output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
-                "apply_router_weight_on_input")
+APPLY_PARAMS = contract.MOE_APPLY_PARAMS
 DEFAULT_MAX_TOKENS = 8192  # the cache's token bound where vLLM's scheduler config cannot be read
 
 
@@ -255,10 +250,10 @@ def take_layer(experts: Any, layer: Any) -> Layer | None:
     host = [layer.w13_weight.data, layer.w2_weight.data]
     cache = ExpertCache(host, STATE.slots, _max_tokens(), top_k, device="cpu", insert_thresh=STATE.thresh,
                         stage_slots=stage, pin=False, device_plan=False)
-    from vllm.model_executor.utils import replace_parameter
-
-    replace_parameter(layer, "w13_weight", cache.weights[0])
-    replace_parameter(layer, "w2_weight", cache.weights[1])
+    # r9k's own setter: vLLM 0.33's replace_parameter would copy the slots into the host store (same shape where
+    # slots + staging = experts) instead of adopting them (r9k/contract.py, binding moe.adopt)
+    contract.adopt_parameter(layer, "w13_weight", cache.weights[0])
+    contract.adopt_parameter(layer, "w2_weight", cache.weights[1])
     eb = sum(h[0].numel() * h.element_size() for h in cache.host)
     # on the CPU the slots are host memory too: what the cache's buffers hold against the packed experts'
     entry = Layer(len(STATE.layers), name, cache, experts, eb, _rank(), cache.buffer_bytes(),
@@ -486,12 +481,10 @@ def take_triton_layer(layer: Any, experts: Any, name: str | None = None) -> Laye
         if collecting:
             gc.enable()
     resident_bytes = sum(t.numel() * t.element_size() for _, _, t in tensors)
-    from vllm.model_executor.utils import replace_parameter
-
     qc = experts.quant_config
     for (pname, desc, _), buf in zip(tensors, cache.weights):
         if pname is not None:
-            replace_parameter(layer, pname, buf)
+            contract.adopt_parameter(layer, pname, buf)  # adopted, never copied (binding moe.adopt)
         if desc is not None:
             getattr(qc, desc).scale = buf
     eb = sum(h[0].numel() * h.element_size() for h in cache.host)
@@ -829,6 +822,7 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
 
     Raises:
         SignatureMismatch: vLLM's apply (or a TRITON_FUNCS function) lacks a parameter the dispatch reads.
+        r9k.contract.BindingFailed: (vLLM's own classes) a binding of the ``moe`` family does not hold.
         ValueError: a knob's value its type or range rejects (naming it).
     """
     uninstall()
@@ -850,6 +844,8 @@ def install(experts_cls: type | None = None, loader: Any = None, backend: str | 
         except Exception as e:  # noqa: BLE001 - no vLLM here
             log.info("r9k moe: vLLM's platform unknown (%s); nothing installed", e)
             return []
+        if cpu or gpu:  # every binding of the family first: a failure installs nothing (BindingFailed)
+            contract.require("moe", "cpu" if cpu else "gpu")
         if cpu:
             backend = "cpu"
             experts_cls = getattr(importlib.import_module(EXPERTS_MODULE), EXPERTS_CLASS)

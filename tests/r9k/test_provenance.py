@@ -38,7 +38,7 @@ def _register(monkeypatch, install):
 
     monkeypatch.setattr(gdn, "install", install)
     lines = []
-    monkeypatch.setattr(provenance, "log_once", lambda d=(), f=(): lines.append(provenance.line(d, f)))
+    monkeypatch.setattr(provenance, "log_once", lambda d=(), f=(), v=None: lines.append(provenance.line(d, f, v)))
     r9k.register()
     return lines
 
