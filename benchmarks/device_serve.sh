@@ -20,12 +20,14 @@ case $cmd in
     if [ -f "$WORK/pid" ] && kill -0 "$(cat "$WORK/pid")" 2>/dev/null; then
       echo "a pipeline is already running in $WORK (pid $(cat "$WORK/pid"))" >&2; exit 2
     fi
-    rm -rf "$WORK/tree" "$WORK/out" && mkdir -p "$WORK/tree" "$WORK/out" || exit 2
+    rm -rf "$WORK/tree" "$WORK/out" "$WORK/pid" && mkdir -p "$WORK/tree" "$WORK/out" || exit 2
     # the tree the pipeline runs is a copy: a later device call re-sends the working tree under the caller's feet
     tar cf - --exclude=./.git --exclude=./reports --exclude='*/__pycache__' . | tar xf - -C "$WORK/tree" || exit 2
     git rev-parse HEAD > "$WORK/out/commit" 2>/dev/null
-    (cd "$WORK/tree" && setsid nohup bash benchmarks/device_run.sh "$WORK/out" "$@" \
-       > "$WORK/pipeline.log" 2>&1 < /dev/null & echo $! > "$WORK/pid")
+    # the pid file holds the pipeline's own shell (setsid may fork, so $! would be a process that has left)
+    (cd "$WORK/tree" && setsid bash -c 'echo $$ > "$0/pid"; exec bash benchmarks/device_run.sh "$0/out" "$@" \
+       > "$0/pipeline.log" 2>&1 < /dev/null' "$WORK" "$@" &)
+    for _ in 1 2 3 4 5 6 7 8 9 10; do [ -s "$WORK/pid" ] && break; sleep 0.5; done
     echo "started $(cat "$WORK/pid") in $WORK: $*" ;;
   watch)
     OUT=${3:?an output folder}

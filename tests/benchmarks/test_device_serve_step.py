@@ -75,12 +75,12 @@ def test_the_detached_pipeline_runs_release_steps_and_watch_brings_them_back(scr
     (tree / ".device_env").mkdir()
     (tree / ".device_env" / "gpu-env.tar.xz").write_bytes(archive.read_bytes())
     work, out = tmp_path / "work", tmp_path / "back"
-    r = subprocess.run(["bash", "benchmarks/device_serve.sh", "start", str(work), "release:stock:stock",
-                        "release:stock-again:stock"], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+    # started as the device tool starts a command, with job control on (`set -m`): a background job is then its
+    # own process group's leader, so setsid forks and the pipeline outlives the process that started it
+    r = subprocess.run(["bash", "-mc", 'bash benchmarks/device_serve.sh start "$0" release:stock:stock '
+                        'release:stock-again:stock', str(work)], cwd=tree, env=env, capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 0 and "started" in r.stdout, r.stderr
-    again = subprocess.run(["bash", "benchmarks/device_serve.sh", "start", str(work), "env"], cwd=tree, env=env,
-                           capture_output=True, text=True, timeout=60)
-    assert again.returncode == 2 and "already running" in again.stderr  # one pipeline at a time in a work folder
     w = subprocess.run(["bash", "benchmarks/device_serve.sh", "watch", str(work), str(out), "400"], cwd=tree,
                        env=env, capture_output=True, text=True, timeout=420)
     assert "== pipeline ended" in w.stdout, w.stdout[-2000:]
@@ -96,3 +96,8 @@ def test_the_detached_pipeline_runs_release_steps_and_watch_brings_them_back(scr
                                        "reports/stock-again/fake-ok/fake-sanity.json"],
                                       capture_output=True, text=True, timeout=30).stdout)
     assert again["knobs"]["R9K_FP8_BLOCK_GEMM"] == "stock"
+    # one pipeline at a time in a work folder: a live pid there refuses a second start
+    (work / "pid").write_text(f"{os.getpid()}\n")
+    twice = subprocess.run(["bash", "benchmarks/device_serve.sh", "start", str(work), "env"], cwd=tree, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert twice.returncode == 2 and "already running" in twice.stderr
