@@ -125,6 +125,33 @@ def _dispatch_asked(rec: Record) -> tuple[dict[str, str], dict[str, str]] | None
     return env, knobs.expected_dispatch({k: v for k, v in env.items() if k.startswith("R9K_")})
 
 
+def snapshot_reasons(rec: Record) -> list[str]:
+    """Why a completed record's configuration snapshot cannot be what it ran, where the dispatch is judged from it:
+    the record's ``env`` sets an ``R9K_*`` knob the snapshot's env does not, or the snapshot says the configuration
+    expects no plugin while its knobs ask for a dispatch (a configuration file the loader refuses). A record that
+    holds no env, or no snapshot, is judged by what it holds. (Kinds that audit their hashes also check the whole
+    snapshot against ``config_hash``: :func:`kind_reasons`.)"""
+    snap = rec.config_snapshot
+    if rec.verdict.status not in COMPLETED or not isinstance(snap, dict) or not snap:
+        return []
+    out = []
+    senv = snap.get("env") if isinstance(snap.get("env"), dict) else {}
+    knob = {str(k): str(v) for k, v in (rec.env or {}).items() if str(k).startswith("R9K_")}
+    sknob = {str(k): str(v) for k, v in senv.items() if str(k).startswith("R9K_")}
+    if knob and knob != sknob:  # a record that holds its env (the engine writes it) holds the snapshot's knobs
+        moved = sorted(k for k in set(knob) | set(sknob) if knob.get(k) != sknob.get(k))
+        out.append(f"its env and its config_snapshot's env set the knobs {', '.join(moved)} apart (edited)")
+    if snap.get("expects_plugin") is False:
+        try:
+            asked = knobs.expected_dispatch(sknob or knob)
+        except ValueError:
+            asked = {}
+        if asked:
+            out.append(f"its config_snapshot expects no plugin, but its knobs ask for {', '.join(sorted(asked))} "
+                       "(a configuration the loader refuses: edited)")
+    return out
+
+
 def dispatch_reasons(rec: Record) -> list[str]:
     """Why a completed record whose configuration asks for an r9k dispatch does not stand: its provenance lines do
     not show the dispatch installed in every server process (:func:`check_dispatch`), its call counts show it
@@ -182,8 +209,10 @@ def audit_record(rec: Record, folder: Path) -> list[str]:
     """Every reason ``rec`` (read from ``folder``) does not stand on what it holds (module docstring); [] when it
     does."""
     claim = record_weights(rec)[1]  # random weights its snapshot does not give: its kind's audit judges it as trained
-    return ([claim] if claim else []) + kind_reasons(rec, folder) + dataset_reasons(rec) + server_reasons(rec) \
-        + dispatch_reasons(rec)
+    why = [claim] if claim else []
+    why += kind_reasons(rec, folder)
+    why += [w for w in snapshot_reasons(rec) if w not in why]  # a kind auditing its hashes said the first already
+    return why + dataset_reasons(rec) + server_reasons(rec) + dispatch_reasons(rec)
 
 
 def audit_records(records: list[Record], reports: Path) -> None:

@@ -426,3 +426,23 @@ def test_the_gsm8k_audit_takes_the_marker_of_the_configuration_as_run():
                               "'</think>'"]
     r.config_snapshot = {"think_end": "</reasoning>"}
     assert audit(r, None) == []
+
+
+def test_a_snapshot_edited_to_hide_the_dispatch_is_refused():
+    """The dispatch is judged from the configuration snapshot: a snapshot edited to expect no plugin, or whose env
+    drops the knob the record's own env sets, is refused, never read as a configuration that asked for nothing.
+    The unedited record (every call routed to vLLM) is the finding it was."""
+    from validate.audit import audit_record, snapshot_reasons
+
+    r = _dispatching("to vllm")
+    assert snapshot_reasons(r) == [] and any("plugin-inactive" in w for w in audit_record(r, REPO))
+    off = _dispatching("to vllm")
+    off.config_snapshot["expects_plugin"] = False
+    assert snapshot_reasons(off) == ["its config_snapshot expects no plugin, but its knobs ask for moe_cache (a "
+                                     "configuration the loader refuses: edited)"]
+    dropped = _dispatching("to vllm")
+    dropped.config_snapshot["env"] = {k: v for k, v in dropped.config_snapshot["env"].items()
+                                      if not k.startswith("R9K_MOE")}
+    assert snapshot_reasons(dropped) == ["its env and its config_snapshot's env set the knobs R9K_MOE_CACHE_SLOTS "
+                                         "apart (edited)"]
+    assert snapshot_reasons(dropped)[0] in audit_record(dropped, REPO)

@@ -330,3 +330,21 @@ def test_long_answers_of_random_weights_judge_no_garbage_and_stand_on_read(scrat
     assert audit(rec_, p.parent) == []
     rec_.config_snapshot["model"].pop("weights")  # the same record of a trained-weight configuration
     assert audit(rec_, p.parent)[0].startswith("item long0/solo is not bad, its answers say bad")
+
+
+def test_answers_under_load_renamed_to_another_prompt_are_refused_not_dropped(tmp_path):
+    """Moving the diverging answers under load to a prompt hash their solo answers do not have would take them out
+    of the noise-floor pairing (by prompt hash): the sanity audit refuses the record instead, and the unedited
+    control is the regression it was."""
+    from validate.runners.sanity import audit
+
+    cand = sanity("v0.2.0", NEXT, parted=range(28))
+    assert audit(cand, None) == []
+    for it in cand.items:
+        if it.condition != "solo" and not it.identical_to_solo:
+            it.prompt_hash = "elsewhere"
+    why = audit(cand, None)
+    assert why and "names another prompt ('elsewhere') than its solo answer" in why[0]
+    flipped = sanity("v0.2.0", NEXT, parted=range(28))
+    next(i for i in flipped.items if i.condition != "solo" and not i.identical_to_solo).identical_to_solo = True
+    assert any("says identical_to_solo=True, but its tokens say False" in w for w in audit(flipped, None))

@@ -235,6 +235,9 @@ def audit(rec, folder) -> list[str]:
     for i in load:
         if i.expected != codes[i.id.split("/")[0]]:
             out.append(f"item {i.id} expects {i.expected!r}, its solo answer {codes[i.id.split('/')[0]]!r}")
+        ref = solo[i.id.split("/")[0]]
+        if i.prompt_hash != ref.prompt_hash:  # the noise-floor gates pair an answer with its solo one by this hash
+            out.append(f"item {i.id} names another prompt ({i.prompt_hash!r}) than its solo answer {ref.id}")
     think_end = m.get("think_end") if isinstance(m.get("think_end"), str) and m.get("think_end") else None
     repeat = get("garbage_repeat")
     for i in items:

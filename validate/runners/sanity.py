@@ -322,6 +322,10 @@ def audit(rec, folder) -> list[str]:
             continue
         qid = mt.group(1)
         ref = solo[qid]
+        if i.prompt_hash != ref.prompt_hash:  # the noise-floor gates pair an answer with its solo one by this hash
+            wrong.append(f"{i.id} names another prompt ({i.prompt_hash!r}) than its solo answer {ref.id} "
+                         f"({ref.prompt_hash!r})")
+            continue
         ok, why = judge(i, qid)
         garbage += why is not None
         if judged and why is None and solo_right[qid] and not ok:
@@ -329,6 +333,8 @@ def audit(rec, folder) -> list[str]:
         same = (i.token_ids == ref.token_ids and i.output == ref.output
                 and (getattr(i, "reasoning", None) or "") == (getattr(ref, "reasoning", None) or ""))
         divergent += not same
+        if getattr(i, "identical_to_solo", None) is not None and i.identical_to_solo != same:
+            wrong.append(f"{i.id} says identical_to_solo={i.identical_to_solo}, but its tokens say {same}")
         bad += judged and why is not None
         check(i, ok, why)
     out = misjudged(wrong, len(rec.items))
