@@ -52,7 +52,7 @@ class Row:
 class Attribution:
     """The table: ``rows`` in the order of ``releases``; ``refused``: what was not compared and why (a record
     that fails its audit, a pair the gates refuse, a release without records); ``notes``: what the gate notes
-    (thresholds, configurations compared on purpose); ``knob_sets``: {release: the knob sets its records ran}."""
+    (thresholds, configurations compared on purpose); ``knob_sets``: {release, the baseline included: the knob sets its records ran}."""
 
     config: str
     base_config: str
@@ -128,6 +128,7 @@ def attribute(reports: Path, config: str, baseline: str, releases: list[str], sp
         raise InputError(f"the baseline {baseline} holds no BetterBench, probe or soak record of {bcfg} under "
                          f"{breports}")
     audit_records(base, breports)
+    out.knob_sets[baseline] = sorted({r.knob_set or "?" for r in base})  # shown in the title: what it ran
     bench_spec = specs.get(BENCH_KIND) or next(iter(specs.values()), None) or PerfGateSpec()
     for rel in releases:
         if rel == baseline and bcfg == config and breports.resolve() == reports.resolve():
@@ -166,7 +167,11 @@ def attribute(reports: Path, config: str, baseline: str, releases: list[str], sp
                 continue
             _judge_other(rel, b, c, bench_spec, out)
         for b, _ in matching.lacking:
-            out.notes.append(f"{rel}: the baseline's {b.config}/{b.suite} has no record of this release to pair with")
+            if b.suite_kind == BENCH_KIND:  # as the gate: what the baseline measured and the release lost blocks
+                out.refused.append(f"{rel}: the baseline {baseline} holds {b.config}/{b.suite} and {rel} no "
+                                   "BetterBench record to pair with it")
+            else:
+                out.notes.append(f"{rel}: no record to pair with the baseline's {b.config}/{b.suite}")
     return out
 
 
@@ -187,7 +192,8 @@ HEADERS = ["release (knobs)", "suite", "figure", "baseline -> candidate", "move"
 
 def markdown(a: Attribution) -> str:
     """The table as GitHub Markdown (docs/serving.md), followed by what was refused and the gate's notes."""
-    head = (f"{', '.join(a.releases)} against {a.baseline} on {a.config}"
+    head = (f"{', '.join(a.releases)} against {a.baseline} ({', '.join(a.knob_sets.get(a.baseline, []))}) on "
+            f"{a.config}"
             + (f" (the baseline's records of {a.base_config})" if a.base_config != a.config else ""))
     lines = [f"**{head}**", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows(a)]

@@ -623,7 +623,8 @@ def cmd_attribution(args) -> int:
     a = attribute(reports, args.config, args.baseline, args.releases, perf_gate_specs(_root()),
                   base_config=args.against_config,
                   reports_baseline=Path(args.baseline_reports) if args.baseline_reports else None)
-    t = Table(title=escape(f"{', '.join(a.releases)} against {a.baseline} on {a.config}"
+    t = Table(title=escape(f"{', '.join(a.releases)} against {a.baseline} "
+                           f"({', '.join(a.knob_sets.get(a.baseline, []))}) on {a.config}"
                            + (f" (baseline: {a.base_config})" if a.base_config != a.config else "")))
     for col in HEADERS:
         t.add_column(col)

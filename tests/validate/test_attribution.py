@@ -49,7 +49,7 @@ def releases(tmp_path):
 def test_a_forty_percent_slower_decode_step_is_attributed_to_its_set(tmp_path):
     releases(tmp_path)
     a = attribute(tmp_path, "h200-next", "stock", ["gdn", "moe"], perf_gate_specs(REPO))
-    assert a.refused == [] and a.knob_sets == {"gdn": ["gdn"], "moe": ["moe"]}
+    assert a.refused == [] and a.knob_sets == {"stock": ["stock"], "gdn": ["gdn"], "moe": ["moe"]}
     by = {(r.release, r.suite, r.figure): r for r in a.rows}
     step = by["gdn", "betterbench", "decode_step_ms"]
     assert (step.base, step.cand, step.n_base, step.n_cand, step.mark) == (38.4, 53.76, 5, 5, "slower")
@@ -141,3 +141,23 @@ def test_the_cache_pairs_with_vllms_offload_across_configurations(tmp_path, caps
     save(tmp_path, base)
     assert main(argv + ["--config", "h200-next", "--against-config", "h200-next-offload"]) == 2
     assert "server.max_num_seqs: 16 vs 8" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_release_without_the_baselines_betterbench_is_refused_and_the_baselines_knobs_shown(tmp_path, capsys):
+    """A release that lost the BetterBench record its baseline holds is refused (exit 2), as the performance gate
+    refuses it; its probe still compares. The title names the knob sets the baseline's records ran, so a
+    baseline made under a knob set reads as one."""
+    from validate.record import record_path
+
+    releases(tmp_path)
+    record_path(tmp_path, "gdn", "h200-next", "betterbench").unlink()
+    a = attribute(tmp_path, "h200-next", "stock", ["gdn"], perf_gate_specs(REPO))
+    assert a.refused == ["gdn: the baseline stock holds h200-next/betterbench and gdn no BetterBench record to pair "
+                         "with it"]
+    assert {r.suite for r in a.rows} == {"probe"} and a.knob_sets["stock"] == ["stock"]
+    assert markdown(a).startswith("**gdn against stock (stock) on h200-next**")
+    assert main(["attribution", "--config", "h200-next", "--baseline", "stock", "--releases", "gdn",
+                 "--reports", str(tmp_path)]) == 2
+    save(tmp_path, bench("stock", 1.4, "gdn"))  # a "stock" baseline that ran the gdn knob set
+    assert attribute(tmp_path, "h200-next", "stock", ["moe"], perf_gate_specs(REPO)).knob_sets["stock"] == ["gdn",
+                                                                                                           "stock"]
