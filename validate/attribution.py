@@ -52,7 +52,8 @@ class Row:
 class Attribution:
     """The table: ``rows`` in the order of ``releases``; ``refused``: what was not compared and why (a record
     that fails its audit, a pair the gates refuse, a release without records); ``notes``: what the gate notes
-    (thresholds, configurations compared on purpose); ``knob_sets``: {release, the baseline included: the knob sets its records ran}."""
+    (thresholds, configurations compared on purpose); ``knob_sets``: {release, the baseline included: the knob
+    sets its records ran}."""
 
     config: str
     base_config: str
