@@ -602,6 +602,7 @@ def _perf_gate(args) -> int:
     elif args.release == args.against and base_reports.resolve() == reports.resolve():
         raise InputError(f"{args.release} against itself: a release is never its own baseline")
     shares = compare_shares(args.release, cand, args.against, base, share_gate_specs(_root()), configs=args.config)
+    shares = _judge_identity(args, cand, base, shares)
     extra = _gate_tree(args, {BENCH_KIND, ARRIVALS_KIND})
     if perf is None:  # the candidate holds no BetterBench record: the baseline's are named, never left out
         extra += baseline_lacks(cand, base, {BENCH_KIND}, "perf", "perf", args.config, strict=True)
@@ -611,6 +612,30 @@ def _perf_gate(args) -> int:
     verdict = assess(args.release, [], perf=perf, shares=shares, baseline=args.against,
                      baseline_why="named with --against", extra=extra, strict=True, what="gate --perf")
     return _finish(args, verdict)
+
+
+def _judge_identity(args, cand: list, base: list, shares):
+    """``shares`` with the identity of a random-weight configuration's greedy answers with the baseline's, judged
+    against the baseline's noise floor (validate.loadgate.judge_identity), as ``release`` and ``render`` judge
+    it: the one verdict, whichever command reads the records."""
+    from validate.identity import compare_releases_outputs
+    from validate.loadgate import judge_identity
+    from validate.provenance_checks import current_tree
+    from validate.suite import share_gate_specs
+    from validate.verdict import other_tree
+
+    tree = current_tree(_root())
+
+    def stands(r) -> str | None:
+        why = None if args.accept_other_tree else other_tree(r, tree)
+        return f"the record was made by another tree ({why})" if why else None
+
+    mine = [r for r in cand if not args.config or r.config in args.config]
+    rows = compare_releases_outputs(mine, base, stands=stands)
+    figs, lim = judge_identity(rows, mine, base, args.against, share_gate_specs(_root()))
+    shares.figures += figs
+    shares.limited += lim
+    return shares
 
 
 def cmd_attribution(args) -> int:

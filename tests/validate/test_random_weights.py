@@ -348,3 +348,20 @@ def test_answers_under_load_renamed_to_another_prompt_are_refused_not_dropped(tm
     flipped = sanity("v0.2.0", NEXT, parted=range(28))
     next(i for i in flipped.items if i.condition != "solo" and not i.identical_to_solo).identical_to_solo = True
     assert any("says identical_to_solo=True, but its tokens say False" in w for w in audit(flipped, None))
+
+
+def test_gate_perf_judges_identity_with_the_baseline_as_render_does(tmp_path, monkeypatch, capsys):
+    """`gate --perf` judges a random-weight configuration's identity with the baseline against the noise floor, as
+    `release` and `render` do: the same findings, whichever command reads the records (the one verdict)."""
+    from tests.validate.test_attribution import bench
+    from tests.validate.test_gate_attacks import run_cli
+
+    speed = [bench(rel, 1.0, "stock") for rel in ("v0.1.0", "v0.2.0")]  # the same speed: no perf finding
+    save(tmp_path, sanity("v0.1.0", NEXT, parted={0, 1}), sanity("v0.2.0", NEXT, parted=set(range(28))), *speed)
+    out = run_cli(tmp_path, monkeypatch, capsys, ["gate", "v0.2.0", "--against", "v0.1.0", "--perf",
+                                                  "--reports", str(tmp_path), "--accept-other-tree"])
+    assert out["code"] == 1, out["console"][-3000:]
+    assert "h200-next/identity sanity (under load): a regression: 26/32 answers apart from the baseline's" in out["console"]
+    assert "h200-next/divergence sanity: a regression: 28/32" in out["console"]
+    rendered = outputs(tmp_path, "v0.2.0")
+    assert {c.name for c in rendered["verdict"].findings} >= {"divergence sanity", "identity sanity (under load)"}
