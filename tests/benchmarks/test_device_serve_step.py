@@ -17,21 +17,29 @@ from benchmarks.device_env.build import pack
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(420)
-def test_serve_steps_run_the_pair_and_the_gates(scratch, tmp_path):
-    scratch.config("fake-ok")
+def _fake_host(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A tiny environment archive and the environment device_run.sh runs in against the synthetic server: the
+    archive's path, and os.environ with the archive, a site root, the fake-ok configuration and a `python3` on
+    PATH that is this interpreter (the host's python3, torch's)."""
     site = tmp_path / "site"
     (site / "placeholder").mkdir(parents=True)
     (site / "placeholder" / "README").write_text("the GPU host's wheels would be here\n")
     archive = tmp_path / "env.tar.xz"
     pack(site, archive, {"vllm": "0.32.0"})
-    out = tmp_path / "out"
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # the host's python3 (torch's)
+    (bindir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bindir / "python3").chmod(0o755)
-    env = {**os.environ, "R9K_DEVICE_ENV": str(archive), "R9K_SITE_ROOT": str(tmp_path / "sites"),
-           "R9K_SERVE_CONFIG": "fake-ok", "R9K_SERVE_SUITES": "fake-sanity", "PATH": f"{bindir}:{os.environ['PATH']}"}
+    return archive, {**os.environ, "R9K_DEVICE_ENV": str(archive), "R9K_SITE_ROOT": str(tmp_path / "sites"),
+                     "R9K_SERVE_CONFIG": "fake-ok", "R9K_SERVE_SUITES": "fake-sanity",
+                     "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.timeout(420)
+def test_serve_steps_run_the_pair_and_the_gates(scratch, tmp_path):
+    scratch.config("fake-ok")
+    archive, env = _fake_host(tmp_path)
+    out = tmp_path / "out"
     r = subprocess.run(["bash", "benchmarks/device_run.sh", str(out), "serve_stock", "serve_r9k", "serve_gate"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     steps = {s["step"]: s["rc"] for s in map(json.loads, (out / "steps.jsonl").read_text().splitlines())}
@@ -56,17 +64,7 @@ def test_the_detached_pipeline_runs_release_steps_and_watch_brings_them_back(scr
     steps make the releases `stock` and `stock-again` (gated against `stock`); watch waits for the end and copies
     the pipeline's log, its step lines and the records into OUT, at most 8 files."""
     scratch.config("fake-ok")
-    site = tmp_path / "site"
-    (site / "placeholder").mkdir(parents=True)
-    (site / "placeholder" / "README").write_text("the GPU host's wheels would be here\n")
-    archive = tmp_path / "env.tar.xz"
-    pack(site, archive, {"vllm": "0.32.0"})
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    (bindir / "python3").chmod(0o755)
-    env = {**os.environ, "R9K_DEVICE_ENV": str(archive), "R9K_SITE_ROOT": str(tmp_path / "sites"),
-           "R9K_SERVE_CONFIG": "fake-ok", "R9K_SERVE_SUITES": "fake-sanity", "PATH": f"{bindir}:{os.environ['PATH']}"}
+    archive, env = _fake_host(tmp_path)
     # start copies the checkout, which needs the archive at .device_env there: a copy of the tree with it beside
     tree = tmp_path / "tree"
     subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, timeout=30)

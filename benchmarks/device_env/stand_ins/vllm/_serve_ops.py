@@ -295,17 +295,24 @@ def fused_add_rms_norm_static_fp8_quant(result: torch.Tensor, input: torch.Tenso
     rms_norm_static_fp8_quant(result, residual, weight, scale, epsilon)
 
 
-def rms_norm_dynamic_per_token_quant(result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                                     scale: torch.Tensor, epsilon: float, scale_ub: torch.Tensor | None,
-                                     residual: torch.Tensor | None) -> None:
-    """(``residual += input`` and the norm of the sum, when a residual is given) RMS norm then dynamic per-token
-    fp8 quantisation: ``result [.., H]`` fp8, ``scale [rows, 1]`` fp32. In place."""
+def _normed(input: torch.Tensor, weight: torch.Tensor, epsilon: float, residual: torch.Tensor | None) -> torch.Tensor:
+    """RMS norm of ``input`` (of ``residual += input``, in place, when a residual is given), as a new tensor: the
+    first half of the fused norm/quant ops."""
     x = input
     if residual is not None:
         residual.add_(input)
         x = residual
     y = torch.empty_like(x)
     rms_norm(y, x, weight, epsilon)
+    return y
+
+
+def rms_norm_dynamic_per_token_quant(result: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                                     scale: torch.Tensor, epsilon: float, scale_ub: torch.Tensor | None,
+                                     residual: torch.Tensor | None) -> None:
+    """(``residual += input`` and the norm of the sum, when a residual is given) RMS norm then dynamic per-token
+    fp8 quantisation: ``result [.., H]`` fp8, ``scale [rows, 1]`` fp32. In place."""
+    y = _normed(input, weight, epsilon, residual)
     dynamic_per_token_scaled_fp8_quant(result, y, scale, scale_ub)
 
 
@@ -323,12 +330,7 @@ def rms_norm_per_block_quant(result: torch.Tensor, input: torch.Tensor, weight: 
     """
     if scale_ub is not None:
         raise NotImplementedError("stand-in rms_norm_per_block_quant: no scale upper bound")
-    x = input
-    if residual is not None:
-        residual.add_(input)
-        x = residual
-    y = torch.empty_like(x)
-    rms_norm(y, x, weight, epsilon)
+    y = _normed(input, weight, epsilon, residual)
     H = y.shape[-1]
     fi = torch.finfo(result.dtype)
     q, s = _group_quant(y.float().reshape(-1, H), group_size, _min_scale(result.dtype) * float(fi.max),
